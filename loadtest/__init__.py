@@ -1,0 +1,1 @@
+"""Benchmarks and load tests. Scripts here print tables; speed targets live here, never in tests."""

