@@ -19,7 +19,7 @@ def _variants(text: str) -> tuple[Variant, ...]:
     unknown = [v for v in chosen if v not in VARIANTS]
     if unknown or not chosen:
         raise argparse.ArgumentTypeError(f"variants are a comma list of {', '.join(VARIANTS)}; got {text!r}")
-    return tuple(v for v in VARIANTS if v in chosen)  # type: ignore[misc]
+    return tuple(v for v in VARIANTS if v in chosen)
 
 
 def parse_args(argv: list[str] | None = None) -> ExportOptions:
@@ -27,7 +27,9 @@ def parse_args(argv: list[str] | None = None) -> ExportOptions:
         prog="python -m export",
         description="Export a Hugging Face BERT checkpoint to validated ONNX graphs and a manifest.",
     )
-    parser.add_argument("--model", default=DEFAULT_MODEL, help="hub id or local folder (default: %(default)s)")
+    parser.add_argument(
+        "--model", default=DEFAULT_MODEL, help="hub id or local folder (default: %(default)s)"
+    )
     parser.add_argument("--out", required=True, type=Path, help="model folder to write (replaced atomically)")
     parser.add_argument("--revision", default=None, help="hub revision (branch, tag or commit)")
     parser.add_argument(

@@ -17,7 +17,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+from transformers import PreTrainedTokenizerFast
+
 from app.model.manifest import (
+    LAST_HIDDEN_STATE,
+    MLM_INPUT,
     VARIANTS,
     GraphFile,
     GraphName,
@@ -56,7 +61,7 @@ class ExportOptions:
             "opset": self.opset,
             "twin": self.twin,
             "revision": self.revision,
-            "int8_recipe": [INT8_RECIPE.fused, INT8_RECIPE.per_channel],
+            "int8_recipe": INT8_RECIPE.describe(),
         }
 
 
@@ -79,7 +84,16 @@ def _mb(*paths: Path) -> str:
 
 
 def _versions() -> dict[str, str]:
-    names = ["zhembed", "torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime", "tokenizers"]
+    names = [
+        "zhembed",
+        "torch",
+        "transformers",
+        "optimum",
+        "optimum-onnx",
+        "onnx",
+        "onnxruntime",
+        "tokenizers",
+    ]
     found = {}
     for name in names:
         try:
@@ -178,6 +192,21 @@ def run_export(
     return manifest
 
 
+def _calibration_feeds(
+    tokenizer: PreTrainedTokenizerFast, fp32: dict[GraphName, Path]
+) -> dict[GraphName, list[dict[str, np.ndarray]]]:
+    """Inputs for int8 calibration: the calibration sentences, and for the head their last hidden states."""
+    feeds = [b.feed() for b in validate.make_batches(tokenizer, validate.calibration_sentences())]
+    out: dict[GraphName, list[dict[str, np.ndarray]]] = {"encoder": feeds}
+    if "mlm_head" in fp32:
+        encoder = validate.session(fp32["encoder"], "CPUExecutionProvider")
+        out["mlm_head"] = [
+            {MLM_INPUT: encoder.run([LAST_HIDDEN_STATE], f)[0][f["attention_mask"].astype(bool)]}
+            for f in feeds
+        ]
+    return out
+
+
 def _export_into(
     tmp: Path,
     src: source.ResolvedSource,
@@ -216,6 +245,7 @@ def _export_into(
 
     sentences = validate.validation_sentences()
     batches = validate.make_batches(tokenizer, sentences)
+    calibration = _calibration_feeds(tokenizer, fp32)
     with clock.step("PyTorch reference"):
         reference = validate.reference(loaded, batches)
     # From here on only ONNX Runtime sessions are held: one model in memory at a time.
@@ -231,18 +261,23 @@ def _export_into(
             with clock.step(f"{graph} {variant}", lambda dst=dst: _mb(dst)):  # type: ignore[misc]
                 if variant == "fp32":
                     shutil.copyfile(src_path, dst)
-                    recipe: dict[str, str | bool | int] = {"tool": "torch.onnx.export", "opset": options.opset}
+                    recipe: dict[str, str | bool | int] = {
+                        "tool": "torch.onnx.export",
+                        "opset": options.opset,
+                    }
                 elif variant == "fp16":
                     recipe = dict(variants.to_fp16(src_path, dst, heads, hidden, fused=graph == "encoder"))
                 else:
-                    recipe = dict(variants.to_int8(src_path, dst, heads, hidden))
+                    recipe = dict(variants.to_int8(src_path, dst, heads, hidden, calibration[graph]))
             files[graph][variant] = _graph_file(tmp, dst.name, variant, *io[graph], recipe)
         provider = PROVIDERS[variant]
         with clock.step(f"validate {variant}"):
             encoder = validate.session(tmp / files["encoder"][variant].file, provider)
             head = validate.session(tmp / files["mlm_head"][variant].file, provider) if has_mlm else None
             used = encoder.get_providers()[0]
-            raw = validate.measure_sessions(cfg.num_hidden_layers, has_pooler, batches, reference, encoder, head)
+            raw = validate.measure_sessions(
+                cfg.num_hidden_layers, has_pooler, batches, reference, encoder, head
+            )
             result = validate.judge(variant, used, len(sentences), raw, weights, thresholds)
             del encoder, head
         clock.log(f"[export]   {variant} on {used}: " + ", ".join(f"{k}={v:.6g}" for k, v in raw.items()))
@@ -285,7 +320,9 @@ def _export_into(
             do_lower_case=bool(getattr(tokenizer, "do_lower_case", False)),
         ),
         graphs=files,
-        layer_outputs={i: layer_output_name(i, cfg.num_hidden_layers) for i in range(1, cfg.num_hidden_layers + 1)},
+        layer_outputs={
+            i: layer_output_name(i, cfg.num_hidden_layers) for i in range(1, cfg.num_hidden_layers + 1)
+        },
         validation={r.variant: r for r in results},
         versions=_versions(),
         timings_s=clock.timings,
@@ -293,8 +330,7 @@ def _export_into(
             "variants": list(options.variants),
             "opset": options.opset,
             "twin": options.twin,
-            "int8_fused": INT8_RECIPE.fused,
-            "int8_per_channel": INT8_RECIPE.per_channel,
+            **{f"int8_{k}": v for k, v in INT8_RECIPE.describe().items()},
         },
         created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     )

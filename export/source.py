@@ -212,7 +212,10 @@ def write_source_folder(folder: Path, config: dict[str, object], vocab: Path) ->
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (folder / "vocab.txt").write_bytes(vocab.read_bytes())
     # bert-base-chinese's tokenizer_config.json: cased (lower-casing does not apply to Chinese).
-    tokenizer_config = {"do_lower_case": False, "model_max_length": config.get("max_position_embeddings", 512)}
+    tokenizer_config = {
+        "do_lower_case": False,
+        "model_max_length": config.get("max_position_embeddings", 512),
+    }
     (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
     return folder
 

@@ -6,6 +6,7 @@ Everything else in ``export/`` reads these tables; changing a threshold or a rec
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from app.model.manifest import Variant
 
@@ -23,12 +24,25 @@ PROVIDERS: dict[Variant, str] = {
 
 @dataclass(frozen=True)
 class Int8Recipe:
-    """How the int8 graph is made. Chosen by `loadtest/int8_recipes.py` (see README, Export)."""
+    """How the int8 graph is made. Compared by ``python -m loadtest.int8_recipes`` (README, Export).
 
-    # Fuse with onnxruntime.transformers' BERT optimizer first (Attention -> QAttention after quantisation).
+    ``per_token`` (export/quantize.py): SmoothQuant-calibrated, per-token asymmetric activations, per-channel
+    weights; a token's vector does not depend on its batch. ``dynamic``: onnxruntime's quantize_dynamic,
+    one activation scale per batch tensor.
+    """
+
+    method: Literal["per_token", "dynamic"] = "per_token"
+    # per_token: SmoothQuant's migration strength; 0.5 measured best on all-MiniLM-L6-v2.
+    alpha: float = 0.5
+    # dynamic: fuse with onnxruntime.transformers' BERT optimizer first (Attention -> QAttention).
     fused: bool = False
-    # One scale per output channel instead of per tensor.
+    # dynamic: one weight scale per output channel instead of per tensor.
     per_channel: bool = False
+
+    def describe(self) -> dict[str, str | bool | int]:
+        if self.method == "per_token":
+            return {"method": self.method, "alpha_pct": round(self.alpha * 100), "weights": "per_channel"}
+        return {"method": self.method, "fused": self.fused, "per_channel": self.per_channel}
 
 
 INT8_RECIPE = Int8Recipe()

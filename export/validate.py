@@ -36,9 +36,19 @@ class ValidationFailedError(ExportError):
     """One or more enforced thresholds missed; the message lists each."""
 
 
-def validation_sentences() -> list[str]:
-    text = importlib.resources.files("export").joinpath("data/validation_zh.txt").read_text(encoding="utf-8")
+def _sentences(name: str) -> list[str]:
+    text = importlib.resources.files("export").joinpath(f"data/{name}").read_text(encoding="utf-8")
     return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def validation_sentences() -> list[str]:
+    """The fixed parity set: Chinese sentences of 1 to 70 characters (news, reviews, titles, questions)."""
+    return _sentences("validation_zh.txt")
+
+
+def calibration_sentences() -> list[str]:
+    """A different set of the same kinds, for int8 calibration: validating on it would flatter int8."""
+    return _sentences("calibration_zh.txt")
 
 
 @dataclass
@@ -51,7 +61,11 @@ class Batch:
 
     def feed(self, masked: bool = False) -> dict[str, np.ndarray]:
         ids = self.masked_ids if masked else self.input_ids
-        return {"input_ids": ids, "attention_mask": self.attention_mask, "token_type_ids": self.token_type_ids}
+        return {
+            "input_ids": ids,
+            "attention_mask": self.attention_mask,
+            "token_type_ids": self.token_type_ids,
+        }
 
 
 @dataclass
@@ -84,7 +98,9 @@ def make_batches(tokenizer: PreTrainedTokenizerFast, sentences: list[str]) -> li
 
 @torch.no_grad()
 def reference(loaded: LoadedModel, batches: list[Batch]) -> Reference:
-    layers, pooler, logits = [], [], []
+    layers: list[list[np.ndarray]] = []
+    pooler: list[np.ndarray | None] = []
+    logits: list[np.ndarray | None] = []
     for b in batches:
         out = loaded.bert(**{k: torch.from_numpy(v) for k, v in b.feed().items()}, output_hidden_states=True)
         layers.append([h.numpy() for h in out.hidden_states[1:]])
@@ -148,7 +164,11 @@ def measure_sessions(
             top1.append(a[:, 0] == t[:, 0])
             top5.extend(len(set(x) & set(y)) / 5 for x, y in zip(a.tolist(), t.tolist(), strict=True))
     all_cos = np.concatenate(cosines)
-    metrics = {"cosine_min": float(all_cos.min()), "cosine_mean": float(all_cos.mean()), "max_abs_diff": max_abs}
+    metrics = {
+        "cosine_min": float(all_cos.min()),
+        "cosine_mean": float(all_cos.mean()),
+        "max_abs_diff": max_abs,
+    }
     if top1:
         metrics["mlm_top1"] = float(np.concatenate(top1).mean())
         metrics["mlm_top5"] = float(np.mean(top5))

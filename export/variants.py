@@ -2,20 +2,24 @@
 
 fp16 uses onnxruntime.transformers' optimizer (BERT fusions) and its fp16 conversion with fp32 inputs and
 outputs; onnxconverter-common 1.16 writes fp16 graphs that fail to load, so it is not used. int8 is
-dynamic quantisation with signed int8 weights (QInt8: uint8 weights run 3-4x slower on VNNI/AMX CPUs).
+signed int8 weights (QInt8: uint8 weights run 3-4x slower on VNNI/AMX CPUs), activations quantised at run
+time per token (export/quantize.py) or, with the ``dynamic`` recipe, per tensor by onnxruntime.
 """
 
 from __future__ import annotations
 
 import logging
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
 import onnx
 from onnxruntime.quantization import QuantType, quantize_dynamic
 from onnxruntime.transformers.onnx_model import OnnxModel
 from onnxruntime.transformers.optimizer import optimize_model
 
+from export import quantize
 from export.spec import INT8_RECIPE, Int8Recipe
 
 
@@ -24,7 +28,12 @@ def _fuse(src: Path, num_heads: int, hidden_size: int, use_gpu: bool) -> OnnxMod
     # ONNX Runtime applies its own optimisations when it loads the graph.
     logging.getLogger("onnxruntime.transformers").setLevel(logging.ERROR)
     model = optimize_model(
-        str(src), model_type="bert", num_heads=num_heads, hidden_size=hidden_size, opt_level=0, use_gpu=use_gpu
+        str(src),
+        model_type="bert",
+        num_heads=num_heads,
+        hidden_size=hidden_size,
+        opt_level=0,
+        use_gpu=use_gpu,
     )
     return model
 
@@ -36,7 +45,9 @@ def fuse(src: Path, dst: Path, num_heads: int, hidden_size: int, use_gpu: bool =
     return {k: v for k, v in model.get_fused_operator_statistics().items() if v}
 
 
-def to_fp16(src: Path, dst: Path, num_heads: int, hidden_size: int, fused: bool = True) -> dict[str, str | bool]:
+def to_fp16(
+    src: Path, dst: Path, num_heads: int, hidden_size: int, fused: bool = True
+) -> dict[str, str | bool]:
     """fp16 weights and compute, fp32 inputs and outputs; ``fused`` applies the BERT fusions first."""
     if fused:
         model = _fuse(src, num_heads, hidden_size, use_gpu=True)
@@ -50,9 +61,21 @@ def to_fp16(src: Path, dst: Path, num_heads: int, hidden_size: int, fused: bool 
 
 
 def to_int8(
-    src: Path, dst: Path, num_heads: int, hidden_size: int, recipe: Int8Recipe = INT8_RECIPE
-) -> dict[str, str | bool]:
-    """Dynamic quantisation: int8 weights, activations quantised per batch at run time."""
+    src: Path,
+    dst: Path,
+    num_heads: int,
+    hidden_size: int,
+    calibration: Iterable[dict[str, np.ndarray]],
+    recipe: Int8Recipe = INT8_RECIPE,
+) -> dict[str, str | bool | int]:
+    """int8 weights; activations quantised at run time (per token, or per tensor for ``dynamic``).
+
+    Args:
+        calibration: feeds for ``src`` whose activation maxima set the smoothing (``per_token`` only).
+    """
+    if recipe.method == "per_token":
+        quantize.quantize_per_token(src, dst, quantize.calibrate(src, calibration), recipe.alpha)
+        return {"tool": "export.quantize", "weight_type": "QInt8", **recipe.describe()}
     with tempfile.TemporaryDirectory(dir=dst.parent) as tmp:
         model_input = src
         extra: dict[str, object] = {}
@@ -68,9 +91,4 @@ def to_int8(
             per_channel=recipe.per_channel,
             extra_options=extra,
         )
-    return {
-        "tool": "onnxruntime.quantization.quantize_dynamic",
-        "weight_type": "QInt8",
-        "fused": recipe.fused,
-        "per_channel": recipe.per_channel,
-    }
+    return {"tool": "onnxruntime.quantization.quantize_dynamic", "weight_type": "QInt8", **recipe.describe()}

@@ -151,7 +151,9 @@ def load_manifest(folder: Path) -> Manifest:
     """
     path = folder / MANIFEST_NAME
     if not path.is_file():
-        raise ManifestError(f"{path} does not exist: export the model first (python -m export --out {folder})")
+        raise ManifestError(
+            f"{path} does not exist: export the model first (python -m export --out {folder})"
+        )
     try:
         raw = json.loads(path.read_text())
     except (OSError, ValueError) as exc:

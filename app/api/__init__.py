@@ -1,0 +1,1 @@
+"""HTTP layer: schemas, thin routes and the body-size guard."""

@@ -1,0 +1,94 @@
+"""Thin routes: parse → call the service → serialise. Errors come from the service as typed
+exceptions and become HTTP through :mod:`app.errors`; each route's OpenAPI errors come from there too."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import orjson
+from fastapi import APIRouter, Depends, Request
+from starlette.responses import Response
+
+from app.api.disconnect import unless_disconnected
+from app.api.schemas import (
+    EmbedRequest,
+    EmbedResponse,
+    FillMaskRequest,
+    FillMaskResponse,
+    SimilarityRequest,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from app.errors import EmptyInput, NotReady, Unsupported, openapi_responses
+from app.service import Service, Timings
+
+router = APIRouter()
+
+
+def get_service(request: Request) -> Service:
+    service: Service | None = getattr(request.app.state, "service", None)
+    if service is None:
+        raise NotReady("the model is still loading")
+    return service
+
+
+ServiceDep = Annotated[Service, Depends(get_service)]
+
+
+def _json(payload: Any, timings: Timings | None = None) -> Response:
+    headers = timings.headers() if timings is not None else None
+    return Response(orjson.dumps(payload), media_type="application/json", headers=headers)
+
+
+@router.post("/embed", response_model=EmbedResponse, responses=openapi_responses(EmptyInput, Unsupported))
+async def embed(body: EmbedRequest, request: Request, service: ServiceDep) -> Response:
+    """One vector per input, in input order."""
+    work = service.embed(body.inputs, body.options(body.normalize), body.encoding)
+    vectors, timings = await unless_disconnected(request, work)
+    return _json(vectors, timings)
+
+
+@router.post("/similarity", response_model=list[float], responses=openapi_responses(EmptyInput, Unsupported))
+async def similarity(body: SimilarityRequest, request: Request, service: ServiceDep) -> Response:
+    """Cosine of source_sentence with each sentence, or one score per pair."""
+    source = body.inputs.source_sentence if body.inputs else None
+    sentences = body.inputs.sentences if body.inputs else None
+    work = service.similarity(source, sentences, body.pairs, body.options())
+    scores, timings = await unless_disconnected(request, work)
+    return _json(scores, timings)
+
+
+@router.post(
+    "/fill-mask", response_model=FillMaskResponse, responses=openapi_responses(EmptyInput, Unsupported)
+)
+async def fill_mask(body: FillMaskRequest, request: Request, service: ServiceDep) -> Response:
+    """For each input, for each [MASK], the top_k predictions."""
+    predictions, timings = await unless_disconnected(request, service.fill_mask(body.inputs, body.top_k))
+    return _json(predictions, timings)
+
+
+@router.post("/tokenize", response_model=TokenizeResponse, responses=openapi_responses(EmptyInput))
+async def tokenize(body: TokenizeRequest, service: ServiceDep) -> Response:
+    """Tokens with ids and character offsets, per input."""
+    tokens, timings = await service.tokenize(body.inputs, body.add_special_tokens)
+    return _json(tokens, timings)
+
+
+@router.get("/health")
+async def health() -> Response:
+    """Liveness: the process answers."""
+    return _json({"status": "ok"})
+
+
+@router.get("/ready", responses=openapi_responses(NotReady))
+async def ready(service: ServiceDep) -> Response:
+    """Readiness: the model is loaded and warmed up."""
+    if not service.ready:
+        raise NotReady("the model is still warming up")
+    return _json({"ready": True})
+
+
+@router.get("/info")
+async def info(service: ServiceDep) -> Response:
+    """The model, variant, provider, limits, batching settings and engine counters."""
+    return _json(service.info())

@@ -1,0 +1,97 @@
+"""The engine: the five stages wired together, started and stopped as one.
+
+admission (per request, on the event loop) → tokenisation thread → batch queue + assembler thread →
+inference thread → post-processing thread → the awaiting request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+from typing import Any
+
+from tokenizers import Encoding
+
+from app.engine.admission import Admission, Permits
+from app.engine.batching import Batcher, run_assembler
+from app.engine.inference import Inference
+from app.engine.postprocess import PostProcessing
+from app.engine.tokenization import Tokenization
+from app.engine.work import ItemResult, Ticket, WorkItem
+from app.model.runtime import OnnxModel
+from app.settings import Settings
+
+
+class Engine:
+    def __init__(self, model: OnnxModel, settings: Settings) -> None:
+        self.model = model
+        self.admission = Admission(settings.max_concurrent_inputs)
+        self.tokenization = Tokenization(model.tokenizer, capacity=settings.max_concurrent_inputs)
+        # Each admitted input becomes at most this many windows (a token never spans less than a char).
+        windows = math.ceil(settings.max_input_chars / max(model.tokenizer.max_length - 2, 1)) + 1
+        self.batcher = Batcher(
+            max_batch_tokens=settings.max_batch_tokens,
+            max_batch_size=settings.max_batch_size,
+            max_wait_ms=settings.max_wait_ms,
+            capacity=settings.max_concurrent_inputs * windows,
+        )
+        self.post = PostProcessing()
+        self.inference = Inference(model, self.post)
+        self._assembler = threading.Thread(
+            target=run_assembler,
+            args=(self.batcher, self.inference.wait_for_slot, self.inference.deliver),
+            name="zhembed-assemble",
+            daemon=True,
+        )
+
+    def start(self) -> None:
+        self.tokenization.start()
+        self.post.start()
+        self.inference.start()
+        self._assembler.start()
+
+    def stop(self) -> None:
+        self.batcher.stop()
+        self.inference.stop()
+        self._assembler.join(timeout=10)
+        self.post.stop()
+        self.tokenization.stop()
+
+    def admit(self, inputs: int) -> Permits:
+        """Take a permit per input or raise :class:`~app.errors.Overloaded`, before any work is queued."""
+        return self.admission.try_acquire(inputs)
+
+    async def tokenize(self, texts: list[str], add_special_tokens: bool = True) -> list[Encoding]:
+        return await self.tokenization.encode(texts, add_special_tokens)
+
+    async def run(self, items: list[WorkItem], ticket: Ticket) -> list[ItemResult]:
+        """Queue ``items`` for batching and wait for their results, in order.
+
+        If the awaiting request is cancelled (its client left), its ticket is cancelled so that the
+        assembler and the inference stage drop whatever of it has not run yet.
+        """
+        self.batcher.submit(items)
+        try:
+            return list(await asyncio.gather(*(item.future for item in items)))
+        except asyncio.CancelledError:
+            ticket.cancel()
+            self.batcher.poke()
+            raise
+
+    def stats(self) -> dict[str, Any]:
+        b, i = self.batcher.stats, self.inference.stats
+        return {
+            "inputs_in_flight": self.admission.in_use,
+            "rejected_requests": self.admission.rejected,
+            "queue_depth": self.batcher.depth,
+            "batches": b.batches,
+            "batched_items": b.items,
+            "largest_batch": b.largest_batch,
+            "real_tokens": b.real_tokens,
+            "padded_tokens": b.padded_tokens,
+            "batches_that_waited": b.waits,
+            "dropped_cancelled": b.dropped_cancelled + i.dropped_cancelled,
+            "inference_busy_s": round(i.busy_s, 3),
+            "tokenizer_calls": self.tokenization.calls,
+        }

@@ -1,0 +1,125 @@
+"""Stage 4, inference: a dedicated thread runs one padded batch at a time on ONNX Runtime.
+
+ONNX Runtime releases the GIL while it computes, so the event loop, the tokenisation thread and the
+assembler keep working during a batch. The hand-over from the assembler is a single slot: one batch
+waiting while one runs. Only the outputs some item of the batch needs are fetched.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from app.engine.postprocess import FinishedBatch, PostProcessing
+from app.engine.work import WorkItem
+from app.errors import InternalError
+from app.model.manifest import POOLER_OUTPUT
+from app.model.runtime import OnnxModel
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class InferenceStats:
+    batches: int = 0
+    items: int = 0
+    dropped_cancelled: int = 0  # cancelled after assembly, before the run
+    busy_s: float = 0.0
+
+
+class Inference:
+    def __init__(self, model: OnnxModel, post: PostProcessing) -> None:
+        self.model = model
+        self.post = post
+        self.stats = InferenceStats()
+        self._handoff: queue.Queue[list[WorkItem] | None] = queue.Queue(maxsize=1)
+        self._slot = threading.Semaphore(1)
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="zhembed-inference", daemon=True)
+        self._names = {layer: model.output_name(layer) for layer in range(1, model.num_layers + 1)}
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._slot.release()  # wake an assembler waiting for the slot
+        self._handoff.put(None)
+        self._thread.join(timeout=30)
+
+    def wait_for_slot(self) -> bool:
+        """Block until the stage can take one more batch; False once stopping."""
+        self._slot.acquire()
+        return not self._stopped
+
+    def deliver(self, batch: list[WorkItem]) -> None:
+        # Never blocks: the slot was taken by wait_for_slot.
+        self._handoff.put_nowait(batch)
+
+    def _run(self) -> None:
+        while (batch := self._handoff.get()) is not None:
+            self._slot.release()
+            live = [item for item in batch if not item.ticket.cancelled]
+            self.stats.dropped_cancelled += len(batch) - len(live)
+            if not live:
+                continue
+            try:
+                finished = self.run_batch(live)
+            except Exception as exc:  # a server fault: fail these requests loudly, keep serving
+                log.exception("inference failed for a batch of %d", len(live))
+                for item in live:
+                    item.fail(InternalError(f"inference failed: {type(exc).__name__}: {exc}"))
+                continue
+            self.post.put(finished)
+
+    def run_batch(self, items: list[WorkItem]) -> FinishedBatch:
+        """Pad ``items`` into one batch, run the encoder (and the masked-LM head on masked positions)."""
+        longest = max(item.length for item in items)
+        input_ids = np.full((len(items), longest), self.model.manifest.tokenizer.pad_id, dtype=np.int64)
+        attention_mask = np.zeros((len(items), longest), dtype=np.int64)
+        for row, item in enumerate(items):
+            input_ids[row, : item.length] = item.ids
+            attention_mask[row, : item.length] = 1
+
+        wanted: dict[str, None] = {}  # ordered set of the outputs this batch needs
+        last = self._names[self.model.num_layers]
+        mask_rows: dict[int, slice] = {}
+        positions: list[tuple[int, int]] = []
+        for row, item in enumerate(items):
+            need = item.need
+            if need.pooling == "pooler":
+                wanted[POOLER_OUTPUT] = None
+            elif need.pooling is not None:
+                wanted.update((self._names[layer], None) for layer in need.layers)
+            if need.mask_positions:
+                wanted[last] = None
+                mask_rows[row] = slice(len(positions), len(positions) + len(need.mask_positions))
+                positions.extend((row, p) for p in need.mask_positions)
+
+        started = time.perf_counter()
+        names = list(wanted)
+        outputs = dict(zip(names, self.model.encode(input_ids, attention_mask, names), strict=True))
+        logits = None
+        if positions:
+            rows, cols = zip(*positions, strict=True)
+            logits = self.model.mask_logits(outputs[last][list(rows), list(cols)])
+        finished = time.perf_counter()
+
+        self.stats.batches += 1
+        self.stats.items += len(items)
+        self.stats.busy_s += finished - started
+        return FinishedBatch(
+            items=items,
+            attention_mask=attention_mask,
+            outputs=outputs,
+            mask_rows=mask_rows,
+            mask_logits=logits,
+            output_names=self._names,
+            started_at=started,
+            finished_at=finished,
+        )

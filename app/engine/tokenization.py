@@ -1,0 +1,101 @@
+"""Stage 2, tokenisation: one thread turns queued texts into encodings, many requests per call.
+
+Requests put their texts on a bounded queue; the thread drains what is there and encodes it in one
+``encode_batch`` call, off the event loop, while the inference thread runs the previous batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from dataclasses import dataclass
+
+from tokenizers import Encoding
+
+from app.model.tokenizer import TextTokenizer
+
+# Texts encoded per call: large enough to amortise the call, small enough that one huge request does
+# not hold up the next request's first encodings for long.
+_TEXTS_PER_CALL = 256
+
+
+@dataclass
+class _Job:
+    texts: list[str]
+    add_special_tokens: bool
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[list[Encoding]]
+
+
+class Tokenization:
+    def __init__(self, tokenizer: TextTokenizer, capacity: int) -> None:
+        """``capacity`` bounds the queue; admission keeps it from ever filling (one job per request)."""
+        self.tokenizer = tokenizer
+        self._jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=capacity)
+        self._thread = threading.Thread(target=self._run, name="zhembed-tokenize", daemon=True)
+        self.calls = 0
+        self.texts = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+        self._thread.join(timeout=10)
+
+    async def encode(self, texts: list[str], add_special_tokens: bool = True) -> list[Encoding]:
+        """Encodings of ``texts``, in order, computed on the tokenisation thread."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[list[Encoding]] = loop.create_future()
+        # Never blocks: admission bounds the requests in flight below the queue's capacity.
+        self._jobs.put_nowait(_Job(texts, add_special_tokens, loop, future))
+        return await future
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            jobs = [job]
+            count = len(job.texts)
+            while count < _TEXTS_PER_CALL:
+                try:
+                    more = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    self._jobs.put(None)  # stop after this round
+                    break
+                jobs.append(more)
+                count += len(more.texts)
+            for special in (True, False):
+                group = [j for j in jobs if j.add_special_tokens is special and not j.future.cancelled()]
+                if group:
+                    self._encode(group, special)
+
+    def _encode(self, jobs: list[_Job], add_special_tokens: bool) -> None:
+        texts = [t for j in jobs for t in j.texts]
+        try:
+            encodings = self.tokenizer.encode_batch(texts, add_special_tokens)
+        except Exception as exc:  # handed to the requests, which fail loudly; the thread lives on
+            for j in jobs:
+                j.loop.call_soon_threadsafe(_fail, j.future, exc)
+            return
+        self.calls += 1
+        self.texts += len(texts)
+        start = 0
+        for j in jobs:
+            part = encodings[start : start + len(j.texts)]
+            start += len(j.texts)
+            j.loop.call_soon_threadsafe(_resolve, j.future, part)
+
+
+def _resolve(future: asyncio.Future[list[Encoding]], value: list[Encoding]) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _fail(future: asyncio.Future[list[Encoding]], exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)

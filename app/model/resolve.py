@@ -1,0 +1,55 @@
+"""Find the model folder for ``--model``: a folder with a manifest, or an export made on first use.
+
+A hub id (or a plain Hugging Face folder) is exported into ``--cache-dir`` by running the exporter as a
+subprocess: the service process never imports torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from app.model.manifest import MANIFEST_NAME, ManifestError
+
+log = logging.getLogger(__name__)
+
+
+def cache_folder(model: str, revision: str | None, cache_dir: Path) -> Path:
+    """Where an export of ``model`` at ``revision`` lives: readable, and unique per source."""
+    key = f"{model}@{revision or 'default'}"
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "--", key).strip("-")[-80:]
+    return cache_dir / f"{slug}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
+
+
+def resolve_model(model: str, revision: str | None, cache_dir: Path) -> Path:
+    """The folder holding ``manifest.json`` for ``model``, exporting it first when needed.
+
+    Raises:
+        ManifestError: the exporter failed or is not installed (its last line of output says why).
+    """
+    given = Path(model).expanduser()
+    if (given / MANIFEST_NAME).is_file():
+        return given
+    out = cache_folder(str(given.resolve()) if given.is_dir() else model, revision, cache_dir)
+    if (out / MANIFEST_NAME).is_file():
+        return out
+    command = [sys.executable, "-m", "export", "--model", model, "--out", str(out)]
+    if revision:
+        command += ["--revision", revision]
+    log.info("no exported model for %s; exporting into %s: %s", model, out, " ".join(command))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        lines = (done.stderr or done.stdout).strip().splitlines()
+        last = lines[-1] if lines else f"exit status {done.returncode}"
+        raise ManifestError(
+            f"exporting {model} failed ({last}); install the export extra (pip install zhembed[export]) "
+            f"or point ZHEMBED_MODEL at an exported folder"
+        )
+    if not (out / MANIFEST_NAME).is_file():
+        raise ManifestError(f"the exporter finished but wrote no {MANIFEST_NAME} into {out}")
+    return out

@@ -1,0 +1,172 @@
+"""Load an exported model and run its graphs: the ONNX Runtime side of the model interface.
+
+Start-up checks the sha256 of every file it will use, picks the variant and execution providers, and
+says in one log line what it chose and why.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from onnxruntime.capi.onnxruntime_pybind11_state import Fail as OrtFail
+from onnxruntime.capi.onnxruntime_pybind11_state import InvalidGraph as OrtInvalidGraph
+
+from app.model.manifest import (
+    MLM_INPUT,
+    MLM_OUTPUT,
+    POOLER_OUTPUT,
+    Manifest,
+    ManifestError,
+    Variant,
+    layer_output_name,
+    load_manifest,
+    verify_files,
+)
+from app.model.tokenizer import TextTokenizer
+from app.settings import Settings
+
+log = logging.getLogger(__name__)
+
+CUDA = "CUDAExecutionProvider"
+CPU = "CPUExecutionProvider"
+
+
+@dataclass(frozen=True)
+class Choice:
+    variant: Variant
+    providers: list[str]
+    reason: str
+
+
+def choose(manifest: Manifest, variant: str, providers: list[str] | None, available: list[str]) -> Choice:
+    """Pick the variant and providers from the settings and what this machine offers.
+
+    Raises:
+        ManifestError: a requested variant or provider is not there.
+    """
+    if providers is None:
+        chosen = [p for p in (CUDA, CPU) if p in available]
+        why_providers = "auto providers: " + ("CUDA available" if CUDA in chosen else "no CUDA, CPU only")
+    else:
+        missing = [p for p in providers if p not in available]
+        if missing:
+            raise ManifestError(f"providers {missing} are not available here (available: {available})")
+        chosen = list(providers)
+        why_providers = "providers as configured"
+    have = manifest.variants
+    if not have:
+        raise ManifestError("the manifest lists no encoder graphs")
+    if variant == "auto":
+        prefer: list[Variant] = ["fp16", "fp32", "int8"] if chosen[0] == CUDA else ["int8", "fp32", "fp16"]
+        picked = next(v for v in prefer if v in have)
+        why_variant = f"auto picks {picked} for {chosen[0]}"
+        if picked != prefer[0]:
+            why_variant += f" ({prefer[0]} was not exported)"
+    elif variant in have:
+        picked = variant
+        why_variant = f"variant {picked} as configured"
+    else:
+        raise ManifestError(f"variant {variant} was not exported; the model folder has {have}")
+    return Choice(picked, chosen, f"{why_variant}; {why_providers}")
+
+
+class OnnxModel:
+    """The encoder (and masked-LM head) sessions of one variant, plus the tokenizer."""
+
+    def __init__(self, folder: Path, manifest: Manifest, choice: Choice, intra_op_threads: int) -> None:
+        self.folder = folder
+        self.manifest = manifest
+        self.variant = choice.variant
+        self.reason = choice.reason
+        self.tokenizer = TextTokenizer(folder, manifest.tokenizer)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = intra_op_threads
+        # One request stream runs one graph at a time; extra inter-op threads would only contend.
+        options.inter_op_num_threads = 1
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        encoder = manifest.graphs["encoder"][choice.variant]
+        self._encoder = ort.InferenceSession(str(folder / encoder.file), options, providers=choice.providers)
+        self.providers: list[str] = self._encoder.get_providers()
+        self._outputs = {o.name for o in self._encoder.get_outputs()}
+        self._mlm: ort.InferenceSession | None = None
+        head = manifest.graphs.get("mlm_head", {}).get(choice.variant)
+        if manifest.config.has_mlm_head and head is not None:
+            self._mlm = ort.InferenceSession(str(folder / head.file), options, providers=choice.providers)
+
+    @property
+    def num_layers(self) -> int:
+        return self.manifest.config.num_layers
+
+    @property
+    def hidden_size(self) -> int:
+        return self.manifest.config.hidden_size
+
+    @property
+    def has_pooler(self) -> bool:
+        return self.manifest.config.has_pooler and POOLER_OUTPUT in self._outputs
+
+    @property
+    def has_mlm_head(self) -> bool:
+        return self._mlm is not None
+
+    def output_name(self, layer: int) -> str:
+        return self.manifest.layer_outputs.get(layer) or layer_output_name(layer, self.num_layers)
+
+    def encode(
+        self, input_ids: np.ndarray, attention_mask: np.ndarray, outputs: list[str]
+    ) -> list[np.ndarray]:
+        """Run the encoder on one padded batch and return only ``outputs``, in that order."""
+        feed = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "token_type_ids": np.zeros_like(input_ids),
+        }
+        return list(self._encoder.run(outputs, feed))
+
+    def mask_logits(self, hidden: np.ndarray) -> np.ndarray:
+        """Masked-LM logits [k, vocab] for last-layer hidden states [k, hidden]."""
+        if self._mlm is None:
+            raise RuntimeError("mask_logits called on a model without a masked-LM head")
+        (logits,) = self._mlm.run([MLM_OUTPUT], {MLM_INPUT: hidden.astype(np.float32, copy=False)})
+        return np.asarray(logits)
+
+
+def load_model(settings: Settings) -> OnnxModel:
+    """Resolve, verify and load the model the settings name.
+
+    Raises:
+        ManifestError: the model is missing, corrupt, or cannot run with these settings; one message.
+    """
+    from app.model.resolve import resolve_model
+
+    folder = resolve_model(settings.model, settings.revision, settings.cache_path)
+    manifest = load_manifest(folder)
+    choice = choose(manifest, settings.variant, settings.provider_list, ort.get_available_providers())
+    files = dict(manifest.tokenizer.files)
+    for graph in ("encoder", "mlm_head"):
+        entry = manifest.graphs.get(graph, {}).get(choice.variant)
+        if entry is not None:
+            files[entry.file] = entry.sha256
+    if "tokenizer.json" not in files:
+        raise ManifestError(f"the manifest in {folder} does not list tokenizer.json")
+    verify_files(folder, files)
+    try:
+        model = OnnxModel(folder, manifest, choice, settings.intra_op_threads)
+    except (OrtFail, OrtInvalidGraph) as exc:
+        raise ManifestError(
+            f"ONNX Runtime cannot load the {choice.variant} graphs in {folder}: {exc}"
+        ) from exc
+    log.info(
+        "model %s (%s weights) from %s: variant %s on %s — %s",
+        manifest.source.model,
+        manifest.source.weights,
+        folder,
+        model.variant,
+        ",".join(model.providers),
+        model.reason,
+    )
+    return model

@@ -1,0 +1,26 @@
+"""Admission: permits per input, all or none, 429 when full, released once."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.engine.admission import Admission
+from app.errors import Overloaded
+
+
+def test_permits_are_taken_all_or_none_and_released() -> None:
+    admission = Admission(limit=5)
+    with admission.try_acquire(3):
+        assert admission.in_use == 3
+        with pytest.raises(Overloaded):
+            admission.try_acquire(3)
+        assert admission.in_use == 3 and admission.rejected == 1
+        permits = admission.try_acquire(2)
+        permits.release()
+        permits.release()  # idempotent
+    assert admission.in_use == 0
+
+
+def test_a_request_takes_at_least_one_permit() -> None:
+    with pytest.raises(ValueError):
+        Admission(limit=5).try_acquire(0)

@@ -1,0 +1,100 @@
+"""Batch assembly: grouping by length, the padding-charging budget, waiting for company, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import numpy as np
+
+from app.engine.batching import Batcher
+from app.engine.work import Need, Ticket, WorkItem
+
+LOOP = asyncio.new_event_loop()
+
+
+def item(length: int, ticket: Ticket | None = None, age_s: float = 1.0) -> WorkItem:
+    return WorkItem(
+        ids=np.zeros(length, dtype=np.int64),
+        need=Need(layers=(1,), pooling="cls"),
+        ticket=ticket or Ticket(),
+        loop=LOOP,
+        future=LOOP.create_future(),
+        enqueued_at=time.perf_counter() - age_s,  # old enough that no wait applies unless asked
+    )
+
+
+def test_groups_by_length_around_the_oldest() -> None:
+    batcher = Batcher(max_batch_tokens=10_000, max_batch_size=3, max_wait_ms=0, capacity=100)
+    items = [item(n) for n in (50, 10, 52, 11, 49, 12)]
+    batcher.submit(items)
+    first = batcher.next_batch()
+    second = batcher.next_batch()
+    assert first is not None and second is not None
+    assert sorted(i.length for i in first) == [49, 50, 52]  # the oldest (50) and its nearest lengths
+    assert sorted(i.length for i in second) == [10, 11, 12]
+    assert batcher.stats.padded_tokens - batcher.stats.real_tokens == (3 + 2 + 0) + (2 + 1 + 0)
+
+
+def test_budget_charges_padding_and_caps_size() -> None:
+    batcher = Batcher(max_batch_tokens=100, max_batch_size=8, max_wait_ms=0, capacity=100)
+    batcher.submit([item(30) for _ in range(5)] + [item(10) for _ in range(20)])
+    sizes = []
+    while batcher.depth:
+        batch = batcher.next_batch()
+        assert batch is not None
+        assert len(batch) * max(i.length for i in batch) <= 100
+        assert len(batch) <= 8
+        sizes.append(len(batch))
+    assert sum(sizes) == 25 and max(sizes) == 8
+
+
+def test_an_input_over_the_budget_runs_alone() -> None:
+    batcher = Batcher(max_batch_tokens=50, max_batch_size=8, max_wait_ms=0, capacity=10)
+    batcher.submit([item(128), item(10)])
+    batch = batcher.next_batch()
+    assert batch is not None and [i.length for i in batch] == [128]
+
+
+def test_waits_for_company_only_when_the_queue_is_nearly_empty() -> None:
+    batcher = Batcher(max_batch_tokens=10_000, max_batch_size=4, max_wait_ms=200, capacity=10)
+    batcher.submit([item(5, age_s=0)])
+    threading.Timer(0.05, lambda: batcher.submit([item(6, age_s=0)])).start()
+    batch = batcher.next_batch()  # waits: one item cannot fill a batch of four; its company arrives
+    assert batch is not None and len(batch) == 2
+    assert batcher.stats.waits == 1
+
+    batcher.submit([item(5, age_s=0) for _ in range(4)])  # enough work: no wait at all
+    started = time.perf_counter()
+    batch = batcher.next_batch()
+    assert batch is not None and len(batch) == 4
+    assert batcher.stats.waits == 1
+    assert time.perf_counter() - started < 0.1
+
+
+def test_cancelled_items_are_dropped_before_a_batch_forms() -> None:
+    batcher = Batcher(max_batch_tokens=10_000, max_batch_size=8, max_wait_ms=0, capacity=10)
+    gone = Ticket()
+    batcher.submit([item(5, gone), item(5), item(5, gone)])
+    gone.cancel()
+    batch = batcher.next_batch()
+    assert batch is not None and len(batch) == 1
+    assert batcher.stats.dropped_cancelled == 2
+
+
+def test_queue_is_bounded() -> None:
+    batcher = Batcher(max_batch_tokens=100, max_batch_size=8, max_wait_ms=0, capacity=2)
+    batcher.submit([item(5), item(5)])
+    try:
+        batcher.submit([item(5)])
+    except RuntimeError as exc:
+        assert "bound" in str(exc)
+    else:
+        raise AssertionError("the batch queue grew past its bound")
+
+
+def test_stop_releases_a_waiting_assembler() -> None:
+    batcher = Batcher(max_batch_tokens=100, max_batch_size=8, max_wait_ms=0, capacity=2)
+    threading.Timer(0.05, batcher.stop).start()
+    assert batcher.next_batch() is None

@@ -1,0 +1,95 @@
+"""The engine under load: no cross-talk, batches really form, cancelled work is dropped."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from typing import Any
+
+import httpx
+import numpy as np
+
+from app.engine.engine import Engine
+from app.engine.work import Need, Ticket, WorkItem
+from app.settings import Settings
+from tests.app.conftest import Running
+
+CHARS = "北京天气很好我们去公园散步吧上海是中国的城市人民"
+
+
+def random_request(rng: random.Random) -> dict[str, Any]:
+    inputs = [
+        "".join(rng.choice(CHARS) for _ in range(rng.randint(1, 120))) for _ in range(rng.randint(1, 6))
+    ]
+    body: dict[str, Any] = {"inputs": inputs, "pooling": rng.choice(["cls", "mean", "pooler"])}
+    if body["pooling"] != "pooler" and rng.random() < 0.5:
+        body["layers"] = rng.sample([1, 2, 3], rng.randint(1, 3))
+    return body
+
+
+def test_200_concurrent_requests_equal_each_sent_alone(server: Running) -> None:
+    rng = random.Random(3)
+    bodies = [random_request(rng) for _ in range(200)]
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        alone = [client.post("/embed", json=body).json() for body in bodies]
+    before = server.service.engine.stats()
+
+    async def together() -> list[Any]:
+        limits = httpx.Limits(max_connections=200)
+        async with httpx.AsyncClient(base_url=server.url, timeout=120, limits=limits) as client:
+            responses = await asyncio.gather(*(client.post("/embed", json=body) for body in bodies))
+        assert all(r.status_code == 200 for r in responses), [
+            r.text for r in responses if r.status_code != 200
+        ]
+        return [r.json() for r in responses]
+
+    results = asyncio.run(together())
+    after = server.service.engine.stats()
+    for got, want in zip(results, alone, strict=True):
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, atol=2e-5)
+    items = after["batched_items"] - before["batched_items"]
+    batches = after["batches"] - before["batches"]
+    assert items == sum(len(b["inputs"]) for b in bodies)
+    assert batches < items / 2  # many inputs shared a batch
+    assert after["largest_batch"] > 1
+    assert after["inputs_in_flight"] == 0
+
+
+def item(engine: Engine, length: int, ticket: Ticket) -> WorkItem:
+    loop = asyncio.get_running_loop()
+    ids = np.array([101] + [791] * (length - 2) + [102], dtype=np.int64)
+    return WorkItem(
+        ids=ids, need=Need(layers=(3,), pooling="cls"), ticket=ticket, loop=loop, future=loop.create_future()
+    )
+
+
+def test_cancelled_requests_are_dropped_before_inference(tiny_model: Any, tiny_settings: Settings) -> None:
+    engine = Engine(tiny_model, tiny_settings)
+    # Everything but the assembler runs, so the cancelled request's items are still queued when it leaves.
+    engine.tokenization.start()
+    engine.post.start()
+    engine.inference.start()
+
+    async def main() -> None:
+        gone = Ticket()
+        task = asyncio.ensure_future(engine.run([item(engine, n, gone) for n in (5, 9, 12)], gone))
+        await asyncio.sleep(0)  # the items are queued
+        assert engine.batcher.depth == 3
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        assert gone.cancelled
+        engine._assembler.start()
+        stays = Ticket()
+        results = await engine.run([item(engine, 7, stays)], stays)
+        assert len(results) == 1 and results[0].vectors is not None
+
+    try:
+        asyncio.run(main())
+        assert engine.batcher.stats.dropped_cancelled == 3
+        assert engine.inference.stats.items == 1
+    finally:
+        engine.stop()

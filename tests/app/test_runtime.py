@@ -1,0 +1,67 @@
+"""Loading: variant and provider choice, sha256 checks, one clear message on a bad model folder."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.model.manifest import ManifestError, load_manifest
+from app.model.runtime import CPU, CUDA, choose, load_model
+from app.settings import Settings
+
+
+def test_auto_picks_int8_on_cpu_and_fp16_on_cuda(tiny_model_dir: Path) -> None:
+    manifest = load_manifest(tiny_model_dir)
+    cpu = choose(manifest, "auto", None, [CPU])
+    assert cpu.variant == "int8" and cpu.providers == [CPU] and "int8" in cpu.reason
+    cuda = choose(manifest, "auto", None, [CUDA, CPU])
+    assert cuda.variant == "fp16" and cuda.providers == [CUDA, CPU]
+    assert choose(manifest, "fp32", None, [CPU]).variant == "fp32"
+    with pytest.raises(ManifestError, match="not available"):
+        choose(manifest, "auto", [CUDA], [CPU])
+
+
+def test_loads_the_configured_variant(tiny_model: object) -> None:
+    assert getattr(tiny_model, "variant") == "fp32"  # noqa: B009
+    assert getattr(tiny_model, "has_mlm_head") and getattr(tiny_model, "has_pooler")  # noqa: B009
+
+
+def test_corrupt_or_missing_files_refuse_to_load(tiny_model_dir: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, broken)
+    (broken / "encoder.int8.onnx").write_bytes(b"garbage")
+    with pytest.raises(ManifestError, match=r"encoder\.int8\.onnx: sha256"):
+        load_model(Settings(model=str(broken), variant="int8"))
+    (broken / "tokenizer.json").unlink()
+    with pytest.raises(ManifestError, match=r"tokenizer\.json: missing"):
+        load_model(Settings(model=str(broken), variant="fp32"))
+
+
+def test_python_m_app_refuses_to_start_with_one_line(tmp_path: Path) -> None:
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "manifest.json").write_text("{not json")
+    done = subprocess.run(
+        [sys.executable, "-m", "app", "--model", str(tmp_path / "model")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot start" in lines[0] and "not readable JSON" in lines[0]
+
+
+def test_the_service_never_imports_torch(tiny_model_dir: Path) -> None:
+    code = (
+        "import sys; from app.main import create_app; from app.model.runtime import load_model; "
+        "from app.settings import Settings; "
+        f"load_model(Settings(model={str(tiny_model_dir)!r})); "
+        "bad = [m for m in ('torch', 'transformers', 'optimum') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -1,0 +1,37 @@
+"""Settings: one frozen object from ZHEMBED_* variables and flags of the same names."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from app.settings import Settings
+
+
+def test_environment_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ZHEMBED_MAX_BATCH_TOKENS", "1234")
+    monkeypatch.setenv("ZHEMBED_PROVIDERS", "CPUExecutionProvider")
+    settings = Settings.from_cli(["--max-batch-size", "3", "--variant", "int8"])
+    assert settings.max_batch_tokens == 1234
+    assert settings.max_batch_size == 3 and settings.variant == "int8"
+    assert settings.provider_list == ["CPUExecutionProvider"]
+    assert settings.port == 8080 and settings.model == "bert-base-chinese"
+    assert Settings.from_cli(["--max-batch-tokens", "99"]).max_batch_tokens == 99  # a flag wins
+
+
+def test_frozen_and_validated() -> None:
+    settings = Settings()
+    with pytest.raises(ValidationError):
+        settings.port = 1
+    with pytest.raises(ValidationError):
+        Settings(variant="bf16")  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="never be admitted"):
+        Settings(max_inputs_per_request=10, max_concurrent_inputs=5)
+
+
+def test_help_is_the_field_descriptions(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        Settings.from_cli(["--help"])
+    out = capsys.readouterr().out
+    assert "--max-batch-tokens" in out and "padding included" in out
+    assert "--max-body-bytes" in out

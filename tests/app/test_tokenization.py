@@ -1,0 +1,26 @@
+"""Tokenisation: one thread, many requests per encode_batch call, each gets its own encodings back."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from app.engine.tokenization import Tokenization
+
+
+def test_requests_share_calls_and_get_their_own_encodings(tiny_model: Any) -> None:
+    stage = Tokenization(tiny_model.tokenizer, capacity=100)
+    texts = [[f"第{i}句话", "你好"] for i in range(30)]
+
+    async def main() -> list[Any]:
+        return await asyncio.gather(*(stage.encode(t) for t in texts))
+
+    stage.start()
+    try:
+        results = asyncio.run(main())
+    finally:
+        stage.stop()
+    direct = [tiny_model.tokenizer.encode_batch(t) for t in texts]
+    for got, want in zip(results, direct, strict=True):
+        assert [e.ids for e in got] == [e.ids for e in want]
+    assert stage.texts == 60 and stage.calls < 30

@@ -1,0 +1,186 @@
+"""The export pipeline: manifest, files, graph contracts, parity, atomicity and no-op re-runs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import onnx
+import pytest
+
+from app.model.manifest import VARIANTS, load_manifest, sha256_file, verify_files
+from export import graphs, variants
+from export.pipeline import ExportOptions, run_export
+from export.spec import THRESHOLDS, Threshold
+from export.validate import ValidationFailedError
+from tests.conftest import TINY_CONFIG
+
+
+def _quiet(_line: str) -> None:
+    pass
+
+
+def test_manifest_records_source_config_and_versions(tiny_model_dir: Path) -> None:
+    manifest = load_manifest(tiny_model_dir)
+    assert manifest.source.weights == "pretrained"
+    assert manifest.source.local is True
+    assert manifest.source.weights_sha256 is not None and len(manifest.source.weights_sha256) == 64
+    assert manifest.config.num_layers == TINY_CONFIG["num_hidden_layers"]
+    assert manifest.config.hidden_size == TINY_CONFIG["hidden_size"]
+    assert manifest.config.vocab_size == 21128
+    assert manifest.config.has_pooler and manifest.config.has_mlm_head
+    assert manifest.variants == list(VARIANTS)
+    for name in ("torch", "transformers", "optimum", "onnx", "onnxruntime"):
+        assert manifest.versions[name] != "absent"
+    assert manifest.timings_s["export encoder fp32"] > 0
+
+
+def test_every_file_matches_its_recorded_hash_and_size(tiny_model_dir: Path) -> None:
+    manifest = load_manifest(tiny_model_dir)
+    for per_variant in manifest.graphs.values():
+        for graph in per_variant.values():
+            path = tiny_model_dir / graph.file
+            assert sha256_file(path) == graph.sha256
+            assert path.stat().st_size == graph.bytes
+    verify_files(tiny_model_dir, manifest.tokenizer.files)
+    assert "tokenizer.json" in manifest.tokenizer.files
+
+
+def test_encoder_graph_inputs_and_outputs_match_the_manifest(tiny_model_dir: Path) -> None:
+    manifest = load_manifest(tiny_model_dir)
+    layers = manifest.config.num_layers
+    for variant, graph in manifest.graphs["encoder"].items():
+        model = onnx.load(str(tiny_model_dir / graph.file), load_external_data=False)
+        inputs = {i.name: i.type.tensor_type for i in model.graph.input}
+        outputs = {o.name: o.type.tensor_type for o in model.graph.output}
+        assert list(inputs) == ["input_ids", "attention_mask", "token_type_ids"], variant
+        assert all(t.elem_type == onnx.TensorProto.INT64 for t in inputs.values())
+        expected = [f"hidden_state_{i}" for i in range(1, layers)] + ["last_hidden_state", "pooler_output"]
+        assert list(outputs) == expected, variant
+        # fp16 keeps fp32 inputs/outputs: the service never converts.
+        assert all(t.elem_type == onnx.TensorProto.FLOAT for t in outputs.values()), variant
+        assert [s.name for s in graph.outputs] == expected
+        dims = [d.dim_param for d in inputs["input_ids"].shape.dim]
+        assert dims == ["batch", "sequence"]
+    assert manifest.layer_outputs[layers] == "last_hidden_state"
+    assert manifest.layer_outputs[1] == "hidden_state_1"
+
+
+def test_mlm_head_is_a_small_graph_from_hidden_to_vocab(tiny_model_dir: Path) -> None:
+    manifest = load_manifest(tiny_model_dir)
+    for graph in manifest.graphs["mlm_head"].values():
+        model = onnx.load(str(tiny_model_dir / graph.file))
+        (inp,) = model.graph.input
+        (out,) = model.graph.output
+        assert inp.name == "hidden" and out.name == "logits"
+        assert [d.dim_param or d.dim_value for d in out.type.tensor_type.shape.dim] == ["k", 21128]
+
+
+def test_int8_has_integer_weights_and_fp16_half_weights(tiny_model_dir: Path) -> None:
+    manifest = load_manifest(tiny_model_dir)
+    int8 = onnx.load(str(tiny_model_dir / manifest.graphs["encoder"]["int8"].file))
+    assert any(init.data_type == onnx.TensorProto.INT8 for init in int8.graph.initializer)
+    assert manifest.graphs["encoder"]["int8"].recipe["weight_type"] == "QInt8"
+    fp16 = onnx.load(str(tiny_model_dir / manifest.graphs["encoder"]["fp16"].file))
+    assert any(init.data_type == onnx.TensorProto.FLOAT16 for init in fp16.graph.initializer)
+    assert manifest.graphs["encoder"]["fp16"].provider == "CUDAExecutionProvider"
+
+
+def test_every_variant_passed_parity_within_its_thresholds(tiny_model_dir: Path) -> None:
+    manifest = load_manifest(tiny_model_dir)
+    for variant in VARIANTS:
+        result = manifest.validation[variant]
+        assert result.passed and result.sentences >= 32
+        for t in THRESHOLDS[variant]:
+            metric = result.metrics[t.metric]
+            assert metric.enforced and metric.passed and metric.threshold == t.value
+    fp32 = manifest.validation["fp32"].metrics
+    assert fp32["cosine_min"].value >= 0.99999
+    assert fp32["mlm_top1"].value == 1.0
+    assert fp32["max_abs_diff"].value < 1e-4
+
+
+def test_rerun_with_same_source_and_options_is_a_noop(tiny_source_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "model"
+    options = ExportOptions(out=out, model=str(tiny_source_dir), variants=("fp32",))
+    first = run_export(options, log=_quiet)
+    stamp = (out / "manifest.json").stat().st_mtime_ns
+    lines: list[str] = []
+    again = run_export(options, log=lines.append)
+    assert again == first
+    assert (out / "manifest.json").stat().st_mtime_ns == stamp
+    assert any("up to date" in line for line in lines)
+    forced = run_export(
+        ExportOptions(out=out, model=str(tiny_source_dir), variants=("fp32",), force=True), _quiet
+    )
+    assert forced.created_at >= first.created_at
+    assert (out / "manifest.json").stat().st_mtime_ns != stamp
+
+
+def test_other_options_are_not_a_noop(tiny_source_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "model"
+    first = run_export(ExportOptions(out=out, model=str(tiny_source_dir), variants=("fp32",)), _quiet)
+    second = run_export(ExportOptions(out=out, model=str(tiny_source_dir), variants=("fp32", "int8")), _quiet)
+    assert first.source.fingerprint != second.source.fingerprint
+    assert second.variants == ["fp32", "int8"]
+
+
+def _snapshot(folder: Path) -> dict[str, str]:
+    return {p.name: sha256_file(p) for p in sorted(folder.iterdir())}
+
+
+def test_failed_validation_lists_every_miss_and_leaves_out_untouched(
+    tiny_model_dir: Path, tiny_source_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, out)
+    before = _snapshot(out)
+    impossible = dict(THRESHOLDS)
+    impossible["fp32"] = (Threshold("cosine_min", ">=", 1.5), Threshold("max_abs_diff", "<=", -1.0))
+    options = ExportOptions(out=out, model=str(tiny_source_dir), variants=("fp32",), force=True)
+    with pytest.raises(ValidationFailedError) as failure:
+        run_export(options, log=_quiet, thresholds=impossible)
+    assert "fp32 cosine_min" in str(failure.value) and "fp32 max_abs_diff" in str(failure.value)
+    assert _snapshot(out) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]
+
+
+def test_a_tampered_graph_fails_validation(
+    tiny_source_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_to_int8 = variants.to_int8
+
+    def tampered(src: Path, dst: Path, *args: object, **kwargs: object) -> dict[str, str | bool]:
+        recipe = real_to_int8(src, dst, *args, **kwargs)  # type: ignore[arg-type]
+        model = onnx.load(str(dst))
+        for init in model.graph.initializer:
+            if init.data_type == onnx.TensorProto.INT8 and len(init.raw_data) > 1000:
+                init.raw_data = bytes(reversed(init.raw_data))
+        onnx.save(model, str(dst))
+        return recipe
+
+    monkeypatch.setattr(variants, "to_int8", tampered)
+    out = tmp_path / "model"
+    with pytest.raises(ValidationFailedError, match="int8 cosine_min"):
+        run_export(ExportOptions(out=out, model=str(tiny_source_dir), variants=("fp32", "int8")), _quiet)
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_exception_mid_export_leaves_no_partial_folder(
+    tiny_source_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def boom(*_args: object, **_kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(graphs, "export_mlm_head", boom)
+    with pytest.raises(KeyboardInterrupt):
+        run_export(ExportOptions(out=tmp_path / "model", model=str(tiny_source_dir)), _quiet)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_manifest_is_plain_json_the_service_can_read(tiny_model_dir: Path) -> None:
+    raw = json.loads((tiny_model_dir / "manifest.json").read_text())
+    assert raw["schema_version"] == 1
+    assert set(raw["graphs"]) == {"encoder", "mlm_head"}
