@@ -6,10 +6,13 @@ variant passed validation, so a failed or interrupted export leaves ``--out`` as
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import datetime as dt
 import gc
 import importlib.metadata
 import os
+import resource
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -76,7 +79,19 @@ class _Clock:
         yield
         took = time.perf_counter() - start
         self.timings[name] = round(took, 3)
-        self.log(f"[export] {name:<26} {took:7.2f} s{'  ' + sizes() if sizes else ''}")
+        _release_memory()
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # kB on Linux
+        self.log(
+            f"[export] {name:<26} {took:7.2f} s  peak RSS {peak:4.1f} GB{'  ' + sizes() if sizes else ''}"
+        )
+
+
+def _release_memory() -> None:
+    """Hand freed memory back to the OS between steps, so peaks do not stack (glibc keeps it otherwise)."""
+    gc.collect()
+    # Not glibc (no libc.so.6 or no malloc_trim): nothing to trim.
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _mb(*paths: Path) -> str:
