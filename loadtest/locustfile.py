@@ -1,0 +1,279 @@
+"""Locust load test for zhembed: embed, similarity, fill-mask and a cache-heavy mix.
+
+Runs as its own process (``locust -f loadtest/locustfile.py``); nothing imports it. It needs only Locust
+and the standard library, so it also runs in the stock ``locustio/locust`` image (docker-compose.yml).
+
+User classes (all run, by weight, unless named on the command line):
+
+- ``EmbedUser``       POST /embed, batches of 1, 4, 16 and 32 texts; some requests ask for layer mixes
+- ``SimilarityUser``  POST /similarity, source-vs-sentences and pairs
+- ``FillMaskUser``    POST /fill-mask, one or two [MASK]s per text
+- ``CacheHeavyUser``  POST /embed where ``--repeat-ratio`` of the texts come from a small hot set
+
+Load shapes, chosen with ``LOADTEST_SHAPE`` (read when the file is loaded, because Locust runs the
+first shape it finds): ``step`` (``--step-users`` more users every ``--step-seconds``, ``--steps``
+times), ``spike`` (``--base-users``, a jump to ``--spike-users`` for ``--spike-seconds``, back), ``all``
+(both, for the web UI's ``--class-picker``), or unset (``-u``/``-r``/``-t`` as usual).
+
+Text comes from ``loadtest/data/corpus_zh.txt`` (one sentence a line), or from the export stage's
+``export/data/validation_zh.txt`` and ``calibration_zh.txt`` while that file is absent;
+``LOADTEST_CORPUS`` names another file.
+
+Headless, writing CSV and HTML reports (see README "Load test")::
+
+    locust -f loadtest/locustfile.py --headless -H http://127.0.0.1:8080 -u 32 -r 8 -t 2m \\
+        --csv loadtest/results/mix --html loadtest/results/mix.html
+    LOADTEST_SHAPE=step locust -f loadtest/locustfile.py --headless -H http://127.0.0.1:8080 \\
+        --csv loadtest/results/step --html loadtest/results/step.html EmbedUser
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+from locust import FastHttpUser, LoadTestShape, between, events, task
+from locust.argument_parser import LocustArgumentParser
+from locust.env import Environment
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = ROOT / "loadtest" / "data" / "corpus_zh.txt"
+FALLBACK_CORPORA = (
+    ROOT / "export" / "data" / "validation_zh.txt",
+    ROOT / "export" / "data" / "calibration_zh.txt",
+)
+# Characters a [MASK] may replace: CJK ideographs only, so the masked text still reads as a sentence.
+_HAN = re.compile(r"[\u4e00-\u9fff]")
+# Long enough for realistic sentences, short enough to fit any model's window (the CI test model has 128
+# positions); /embed and /similarity also send longer texts with truncation or chunking on.
+FILL_MASK_MAX_CHARS = 100
+
+
+def load_corpus() -> list[str]:
+    """Non-empty lines of the corpus (``LOADTEST_CORPUS``, the project's corpus, or the fallback)."""
+    chosen = os.environ.get("LOADTEST_CORPUS")
+    paths = [Path(chosen)] if chosen else ([CORPUS] if CORPUS.is_file() else list(FALLBACK_CORPORA))
+    lines = [line.strip() for path in paths for line in path.read_text(encoding="utf-8").splitlines()]
+    lines = [line for line in lines if line]
+    if not lines:
+        raise SystemExit(f"loadtest: no sentences in {', '.join(map(str, paths))}")
+    return lines
+
+
+SENTENCES = load_corpus()
+
+
+@events.init_command_line_parser.add_listener
+def _add_arguments(parser: LocustArgumentParser) -> None:
+    # On the parser itself, not a group: only LocustArgumentParser knows is_secret and the web UI fields.
+    parser.add_argument(
+        "--repeat-ratio",
+        type=float,
+        env_var="LOADTEST_REPEAT_RATIO",
+        default=0.9,
+        help="CacheHeavyUser: share of texts drawn from the hot set (0..1)",
+    )
+    parser.add_argument(
+        "--hot-set-size",
+        type=int,
+        env_var="LOADTEST_HOT_SET_SIZE",
+        default=32,
+        help="CacheHeavyUser: how many distinct texts the hot set holds",
+    )
+    parser.add_argument(
+        "--api-key",
+        env_var="LOADTEST_API_KEY",
+        default="",
+        is_secret=True,
+        help="sent as 'Authorization: Bearer KEY' when set",
+    )
+    parser.add_argument("--step-users", type=int, env_var="LOADTEST_STEP_USERS", default=8)
+    parser.add_argument("--step-seconds", type=int, env_var="LOADTEST_STEP_SECONDS", default=30)
+    parser.add_argument("--steps", type=int, env_var="LOADTEST_STEPS", default=5)
+    parser.add_argument("--base-users", type=int, env_var="LOADTEST_BASE_USERS", default=4)
+    parser.add_argument("--spike-users", type=int, env_var="LOADTEST_SPIKE_USERS", default=64)
+    parser.add_argument("--spike-after", type=int, env_var="LOADTEST_SPIKE_AFTER", default=30)
+    parser.add_argument("--spike-seconds", type=int, env_var="LOADTEST_SPIKE_SECONDS", default=20)
+    parser.add_argument("--spike-tail", type=int, env_var="LOADTEST_SPIKE_TAIL", default=30)
+
+
+def _options(environment: Environment) -> Any:
+    if environment.parsed_options is None:
+        raise RuntimeError("Locust started without parsed options")
+    return environment.parsed_options
+
+
+def _texts(n: int, rng: random.Random) -> list[str]:
+    return [rng.choice(SENTENCES) for _ in range(n)]
+
+
+def _masked(text: str, masks: int, rng: random.Random) -> str:
+    """``text`` (clipped) with ``masks`` of its Han characters replaced by [MASK]."""
+    text = text[:FILL_MASK_MAX_CHARS]
+    spots = [m.start() for m in _HAN.finditer(text)]
+    if not spots:
+        return text + "[MASK]"
+    chosen = sorted(rng.sample(spots, min(masks, len(spots))), reverse=True)
+    for i in chosen:
+        text = text[:i] + "[MASK]" + text[i + 1 :]
+    return text
+
+
+class _ZhembedUser(FastHttpUser):
+    abstract = True
+    wait_time = between(0.0, 0.05)
+
+    def on_start(self) -> None:
+        self.rng = random.Random()
+        key = _options(self.environment).api_key
+        self.headers = {"Authorization": f"Bearer {key}"} if key else {}
+
+    def post(self, path: str, body: dict[str, Any], name: str) -> None:
+        """POST ``body``; anything but 200 with a JSON list is a failure."""
+        with self.client.post(path, json=body, headers=self.headers, name=name, catch_response=True) as r:
+            if r.status_code != 200:
+                r.failure(f"HTTP {r.status_code}: {(r.text or '')[:200]}")
+                return
+            try:
+                payload = r.json()
+            except ValueError:
+                r.failure("response is not JSON")
+                return
+            if not isinstance(payload, list):
+                r.failure(f"expected a JSON list, got {type(payload).__name__}")
+
+
+class EmbedUser(_ZhembedUser):
+    """Mixed batch sizes; most requests use the defaults, some ask for layer mixes or other encodings."""
+
+    weight = 4
+
+    @task(6)
+    def embed_one(self) -> None:
+        self.post("/embed", {"inputs": self.rng.choice(SENTENCES), "truncate": True}, "/embed [1]")
+
+    @task(4)
+    def embed_4(self) -> None:
+        self.post("/embed", {"inputs": _texts(4, self.rng), "truncate": True}, "/embed [4]")
+
+    @task(2)
+    def embed_16(self) -> None:
+        body = {"inputs": _texts(16, self.rng), "truncate": True, "pooling": "mean"}
+        self.post("/embed", body, "/embed [16]")
+
+    @task(1)
+    def embed_32_layers(self) -> None:
+        body = {
+            "inputs": _texts(32, self.rng),
+            "layers": [-1, -2],
+            "layer_combine": "mean",
+            "long_text": "chunk",
+            "encoding": "base64",
+        }
+        self.post("/embed", body, "/embed [32, layers]")
+
+
+class SimilarityUser(_ZhembedUser):
+    weight = 2
+
+    @task(2)
+    def source_sentences(self) -> None:
+        sentences = _texts(self.rng.choice((4, 8, 16)), self.rng)
+        body = {"inputs": {"source_sentence": self.rng.choice(SENTENCES), "sentences": sentences}}
+        self.post("/similarity", {**body, "truncate": True}, "/similarity [source]")
+
+    @task(1)
+    def pairs(self) -> None:
+        pairs = [_texts(2, self.rng) for _ in range(self.rng.choice((1, 4, 8)))]
+        self.post("/similarity", {"pairs": pairs, "truncate": True}, "/similarity [pairs]")
+
+
+class FillMaskUser(_ZhembedUser):
+    weight = 1
+
+    @task(3)
+    def one_mask(self) -> None:
+        body = {"inputs": _masked(self.rng.choice(SENTENCES), 1, self.rng), "top_k": 5}
+        self.post("/fill-mask", body, "/fill-mask [1 mask]")
+
+    @task(1)
+    def batch_two_masks(self) -> None:
+        texts = [_masked(t, 2, self.rng) for t in _texts(4, self.rng)]
+        self.post("/fill-mask", {"inputs": texts, "top_k": 10}, "/fill-mask [4 x 2 masks]")
+
+
+class CacheHeavyUser(_ZhembedUser):
+    """Callers that repeat themselves: ``--repeat-ratio`` of the texts come from a small hot set."""
+
+    weight = 3
+
+    def on_start(self) -> None:
+        super().on_start()
+        options = _options(self.environment)
+        if not 0.0 <= options.repeat_ratio <= 1.0:
+            raise ValueError(f"--repeat-ratio must be within 0..1, got {options.repeat_ratio}")
+        # The same seed in every user, so all users (and workers) share one hot set.
+        self.hot = random.Random(1234).sample(SENTENCES, min(options.hot_set_size, len(SENTENCES)))
+        self.repeat_ratio = options.repeat_ratio
+
+    def _text(self) -> str:
+        if self.rng.random() < self.repeat_ratio:
+            return self.rng.choice(self.hot)
+        # A cold text: a corpus sentence with a random suffix, so it has never been seen before.
+        return f"{self.rng.choice(SENTENCES)}（{self.rng.randrange(10**9)}）"
+
+    @task(3)
+    def embed_one(self) -> None:
+        self.post("/embed", {"inputs": self._text(), "truncate": True}, "/embed [cache-heavy 1]")
+
+    @task(1)
+    def embed_8(self) -> None:
+        body = {"inputs": [self._text() for _ in range(8)], "truncate": True}
+        self.post("/embed", body, "/embed [cache-heavy 8]")
+
+
+# --- load shapes ------------------------------------------------------------------------------------------
+
+SHAPE = os.environ.get("LOADTEST_SHAPE", "").strip().lower()
+if SHAPE not in ("", "step", "spike", "all"):
+    raise SystemExit(f"LOADTEST_SHAPE is step, spike or all; got {SHAPE!r}")
+
+
+class StepLoadShape(LoadTestShape):
+    """``--step-users`` more users every ``--step-seconds``, ``--steps`` times, then stop."""
+
+    abstract = SHAPE not in ("step", "all")
+
+    def tick(self) -> tuple[int, float] | None:
+        options = _options(self.runner.environment) if self.runner else None
+        if options is None:
+            return None
+        step = int(self.get_run_time() // options.step_seconds)
+        if step >= options.steps:
+            return None
+        users = options.step_users * (step + 1)
+        return users, float(options.step_users)
+
+
+class SpikeLoadShape(LoadTestShape):
+    """``--base-users``, then ``--spike-users`` for ``--spike-seconds``, then the base again, then stop."""
+
+    abstract = SHAPE not in ("spike", "all")
+
+    def tick(self) -> tuple[int, float] | None:
+        options = _options(self.runner.environment) if self.runner else None
+        if options is None:
+            return None
+        t = self.get_run_time()
+        spike_end = options.spike_after + options.spike_seconds
+        if t < options.spike_after:
+            return options.base_users, float(options.base_users)
+        if t < spike_end:
+            # Everyone at once: a spike that ramps is a step.
+            return options.spike_users, float(options.spike_users)
+        if t < spike_end + options.spike_tail:
+            return options.base_users, float(options.spike_users)
+        return None
