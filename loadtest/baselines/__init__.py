@@ -1,0 +1,1 @@
+"""Baseline services the benchmark compares ours with."""

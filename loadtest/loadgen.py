@@ -1,0 +1,229 @@
+"""A closed-loop asyncio load generator speaking raw HTTP/1.1 over keep-alive asyncio streams.
+
+Why not httpx: on 2 cores the client shares the CPU with the server, and httpx spends ~150 µs of Python per
+request (header models, URL parsing, h11 state machine); this client spends a fraction of that, so it is
+not what limits the table. Its own CPU time is measured (``process_time`` over the cell) and reported.
+
+``concurrency`` connections each loop: send a request, read the whole answer, record its latency, repeat,
+until the deadline. Requests that complete during the warm-up are not counted. At the deadline the
+requests still in flight are drained (bounded by ``drain_s``) but not counted, so a slow server's queue
+never bleeds into the next cell.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import orjson
+
+Body = bytes
+# Makes the n-th request body and says how many texts it carries.
+BodyFactory = Callable[[int], tuple[Body, int]]
+
+
+@dataclass
+class CellResult:
+    """What one (target, workload, concurrency) cell measured."""
+
+    concurrency: int
+    wall_s: float
+    requests: int
+    sentences: int
+    errors: int
+    latencies_ms: list[float] = field(repr=False)
+    client_cpu_s: float
+    status_counts: dict[int, int]
+    first_error: str | None = None
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.requests / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def sentences_per_s(self) -> float:
+        return self.sentences / self.wall_s if self.wall_s else 0.0
+
+    def percentile(self, q: float) -> float:
+        return float(np.percentile(self.latencies_ms, q)) if self.latencies_ms else float("nan")
+
+    @property
+    def client_cores(self) -> float:
+        """CPU cores the client itself used during the measured window (1.0 = one full core)."""
+        return self.client_cpu_s / self.wall_s if self.wall_s else 0.0
+
+
+class HttpError(RuntimeError):
+    pass
+
+
+class _Connection:
+    """One keep-alive HTTP/1.1 connection; requests are sent one at a time."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if self.reader is None or self.writer is None or self.writer.is_closing():
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port, limit=1 << 22)
+        return self.reader, self.writer
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+    async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+        reader, writer = await self._open()
+        head = (
+            f"{method} {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        writer.write(head.encode("latin-1") + body)
+        raw = await reader.readuntil(b"\r\n\r\n")
+        lines = raw.split(b"\r\n")
+        status = int(lines[0].split(b" ", 2)[1])
+        length: int | None = None
+        chunked = False
+        close = False
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            key = name.strip().lower()
+            if key == b"content-length":
+                length = int(value)
+            elif key == b"transfer-encoding" and b"chunked" in value.lower():
+                chunked = True
+            elif key == b"connection" and b"close" in value.lower():
+                close = True
+        if chunked:
+            payload = await self._chunked(reader)
+        elif length is not None:
+            payload = await reader.readexactly(length)
+        else:
+            raise HttpError(f"{method} {path}: response has neither Content-Length nor chunked encoding")
+        if close:
+            self.close()
+        return status, payload
+
+    @staticmethod
+    async def _chunked(reader: asyncio.StreamReader) -> bytes:
+        parts: list[bytes] = []
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+            if size == 0:
+                await reader.readuntil(b"\r\n")
+                return b"".join(parts)
+            parts.append(await reader.readexactly(size))
+            await reader.readexactly(2)
+
+
+async def get_json(host: str, port: int, path: str) -> tuple[int, object]:
+    """One GET on a fresh connection; (status, parsed JSON or raw text)."""
+    conn = _Connection(host, port)
+    try:
+        status, payload = await conn.request("GET", path)
+    finally:
+        conn.close()
+    try:
+        return status, orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return status, payload.decode("utf-8", "replace")
+
+
+async def post(host: str, port: int, path: str, body: bytes) -> tuple[int, bytes]:
+    """One POST on a fresh connection; (status, raw answer)."""
+    conn = _Connection(host, port)
+    try:
+        return await conn.request("POST", path, body)
+    finally:
+        conn.close()
+
+
+async def run_cell(
+    host: str,
+    port: int,
+    path: str,
+    make_body: BodyFactory,
+    concurrency: int,
+    duration_s: float,
+    warmup_s: float,
+    drain_s: float = 30.0,
+    check: Callable[[bytes, int], bool] | None = None,
+) -> CellResult:
+    """Drive ``concurrency`` closed-loop connections at ``path`` for ``warmup_s + duration_s``.
+
+    Args:
+        make_body: the n-th request's body and its number of texts (n counts across connections).
+        check: validates a 200 answer (payload, texts); a False counts as an error.
+    """
+    counter: Iterator[int] = itertools.count()
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    done = {"requests": 0, "sentences": 0, "errors": 0}
+    first_error: list[str] = []
+    # perf_counter, not loop.time(): uvloop's clock ticks in whole milliseconds.
+    now = time.perf_counter
+    start = now()
+    measure_from = start + warmup_s
+    deadline = measure_from + duration_s
+
+    def fail(message: str) -> None:
+        done["errors"] += 1
+        if not first_error:
+            first_error.append(message)
+
+    async def worker() -> None:
+        conn = _Connection(host, port)
+        try:
+            while now() < deadline:
+                body, texts = make_body(next(counter))
+                sent = now()
+                try:
+                    status, payload = await conn.request("POST", path, body)
+                except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, HttpError) as exc:
+                    conn.close()
+                    ended = now()
+                    if measure_from <= ended <= deadline:
+                        fail(f"{type(exc).__name__}: {exc}")
+                    continue
+                ended = now()
+                if not measure_from <= ended <= deadline:
+                    continue
+                statuses[status] = statuses.get(status, 0) + 1
+                if status != 200:
+                    fail(f"HTTP {status}: {payload[:200]!r}")
+                elif check is not None and not check(payload, texts):
+                    fail(f"bad answer: {payload[:200]!r}")
+                else:
+                    done["requests"] += 1
+                    done["sentences"] += texts
+                    latencies.append((ended - sent) * 1000.0)
+        finally:
+            conn.close()
+
+    tasks = [asyncio.create_task(worker()) for _ in range(concurrency)]
+    await asyncio.sleep(max(0.0, measure_from - now()))
+    cpu0 = time.process_time()
+    await asyncio.sleep(max(0.0, deadline - now()))
+    cpu1 = time.process_time()
+    _, pending = await asyncio.wait(tasks, timeout=drain_s)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    return CellResult(
+        concurrency=concurrency,
+        wall_s=duration_s,
+        requests=done["requests"],
+        sentences=done["sentences"],
+        errors=done["errors"],
+        latencies_ms=latencies,
+        client_cpu_s=cpu1 - cpu0,
+        status_counts=statuses,
+        first_error=first_error[0] if first_error else None,
+    )

@@ -1,0 +1,116 @@
+"""Profile the service under load with py-spy and print the top frames by own time, thread by thread.
+
+    pip install py-spy
+    python -m loadtest.pyspy [--model DIR] [--variant int8] [--concurrency 32] [--texts 1] [--seconds 15]
+
+Starts ``python -m app`` (cache off), drives it with loadtest.loadgen while ``py-spy record --threads
+--native`` samples it, and aggregates the collapsed stacks: per thread, its share of the samples and the
+frames where that time is spent (the leaf frame; native leaves are folded into the nearest Python frame
+when ``--python-leaf``). Raw stacks are kept under loadtest/results/ for a flame graph.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import uvloop
+
+from loadtest import loadgen
+from loadtest.bench import RESULTS, _bodies, _cycle
+from loadtest.corpus import load_corpus
+from loadtest.server import HOST, ServiceProcess
+
+
+def _is_python(frame: str) -> bool:
+    return ".py:" in frame or ".py)" in frame
+
+
+def summarise(stacks: Path, top: int, python_leaf: bool) -> str:
+    """Top ``top`` leaf frames per thread from py-spy's raw (collapsed) output."""
+    per_thread: dict[str, Counter[str]] = defaultdict(Counter)
+    total = 0
+    for line in stacks.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack:
+            continue
+        count = int(count_text)
+        frames = stack.split(";")
+        thread = frames[0]
+        leaf = frames[-1]
+        if python_leaf:
+            leaf = next((f for f in reversed(frames[1:]) if _is_python(f)), leaf)
+        per_thread[thread][leaf] += count
+        total += count
+    out: list[str] = []
+    for thread, counts in sorted(per_thread.items(), key=lambda kv: -sum(kv[1].values())):
+        n = sum(counts.values())
+        out.append(f"{thread}: {n} samples, {n / total:.1%} of all")
+        for frame, c in counts.most_common(top):
+            out.append(f"    {c / total:6.1%}  {frame[:150]}")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadtest.pyspy", description=__doc__)
+    parser.add_argument("--model", type=Path, default=Path("models/bert-base-chinese-twin"))
+    parser.add_argument("--variant", default="int8")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--texts", type=int, default=1)
+    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--rate", type=int, default=250, help="samples per second")
+    parser.add_argument("--top", type=int, default=8)
+    args = parser.parse_args(argv)
+    pyspy = shutil.which("py-spy")
+    if pyspy is None:
+        print("pyspy: py-spy is not installed (pip install py-spy)", file=sys.stderr)
+        return 2
+    env = {"ZHEMBED_MODEL": str(args.model), "ZHEMBED_VARIANT": args.variant, "ZHEMBED_CACHE_BYTES": "0"}
+    env["ZHEMBED_LOG_LEVEL"] = "warning"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    stacks = RESULTS / f"pyspy-{stamp}.txt"
+    make = _cycle(_bodies(load_corpus(), args.texts), args.texts)
+    with ServiceProcess("app", env, RESULTS / "logs" / "pyspy-service.log") as svc:
+        uvloop.run(loadgen.run_cell(HOST, svc.port, "/embed", make, args.concurrency, 2.0, 0.0))  # warm
+        sample = ["-p", str(svc.pid), "-d", str(int(args.seconds)), "-r", str(args.rate)]
+        record = subprocess.Popen(
+            [
+                pyspy,
+                "record",
+                *sample,
+                "--threads",
+                "--native",
+                "-f",
+                "raw",
+                "-o",
+                str(stacks),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        result = uvloop.run(
+            loadgen.run_cell(HOST, svc.port, "/embed", make, args.concurrency, args.seconds + 1, 0.5)
+        )
+        _, err = record.communicate(timeout=60)
+        if record.returncode != 0:
+            print(f"py-spy failed: {err.decode()[-2000:]}", file=sys.stderr)
+            return 1
+    print(
+        f"load: c={args.concurrency} x{args.texts}: {result.sentences_per_s:.1f} sentences/s, "
+        f"p50 {result.percentile(50):.1f} ms, errors {result.errors} (while sampled)"
+    )
+    print("\n== leaf frames (own time, native included) ==")
+    print(summarise(stacks, args.top, python_leaf=False))
+    print("\n== nearest Python frame (own time of Python code, native folded in) ==")
+    print(summarise(stacks, args.top, python_leaf=True))
+    print(f"\nstacks: {stacks}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

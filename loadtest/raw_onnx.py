@@ -1,0 +1,254 @@
+"""The raw ONNX Runtime encoder, in-process, with ideal batches: the ceiling any HTTP service is measured
+against.
+
+    python -m loadtest.raw_onnx [--model DIR] [--variants fp32,int8] [--seconds 2]
+    python -m loadtest.raw_onnx --last-layer-only     # all-layer graph vs a last-layer-only graph
+
+The grid times the encoder at batch 1, 8, 32 × sequence 16, 32, 128 and prints sentences/s per variant
+and the int8/fp32 ratio. Variants are interleaved within each cell (short rounds, alternating) so that a
+machine that slows down mid-run slows every variant alike. Sessions use the service's options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from loadtest.flops import BertShape, session_options
+
+LAST_HIDDEN_STATE = "last_hidden_state"
+DEFAULT_MODEL = Path("models/bert-base-chinese-twin")
+
+
+def open_encoder(model_dir: Path, variant: str, threads: int = 0) -> ort.InferenceSession:
+    """The encoder session of ``variant`` as listed in ``model_dir``'s manifest."""
+    manifest = json.loads((model_dir / "manifest.json").read_text())
+    file = manifest["graphs"]["encoder"][variant]["file"]
+    return ort.InferenceSession(
+        str(model_dir / file), session_options(threads), providers=["CPUExecutionProvider"]
+    )
+
+
+def shape_of(model_dir: Path) -> BertShape:
+    config = json.loads((model_dir / "manifest.json").read_text())["config"]
+    return BertShape(config["num_layers"], config["hidden_size"], config["intermediate_size"])
+
+
+def variants_in(model_dir: Path) -> list[str]:
+    return list(json.loads((model_dir / "manifest.json").read_text())["graphs"]["encoder"])
+
+
+def feed(ids: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """One right-padded batch, as the service builds it."""
+    longest = max(len(x) for x in ids)
+    input_ids = np.zeros((len(ids), longest), dtype=np.int64)
+    for row, x in enumerate(ids):
+        input_ids[row, : len(x)] = x
+    mask = (input_ids != 0).astype(np.int64)
+    return {"input_ids": input_ids, "attention_mask": mask, "token_type_ids": np.zeros_like(input_ids)}
+
+
+@dataclass
+class CeilingResult:
+    variant: str
+    batch_size: int
+    sentences_per_s: float
+    batches_per_s: float
+    batch_ms: list[float]
+    useful_flops_per_s: float
+    computed_flops_per_s: float
+    padding_share: float
+    passes: int
+
+
+def ceiling(
+    session: ort.InferenceSession,
+    variant: str,
+    ids: list[np.ndarray],
+    batch_size: int,
+    shape: BertShape,
+    min_seconds: float,
+) -> CeilingResult:
+    """Whole passes over ``ids`` sorted by length, in batches of ``batch_size``, for at least ``min_seconds``.
+
+    Whole passes only: a partial pass over a length-sorted corpus would favour the short end.
+    """
+    ordered = sorted(ids, key=len)
+    batches = [feed(ordered[i : i + batch_size]) for i in range(0, len(ordered), batch_size)]
+    useful = sum(shape.flops(len(x)) for x in ordered)
+    computed = sum(shape.batch_flops(*b["input_ids"].shape) for b in batches)
+    real_tokens = sum(len(x) for x in ordered)
+    padded_tokens = sum(b["input_ids"].size for b in batches)
+    session.run([LAST_HIDDEN_STATE], batches[len(batches) // 2])  # warm the arena for a typical shape
+    times: list[float] = []
+    passes = 0
+    start = time.perf_counter()
+    while passes == 0 or time.perf_counter() - start < min_seconds:
+        for b in batches:
+            t0 = time.perf_counter()
+            session.run([LAST_HIDDEN_STATE], b)
+            times.append(time.perf_counter() - t0)
+        passes += 1
+    elapsed = sum(times)
+    return CeilingResult(
+        variant=variant,
+        batch_size=batch_size,
+        sentences_per_s=passes * len(ordered) / elapsed,
+        batches_per_s=len(times) / elapsed,
+        batch_ms=[t * 1000 for t in times],
+        useful_flops_per_s=passes * useful / elapsed,
+        computed_flops_per_s=passes * computed / elapsed,
+        padding_share=1 - real_tokens / padded_tokens,
+        passes=passes,
+    )
+
+
+def _interleaved(runs: dict[str, Callable[[], None]], seconds: float, rounds: int = 6) -> dict[str, float]:
+    """Median seconds per call of each run, alternating between them in ``rounds`` short rounds."""
+    for run in runs.values():
+        run()
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    per_round = seconds / rounds / max(1, len(runs))
+    for _ in range(rounds):
+        for name, run in runs.items():
+            end = time.perf_counter() + per_round
+            while True:
+                t0 = time.perf_counter()
+                run()
+                samples[name].append(time.perf_counter() - t0)
+                if time.perf_counter() > end:
+                    break
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def _runner(session: ort.InferenceSession, batch: dict[str, np.ndarray]) -> Callable[[], None]:
+    def run() -> None:
+        session.run([LAST_HIDDEN_STATE], batch)
+
+    return run
+
+
+def _synthetic(batch: int, seq: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(batch * 1000 + seq)
+    ids = rng.integers(672, 8000, (batch, seq), dtype=np.int64)
+    ids[:, 0], ids[:, -1] = 101, 102
+    return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+
+
+def grid(model_dir: Path, variants: list[str], seconds: float) -> list[dict[str, float | int | str]]:
+    """sentences/s per variant at batch × sequence, variants interleaved within each cell."""
+    sessions = {v: open_encoder(model_dir, v) for v in variants}
+    rows: list[dict[str, float | int | str]] = []
+    for batch in (1, 8, 32):
+        for seq in (16, 32, 128):
+            f = _synthetic(batch, seq)
+            med = _interleaved({v: _runner(s, f) for v, s in sessions.items()}, seconds)
+            row: dict[str, float | int | str] = {"batch": batch, "seq": seq}
+            for v in variants:
+                row[v] = batch / med[v]
+            if "int8" in med and "fp32" in med:
+                row["int8/fp32"] = med["fp32"] / med["int8"]
+            rows.append(row)
+            print(_grid_line(row, variants), flush=True)
+    return rows
+
+
+def _grid_line(row: dict[str, float | int | str], variants: list[str]) -> str:
+    cells = [f"{row['batch']:>5} {row['seq']:>5}"] + [f"{float(row[v]):>10.1f}" for v in variants]
+    if "int8/fp32" in row:
+        cells.append(f"{float(row['int8/fp32']):>9.2f}x")
+    return " ".join(cells)
+
+
+def last_layer_only(model_dir: Path, seconds: float) -> list[dict[str, float | int | str]]:
+    """Default path (all-layer graph, fetching last_hidden_state) vs a last-layer-only graph.
+
+    Exports the twin's last-layer-only fp32 graph from its source (random weights, same seed as the
+    export), quantises both fp32 graphs with the export's per-token recipe, and times each pair
+    interleaved. Needs the export extra (torch).
+    """
+    from export import graphs, quantize, source
+    from export.spec import DEFAULT_OPSET
+
+    manifest = json.loads((model_dir / "manifest.json").read_text())
+    src = source.resolve(manifest["source"]["model"], None)
+    loaded = source.load(src, twin=manifest["source"]["weights"] == "random")
+    rows: list[dict[str, float | int | str]] = []
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        paths = {"all": tmp / "all.fp32.onnx", "last": tmp / "last.fp32.onnx"}
+        graphs.export_encoder(loaded, paths["all"], DEFAULT_OPSET, all_layers=True)
+        graphs.export_encoder(loaded, paths["last"], DEFAULT_OPSET, all_layers=False)
+        del loaded
+        calib = [_synthetic(8, 32), _synthetic(8, 16)]
+        for kind in ("all", "last"):
+            dst = tmp / f"{kind}.int8.onnx"
+            quantize.quantize_per_token(paths[kind], dst, quantize.calibrate(paths[kind], calib), 0.5)
+        for precision in ("fp32", "int8"):
+            sessions = {
+                kind: ort.InferenceSession(
+                    str(tmp / f"{kind}.{precision}.onnx"),
+                    session_options(),
+                    providers=["CPUExecutionProvider"],
+                )
+                for kind in ("all", "last")
+            }
+            for batch, seq in ((1, 32), (8, 32), (32, 32), (8, 128)):
+                f = _synthetic(batch, seq)
+                med = _interleaved({k: _runner(s, f) for k, s in sessions.items()}, seconds)
+                row: dict[str, float | int | str] = {
+                    "precision": precision,
+                    "batch": batch,
+                    "seq": seq,
+                    "all_layers_ms": med["all"] * 1000,
+                    "last_only_ms": med["last"] * 1000,
+                    "slowdown_pct": (med["all"] / med["last"] - 1) * 100,
+                }
+                rows.append(row)
+                print(
+                    f"{precision:>5} {batch:>5} {seq:>5} {row['all_layers_ms']:>10.2f} "
+                    f"{row['last_only_ms']:>10.2f} {row['slowdown_pct']:>+9.1f}%",
+                    flush=True,
+                )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadtest.raw_onnx", description=__doc__)
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    parser.add_argument("--variants", default=None, help="comma-separated; default: fp32,int8 where present")
+    parser.add_argument("--seconds", type=float, default=2.0, help="timing budget per cell")
+    parser.add_argument("--last-layer-only", action="store_true", help="compare with a last-layer-only graph")
+    args = parser.parse_args(argv)
+    if args.last_layer_only:
+        print("precision batch   seq  all-layers ms  last-only ms  slowdown of the default path")
+        last_layer_only(args.model, args.seconds)
+        return 0
+    present = variants_in(args.model)
+    wanted = args.variants.split(",") if args.variants else [v for v in ("fp32", "int8") if v in present]
+    missing = [v for v in wanted if v not in present]
+    if missing:
+        print(f"raw_onnx: {args.model} has no {missing}; it has {present}", file=sys.stderr)
+        return 2
+    print("sentences/s of the raw encoder session (fetching last_hidden_state)")
+    print(
+        f"{'batch':>5} {'seq':>5} "
+        + " ".join(f"{v:>10}" for v in wanted)
+        + ("  int8/fp32" if {"int8", "fp32"} <= set(wanted) else "")
+    )
+    grid(args.model, wanted, args.seconds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

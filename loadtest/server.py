@@ -1,0 +1,98 @@
+"""Start a service (ours or a baseline) as a subprocess on a free port, wait for it, measure it, stop it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+from loadtest.loadgen import get_json
+
+HOST = "127.0.0.1"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+class ServiceProcess:
+    """``python -m <module>`` with ``env`` added, listening on a free port; a context manager.
+
+    The command is started directly (no shell) so that ``pid`` is the server's own process, whose
+    /proc entries give its resident memory and CPU time.
+    """
+
+    def __init__(self, module: str, env: dict[str, str], log: Path, ready_path: str = "/ready") -> None:
+        self.port = free_port()
+        self.module = module
+        self.env = {**os.environ, **env, "ZHEMBED_PORT": str(self.port), "ZHEMBED_HOST": HOST}
+        self.log = log
+        self.ready_path = ready_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, "the service is not started"
+        return self.proc.pid
+
+    def start(self, timeout_s: float = 300.0) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", self.module], env=self.env, stdout=out, stderr=subprocess.STDOUT
+            )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.module} exited with {self.proc.returncode}; see {self.log}")
+            try:
+                status, _ = asyncio.run(get_json(HOST, self.port, self.ready_path))
+                if status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"{self.module} not ready after {timeout_s:.0f} s; see {self.log}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def rss_bytes(self) -> int:
+        """Resident memory now (VmRSS of /proc/PID/status)."""
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError(f"no VmRSS in /proc/{self.pid}/status")
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the server so far (all its threads)."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+    def __enter__(self) -> ServiceProcess:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

@@ -1,0 +1,52 @@
+"""``python -m loadtest.bench --quick`` runs end to end (tiny model, real service, real baseline), so the
+harness never rots. Speed targets live in the harness, never here: this asserts only that every row was
+measured and nothing failed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXPECTED = [
+    "raw fp32 best b=",
+    "raw int8 best b=",
+    "service c=1 x1",
+    "service c=8 x1",
+    "service c=1 x4",
+    "service c=8 x4",
+    "naive c=1 x1",
+    "naive c=8 x4",
+    "cache 100% hit",
+    "cache 0% hit",
+]
+
+
+@pytest.mark.slow  # exports a tiny model and starts three servers: ~50 s on 2 cores
+def test_quick_bench_measures_every_row_without_errors(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "loadtest.bench", "--quick", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    labels = [r["label"] for r in rows]
+    for prefix in EXPECTED:
+        assert any(label.startswith(prefix) for label in labels), f"no {prefix!r} row in {labels}"
+    for row in rows:
+        if row["kind"] == "cache" and row["sentences_per_s"] is None:
+            assert row["note"].startswith("n/a (no cache)"), row
+            continue
+        assert row["errors"] == 0, row
+        assert row["sentences_per_s"] > 0, row
+    printed = run.stdout
+    for prefix in EXPECTED:
+        assert prefix in printed
