@@ -11,7 +11,7 @@ import uvicorn
 from app.main import create_app
 from app.model.manifest import ManifestError
 from app.model.runtime import load_model
-from app.settings import Settings
+from app.settings import Settings, SettingsError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,8 +20,9 @@ def main(argv: list[str] | None = None) -> int:
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
+        settings.api_key_values()  # an unreadable keys file stops us before the model loads
         model = load_model(settings)
-    except ManifestError as exc:
+    except (ManifestError, SettingsError) as exc:
         print(f"zhembed: cannot start: {exc}", file=sys.stderr)
         return 2
     app = create_app(settings, model)

@@ -1,8 +1,11 @@
 """Typed errors and the ONE table that turns them into HTTP.
 
 The engine and the service raise these and know nothing of HTTP. :data:`ERROR_TABLE` maps each type to
-a status and an ``error_type``; the exception handlers, the 413 middleware and every route's OpenAPI
-``responses=`` all read it. Every error body has one shape: ``{"error": message, "error_type": type}``.
+a status, an ``error_type`` and an OpenAI error type; the exception handlers, the 401 and 413 middleware
+and every route's OpenAPI ``responses=`` all read it. An error body has one of two shapes, picked by the
+route: ``{"error": message, "error_type": type}``, or on the OpenAI-compatible routes OpenAI's
+``{"error": {"message": message, "type": openai_type, "code": type}}``. Each error response records its
+``error_type`` in the request scope, where the metrics middleware counts it as a failure reason.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
+from starlette.types import Scope
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +52,10 @@ class Unsupported(ServiceError):
     """The loaded model cannot do what was asked (e.g. fill-mask without a masked-LM head)."""
 
 
+class Unauthorized(ServiceError):
+    """API keys are on and the request carries no valid ``Authorization: Bearer`` key."""
+
+
 class NotFound(ServiceError):
     """No such route."""
 
@@ -77,28 +85,60 @@ class ErrorRow:
     status: int
     error_type: str
     description: str
+    openai_type: str  # the ``type`` OpenAI's API gives the same kind of error
 
+
+_INVALID = "invalid_request_error"
 
 ERROR_TABLE: dict[type[ServiceError], ErrorRow] = {
-    EmptyInput: ErrorRow(400, "empty", "Empty input."),
-    Unsupported: ErrorRow(400, "unsupported", "The loaded model cannot serve this request."),
-    NotFound: ErrorRow(404, "not_found", "No such route."),
-    MethodNotAllowed: ErrorRow(405, "method_not_allowed", "Method not allowed on this route."),
-    PayloadTooLarge: ErrorRow(413, "payload_too_large", "Request body over the size limit."),
-    ValidationFailed: ErrorRow(422, "validation", "Invalid request."),
-    ClientGone: ErrorRow(499, "client_closed", "The client left before the answer was ready."),
-    Overloaded: ErrorRow(429, "overloaded", "Too many inputs in flight; retry after Retry-After seconds."),
-    InternalError: ErrorRow(500, "internal", "Server fault."),
-    NotReady: ErrorRow(503, "unhealthy", "The model is not ready yet."),
+    EmptyInput: ErrorRow(400, "empty", "Empty input.", _INVALID),
+    Unsupported: ErrorRow(400, "unsupported", "The loaded model cannot serve this request.", _INVALID),
+    Unauthorized: ErrorRow(
+        401,
+        "unauthorized",
+        "Missing or unknown API key (Authorization: Bearer <key>).",
+        "authentication_error",
+    ),
+    NotFound: ErrorRow(404, "not_found", "No such route.", _INVALID),
+    MethodNotAllowed: ErrorRow(405, "method_not_allowed", "Method not allowed on this route.", _INVALID),
+    PayloadTooLarge: ErrorRow(413, "payload_too_large", "Request body over the size limit.", _INVALID),
+    ValidationFailed: ErrorRow(422, "validation", "Invalid request.", _INVALID),
+    ClientGone: ErrorRow(499, "client_closed", "The client left before the answer was ready.", _INVALID),
+    Overloaded: ErrorRow(
+        429, "overloaded", "Too many inputs in flight; retry after Retry-After seconds.", "rate_limit_error"
+    ),
+    InternalError: ErrorRow(500, "internal", "Server fault.", "server_error"),
+    NotReady: ErrorRow(503, "unhealthy", "The model is not ready yet.", "server_error"),
 }
 
-# The rows every data route can answer besides its own.
-COMMON_ERRORS: tuple[type[ServiceError], ...] = (PayloadTooLarge, ValidationFailed, Overloaded, NotReady)
+# Routes that answer errors in OpenAI's shape, so OpenAI clients can read them.
+OPENAI_PATHS = frozenset({"/v1/embeddings", "/embeddings"})
+# Where an error response leaves its error_type for the metrics middleware.
+SCOPE_ERROR_TYPE = "zhembed.error_type"
+
+# The rows every data route can answer besides its own (401 only with API keys on).
+COMMON_ERRORS: tuple[type[ServiceError], ...] = (
+    Unauthorized,
+    PayloadTooLarge,
+    ValidationFailed,
+    Overloaded,
+    NotReady,
+)
 
 
 class ErrorBody(BaseModel):
     error: str
     error_type: str
+
+
+class OpenAIErrorDetail(BaseModel):
+    message: str
+    type: str
+    code: str
+
+
+class OpenAIErrorBody(BaseModel):
+    error: OpenAIErrorDetail
 
 
 def row_for(exc: ServiceError) -> ErrorRow:
@@ -108,18 +148,31 @@ def row_for(exc: ServiceError) -> ErrorRow:
     raise TypeError(f"{type(exc).__name__} has no row in ERROR_TABLE")
 
 
-def error_parts(exc: ServiceError) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
-    """Status, JSON body and headers for ``exc``: for callers below FastAPI (the ASGI middleware)."""
+def error_parts(exc: ServiceError, scope: Scope) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+    """Status, JSON body and headers for ``exc`` answering the request of ``scope``.
+
+    For callers below FastAPI (the ASGI middleware) as well as the exception handlers. The body's shape
+    follows the route; the error type is left in the scope for the metrics.
+    """
     row = row_for(exc)
-    body = orjson.dumps({"error": exc.message, "error_type": row.error_type})
+    scope[SCOPE_ERROR_TYPE] = row.error_type
+    if scope.get("path") in OPENAI_PATHS:
+        payload: dict[str, Any] = {
+            "error": {"message": exc.message, "type": row.openai_type, "code": row.error_type}
+        }
+    else:
+        payload = {"error": exc.message, "error_type": row.error_type}
+    body = orjson.dumps(payload)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if row.status == 429:
         headers.append((b"retry-after", str(RETRY_AFTER_S).encode()))
+    if row.status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
     return row.status, body, headers
 
 
-def error_response(exc: ServiceError) -> Response:
-    status, body, headers = error_parts(exc)
+def error_response(exc: ServiceError, request: Request) -> Response:
+    status, body, headers = error_parts(exc, request.scope)
     return Response(
         content=body,
         status_code=status,
@@ -128,12 +181,13 @@ def error_response(exc: ServiceError) -> Response:
     )
 
 
-def openapi_responses(*errors: type[ServiceError]) -> dict[int | str, dict[str, Any]]:
+def openapi_responses(*errors: type[ServiceError], openai: bool = False) -> dict[int | str, dict[str, Any]]:
     """The ``responses=`` of a route that can raise ``errors`` (plus :data:`COMMON_ERRORS`)."""
     out: dict[int | str, dict[str, Any]] = {}
+    model = OpenAIErrorBody if openai else ErrorBody
     for cls in (*errors, *COMMON_ERRORS):
         row = ERROR_TABLE[cls]
-        entry = out.setdefault(row.status, {"model": ErrorBody, "description": ""})
+        entry = out.setdefault(row.status, {"model": model, "description": ""})
         entry["description"] = "; ".join(filter(None, [entry["description"], row.description]))
     return out
 
@@ -156,12 +210,12 @@ def _validation_message(exc: RequestValidationError) -> str:
 
 async def _on_service_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ServiceError)
-    return error_response(exc)
+    return error_response(exc, request)
 
 
 async def _on_validation_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
-    return error_response(ValidationFailed(_validation_message(exc)))
+    return error_response(ValidationFailed(_validation_message(exc)), request)
 
 
 async def _on_http_error(request: Request, exc: Exception) -> Response:
@@ -176,12 +230,12 @@ async def _on_http_error(request: Request, exc: Exception) -> Response:
     cls = by_status.get(exc.status_code)
     if cls is None:
         raise TypeError(f"HTTP {exc.status_code} ({exc.detail}) has no row in ERROR_TABLE")
-    return error_response(cls(str(exc.detail)))
+    return error_response(cls(str(exc.detail)), request)
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> Response:
     log.exception("server fault on %s %s", request.method, request.url.path, exc_info=exc)
-    return error_response(InternalError(f"internal error: {type(exc).__name__}"))
+    return error_response(InternalError(f"internal error: {type(exc).__name__}"), request)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -1,7 +1,10 @@
 """The application factory: settings in, FastAPI app out.
 
-Start-up (the lifespan) loads the model unless one is given, starts the engine's threads and warms up
-in the background: /health answers at once, /ready and the data routes once warm-up is done.
+Start-up (the lifespan) loads the model unless one is given, starts the engine's threads and the cache's
+Redis writer, and warms up in the background: /health answers at once, /ready and the data routes once
+warm-up is done.
+
+Middleware, outermost first: request metrics → API keys (before the body is read) → body-size limit.
 """
 
 from __future__ import annotations
@@ -12,12 +15,20 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.routing import APIRoute
 
 from app import __version__
+from app.api.auth import OPS_PATHS, ApiKeyMiddleware
 from app.api.body_limit import BodyLimitMiddleware
+from app.api.openai_routes import router as openai_router
+from app.api.request_metrics import RequestMetricsMiddleware
 from app.api.routes import router
+from app.cache.memory import MemoryLRU
+from app.cache.redis_tier import RedisTier
+from app.cache.vectors import VectorCache
 from app.engine.engine import Engine
 from app.errors import install_error_handlers
+from app.metrics import Metrics
 from app.model.runtime import OnnxModel, load_model
 from app.service import Service
 from app.settings import Settings
@@ -32,21 +43,37 @@ def create_app(settings: Settings | None = None, model: OnnxModel | None = None)
         settings: the frozen settings; ``Settings()`` (environment only) when omitted.
         model: an already loaded model (``python -m app`` loads it first to fail fast); loaded in the
             lifespan when omitted.
+
+    Raises:
+        SettingsError: the API keys setting cannot be used (checked here, before anything serves).
     """
     settings = settings or Settings()
+    metrics = Metrics()
+    keys = settings.api_key_values()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loaded = model if model is not None else await asyncio.to_thread(load_model, settings)
-        engine = Engine(loaded, settings)
+        engine = Engine(loaded, settings, metrics)
         engine.start()
-        service = Service(settings, loaded, engine)
+        cache = _build_cache(settings, metrics)
+        service = Service(settings, loaded, engine, cache, metrics)
+        metrics.set_model(
+            loaded.manifest.source.model, loaded.variant, loaded.providers[0], loaded.manifest.source.weights
+        )
+        metrics.watch(
+            queue_depth=lambda: engine.batcher.depth,
+            in_flight=lambda: engine.admission.in_use,
+            cache_bytes=lambda: cache.memory.bytes if cache.memory is not None else 0,
+        )
         app.state.service = service
         warm = asyncio.create_task(_warm(service, settings.warmup))
         try:
             yield
         finally:
             warm.cancel()
+            if cache.shared is not None:
+                await cache.shared.aclose()
             engine.stop()
 
     app = FastAPI(
@@ -55,10 +82,32 @@ def create_app(settings: Settings | None = None, model: OnnxModel | None = None)
         description="Embeddings, similarity and fill-mask for Chinese BERT on ONNX Runtime.",
         lifespan=lifespan,
     )
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.state.metrics = metrics
     install_error_handlers(app)
     app.include_router(router)
+    app.include_router(openai_router)
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    if keys:
+        open_paths = frozenset() if settings.auth_ops_routes else OPS_PATHS
+        app.add_middleware(ApiKeyMiddleware, keys=keys, open_paths=open_paths)
+    routes = frozenset(r.path for rt in (router, openai_router) for r in rt.routes if isinstance(r, APIRoute))
+    app.add_middleware(RequestMetricsMiddleware, metrics=metrics, routes=routes | OPS_PATHS)
     return app
+
+
+def _build_cache(settings: Settings, metrics: Metrics) -> VectorCache:
+    memory = MemoryLRU(settings.cache_bytes) if settings.cache_bytes > 0 else None
+    shared = None
+    if settings.redis_url is not None:
+        shared = RedisTier(
+            settings.redis_url.get_secret_value(),
+            ttl_s=settings.cache_ttl_s,
+            timeout_s=settings.redis_timeout_ms / 1000,
+            max_backoff_s=settings.redis_max_backoff_s,
+            metrics=metrics,
+        )
+        shared.start()
+    return VectorCache(memory, shared, metrics)
 
 
 async def _warm(service: Service, warmup: bool) -> None:

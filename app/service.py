@@ -1,8 +1,9 @@
 """The service: what each endpoint means, in terms of the engine's stages.
 
 Validates what the schemas cannot know (limits, the model's layers and length), takes admission
-permits, tokenises, builds work items (windows for long texts), awaits the engine and assembles the
-answer with the post-processing functions. Knows nothing of HTTP: it raises the typed errors of
+permits, asks the vector cache (:mod:`app.cache.vectors`) and, for what it lacks, tokenises, builds work
+items (windows for long texts), awaits the engine and assembles the answer with the post-processing
+functions. Knows nothing of HTTP: it raises the typed errors of
 :mod:`app.errors` and returns plain data plus :class:`Timings`.
 """
 
@@ -10,17 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 from tokenizers import Encoding as TokenEncoding
 
 from app import __version__
+from app.cache import keys as cache_keys
+from app.cache.vectors import VectorCache
 from app.engine import postprocess
 from app.engine.engine import Engine
 from app.engine.work import ItemResult, Need, Pooling, Ticket, WorkItem
 from app.errors import EmptyInput, NotReady, Unsupported, ValidationFailed
+from app.metrics import Metrics
 from app.model.runtime import OnnxModel
 from app.settings import Settings
 
@@ -66,12 +70,35 @@ class _Prepared:
     weights: list[int]  # item index → tokens it carries (for averaging windows)
 
 
+@dataclass
+class _Computed:
+    """What the engine computed for one request (cache misses only)."""
+
+    results: list[ItemResult] = field(default_factory=list)
+    tokenization_ms: float = 0.0
+    tokens: dict[str, int] = field(default_factory=dict)  # text → tokens, [CLS] and [SEP] included
+
+
 class Service:
-    def __init__(self, settings: Settings, model: OnnxModel, engine: Engine) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        model: OnnxModel,
+        engine: Engine,
+        cache: VectorCache | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.settings = settings
         self.model = model
         self.engine = engine
+        self.metrics = metrics or engine.metrics
+        self.cache = cache or VectorCache(None, None, self.metrics)
         self.ready = False
+        m = model.manifest
+        # The exact graph file and tokenizer that compute the vectors: part of every cache key.
+        self.model_digest = cache_keys.model_digest(
+            m.graphs["encoder"][model.variant].sha256, m.tokenizer.files.get("tokenizer.json", "")
+        )
 
     # --- endpoints --------------------------------------------------------------------------------
 
@@ -81,10 +108,30 @@ class Service:
         """One encoded vector per input, in input order."""
         started = time.perf_counter()
         texts = self._texts(inputs)
-        vectors, timings = await self._vectors(texts, options)
+        vectors, timings, _ = await self._vectors(texts, options)
         out = [postprocess.encode_vector(v, encoding) for v in vectors]
         timings.total_ms = _ms(time.perf_counter() - started)
         return out, timings
+
+    async def embeddings(
+        self, inputs: str | list[str], encoding: Literal["float", "base64"], dimensions: int | None
+    ) -> tuple[list[Any], int, Timings]:
+        """The OpenAI-compatible call: default options, one vector per input, and the tokens counted.
+
+        Returns:
+            The encoded vectors, the inputs' tokens ([CLS] and [SEP] included) and the timings.
+        """
+        started = time.perf_counter()
+        if dimensions is not None and dimensions != self.model.hidden_size:
+            raise ValidationFailed(
+                f"dimensions {dimensions} is not supported: this model's vectors have "
+                f"{self.model.hidden_size} dimensions (leave dimensions out)"
+            )
+        texts = self._texts(inputs)
+        vectors, timings, tokens = await self._vectors(texts, EmbedOptions(), count_tokens=True)
+        out = [postprocess.encode_vector(v, encoding) for v in vectors]
+        timings.total_ms = _ms(time.perf_counter() - started)
+        return out, sum(tokens[t] for t in texts), timings
 
     async def similarity(
         self,
@@ -102,7 +149,7 @@ class Service:
             if source is None or sentences is None:
                 raise ValidationFailed("give inputs.source_sentence and inputs.sentences, or pairs")
             texts = self._texts([source, *sentences])
-        vectors, timings = await self._vectors(texts, options)
+        vectors, timings, _ = await self._vectors(texts, options)
         if pairs is not None:
             scores = [float(vectors[2 * i] @ vectors[2 * i + 1]) for i in range(len(pairs))]
         else:
@@ -184,13 +231,14 @@ class Service:
             "ready": self.ready,
             "version": __version__,
             "stats": self.engine.stats(),
+            "cache": self.cache.stats(),
         }
 
     async def warmup(self) -> None:
         """Embed and fill a few inputs of typical shapes so the first real request pays no set-up."""
         texts = list(_WARMUP_TEXTS)
         for batch in ([texts[0]], texts, texts * 3):
-            await self._vectors(batch, EmbedOptions(long_text="truncate"), check_ready=False)
+            await self._vectors(batch, EmbedOptions(long_text="truncate"), check_ready=False, use_cache=False)
         if self.model.has_mlm_head:
             ids = np.array(
                 [
@@ -261,16 +309,26 @@ class Service:
     ) -> tuple[list[TokenEncoding], float]:
         started = time.perf_counter()
         encodings = await self.engine.tokenize(texts, add_special_tokens)
-        return encodings, _ms(time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self.metrics.tokenized(seconds)
+        return encodings, _ms(seconds)
 
     def _item(self, ids: np.ndarray, need: Need, ticket: Ticket) -> WorkItem:
         loop = asyncio.get_running_loop()
         return WorkItem(ids=ids, need=need, ticket=ticket, loop=loop, future=loop.create_future())
 
     def _prepare(
-        self, encodings: list[TokenEncoding], need: Need, options: EmbedOptions, ticket: Ticket
+        self,
+        encodings: list[TokenEncoding],
+        need: Need,
+        options: EmbedOptions,
+        ticket: Ticket,
+        indices: list[int] | None = None,
     ) -> _Prepared:
-        """Work items for each input: itself, its truncation, or its windows."""
+        """Work items for each input: itself, its truncation, or its windows.
+
+        ``indices`` are the inputs' positions in the request, for error messages (default 0, 1, …).
+        """
         info = self.model.manifest.tokenizer
         limit = self.model.tokenizer.max_length
         per_window = limit - 2  # room for [CLS] and [SEP]
@@ -281,7 +339,7 @@ class Service:
             if len(ids) <= limit:
                 windows = [ids]
             elif options.long_text == "error":
-                self._check_length(i, len(ids))
+                self._check_length(indices[i] if indices is not None else i, len(ids))
                 windows = []
             else:
                 body = ids[1:-1]
@@ -302,20 +360,51 @@ class Service:
         return prepared
 
     async def _vectors(
-        self, texts: list[str], options: EmbedOptions, check_ready: bool = True
-    ) -> tuple[list[np.ndarray], Timings]:
-        """The combined (and optionally normalised) float32 vector of each text."""
+        self,
+        texts: list[str],
+        options: EmbedOptions,
+        check_ready: bool = True,
+        use_cache: bool = True,
+        count_tokens: bool = False,
+    ) -> tuple[list[np.ndarray], Timings, dict[str, int]]:
+        """The combined (and optionally normalised) float32 vector of each text, through the cache.
+
+        Returns:
+            The vectors, the timings of what was computed, and (with ``count_tokens``) each text's tokens.
+        """
         if check_ready:
             self._check_ready()
         layers = self._layers(options)
         need = Need(layers=layers, pooling=options.pooling)
-        with self.engine.admit(len(texts)):
-            encodings, tokenization_ms = await self._tokenize(texts)
+        first = {text: i for i, text in reversed(list(enumerate(texts)))}
+        computed = _Computed()
+
+        async def compute(todo: list[str]) -> list[np.ndarray]:
+            encodings, tokenization_ms = await self._tokenize(todo)
+            computed.tokenization_ms += tokenization_ms
+            computed.tokens.update((t, len(e.ids)) for t, e in zip(todo, encodings, strict=True))
             ticket = Ticket()
-            prepared = self._prepare(encodings, need, options, ticket)
+            prepared = self._prepare(encodings, need, options, ticket, [first[t] for t in todo])
             results = await self.engine.run(prepared.items, ticket)
-        per_input: list[list[np.ndarray]] = [[] for _ in texts]
-        weights: list[list[int]] = [[] for _ in texts]
+            computed.results.extend(results)
+            return self._assemble(len(todo), prepared, results, options)
+
+        # Permits cover every input, cached or not: they bound the in-flight map and the queues behind it.
+        with self.engine.admit(len(texts)):
+            if use_cache:
+                vectors = await self.cache.vectors(self._key_prefix(options, layers), texts, compute)
+            else:
+                vectors = await compute(texts)
+            if count_tokens and (uncounted := [t for t in first if t not in computed.tokens]):
+                encodings, _ = await self._tokenize(uncounted)
+                computed.tokens.update((t, len(e.ids)) for t, e in zip(uncounted, encodings, strict=True))
+        return vectors, _timings(computed.results, computed.tokenization_ms), computed.tokens
+
+    def _assemble(
+        self, count: int, prepared: _Prepared, results: list[ItemResult], options: EmbedOptions
+    ) -> list[np.ndarray]:
+        per_input: list[list[np.ndarray]] = [[] for _ in range(count)]
+        weights: list[list[int]] = [[] for _ in range(count)]
         for owner, weight, result in zip(prepared.owner, prepared.weights, results, strict=True):
             assert result.vectors is not None
             per_input[owner].append(postprocess.combine_layers(result.vectors, options.layer_combine))
@@ -323,7 +412,21 @@ class Service:
         vectors = [postprocess.weighted_average(v, w) for v, w in zip(per_input, weights, strict=True)]
         if options.normalize:
             vectors = [postprocess.normalize(v) for v in vectors]
-        return vectors, _timings(results, tokenization_ms)
+        return vectors
+
+    def _key_prefix(self, options: EmbedOptions, layers: tuple[int, ...]) -> str:
+        """Everything besides the text that changes a vector: model, pooling, layers and the rest."""
+        return cache_keys.space(
+            self.model_digest,
+            {
+                "pooling": options.pooling,
+                "layers": list(layers),  # resolved: -1 and L are the same vector
+                "layer_combine": options.layer_combine,
+                "normalize": options.normalize,
+                "long_text": options.long_text,
+                "truncation_direction": options.truncation_direction,
+            },
+        )
 
     def _predictions(self, item: WorkItem, probs: np.ndarray, top_k: int) -> list[list[dict[str, Any]]]:
         tokenizer = self.model.tokenizer

@@ -10,10 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, CliApp, SettingsConfigDict
 
 VariantChoice = Literal["auto", "fp32", "fp16", "int8"]
+
+
+class SettingsError(ValueError):
+    """A setting that passed validation cannot be used (e.g. an unreadable keys file)."""
 
 
 class Settings(BaseSettings):
@@ -87,6 +91,41 @@ class Settings(BaseSettings):
         description="Largest request body; larger ones are refused unread (413).",
     )
 
+    # --- cache ---------------------------------------------------------------------------------------
+    cache_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        ge=0,
+        description="Bytes the in-process vector cache may hold (LRU); 0 turns it off. A 768-float vector "
+        "costs about 3.3 kB with its key.",
+    )
+    redis_url: SecretStr | None = Field(
+        default=None,
+        description="Redis shared by replicas as a second cache tier, e.g. redis://cache:6379/0; unset = "
+        "no Redis. A Redis fault never fails a request: it is counted and the cache skipped.",
+    )
+    cache_ttl_s: int = Field(default=7 * 24 * 3600, ge=1, description="Lifetime of a vector in Redis.")
+    redis_timeout_ms: float = Field(
+        default=50.0,
+        gt=0,
+        description="Connect and read timeout of one Redis call; past it the request goes on without Redis.",
+    )
+    redis_max_backoff_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="After a Redis fault it is skipped for 0.1 s, doubling on each further fault up to this.",
+    )
+
+    # --- API keys -------------------------------------------------------------------------------------
+    api_keys: SecretStr | None = Field(
+        default=None,
+        description="Comma-separated API keys, or @path to a file of keys (one per line or comma-separated). "
+        "Lines starting with # are ignored. When set, data routes need `Authorization: Bearer <key>`.",
+    )
+    auth_ops_routes: bool = Field(
+        default=False,
+        description="With api-keys set, also require a key on /metrics, /health, /ready and the API docs.",
+    )
+
     @model_validator(mode="after")
     def _consistent(self) -> Self:
         if self.max_inputs_per_request > self.max_concurrent_inputs:
@@ -106,6 +145,27 @@ class Settings(BaseSettings):
     @property
     def cache_path(self) -> Path:
         return self.cache_dir.expanduser()
+
+    def api_key_values(self) -> tuple[str, ...]:
+        """The configured API keys (read from the file for ``@path``); empty when keys are off.
+
+        Raises:
+            SettingsError: the file cannot be read, or the setting names no keys.
+        """
+        if self.api_keys is None:
+            return ()
+        raw = self.api_keys.get_secret_value().strip()
+        if raw.startswith("@"):
+            path = Path(raw[1:]).expanduser()
+            try:
+                raw = path.read_text()
+            except OSError as exc:
+                raise SettingsError(f"api-keys names {path}, which cannot be read: {exc.strerror}") from None
+        lines = [line for line in raw.splitlines() if not line.lstrip().startswith("#")]
+        keys = tuple(k.strip() for line in lines for k in line.split(",") if k.strip())
+        if not keys:
+            raise SettingsError("api-keys is set but names no keys")
+        return keys
 
     @classmethod
     def from_cli(cls, args: list[str] | None = None) -> Settings:

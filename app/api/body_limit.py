@@ -20,8 +20,8 @@ class BodyLimitMiddleware:
     def _error(self) -> PayloadTooLarge:
         return PayloadTooLarge(f"request body is larger than the limit of {self.max_body_bytes} bytes")
 
-    async def _send_413(self, send: Send) -> None:
-        status, body, headers = error_parts(self._error())
+    async def _send_413(self, scope: Scope, send: Send) -> None:
+        status, body, headers = error_parts(self._error(), scope)
         headers = [*headers, (b"connection", b"close")]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
@@ -37,7 +37,7 @@ class BodyLimitMiddleware:
                 except ValueError:
                     declared = 0  # malformed; the server rejects it, and the stream count still applies
                 if declared > self.max_body_bytes:
-                    await self._send_413(send)
+                    await self._send_413(scope, send)
                     return
 
         received = 0
@@ -62,7 +62,7 @@ class BodyLimitMiddleware:
                 await send(message)
             elif not answered:
                 answered = True
-                await self._send_413(send)
+                await self._send_413(scope, send)
 
         try:
             await self.app(scope, limited_receive, guarded_send)
@@ -71,4 +71,4 @@ class BodyLimitMiddleware:
             if not over:
                 raise
         if over and not answered:
-            await self._send_413(send)
+            await self._send_413(scope, send)

@@ -20,6 +20,7 @@ from app.api.schemas import (
     TokenizeResponse,
 )
 from app.errors import EmptyInput, NotReady, Unsupported, openapi_responses
+from app.metrics import CONTENT_TYPE, Metrics
 from app.service import Service, Timings
 
 router = APIRouter()
@@ -35,7 +36,7 @@ def get_service(request: Request) -> Service:
 ServiceDep = Annotated[Service, Depends(get_service)]
 
 
-def _json(payload: Any, timings: Timings | None = None) -> Response:
+def json_response(payload: Any, timings: Timings | None = None) -> Response:
     headers = timings.headers() if timings is not None else None
     return Response(orjson.dumps(payload), media_type="application/json", headers=headers)
 
@@ -45,7 +46,7 @@ async def embed(body: EmbedRequest, request: Request, service: ServiceDep) -> Re
     """One vector per input, in input order."""
     work = service.embed(body.inputs, body.options(body.normalize), body.encoding)
     vectors, timings = await unless_disconnected(request, work)
-    return _json(vectors, timings)
+    return json_response(vectors, timings)
 
 
 @router.post("/similarity", response_model=list[float], responses=openapi_responses(EmptyInput, Unsupported))
@@ -55,7 +56,7 @@ async def similarity(body: SimilarityRequest, request: Request, service: Service
     sentences = body.inputs.sentences if body.inputs else None
     work = service.similarity(source, sentences, body.pairs, body.options())
     scores, timings = await unless_disconnected(request, work)
-    return _json(scores, timings)
+    return json_response(scores, timings)
 
 
 @router.post(
@@ -64,20 +65,20 @@ async def similarity(body: SimilarityRequest, request: Request, service: Service
 async def fill_mask(body: FillMaskRequest, request: Request, service: ServiceDep) -> Response:
     """For each input, for each [MASK], the top_k predictions."""
     predictions, timings = await unless_disconnected(request, service.fill_mask(body.inputs, body.top_k))
-    return _json(predictions, timings)
+    return json_response(predictions, timings)
 
 
 @router.post("/tokenize", response_model=TokenizeResponse, responses=openapi_responses(EmptyInput))
 async def tokenize(body: TokenizeRequest, service: ServiceDep) -> Response:
     """Tokens with ids and character offsets, per input."""
     tokens, timings = await service.tokenize(body.inputs, body.add_special_tokens)
-    return _json(tokens, timings)
+    return json_response(tokens, timings)
 
 
 @router.get("/health")
 async def health() -> Response:
     """Liveness: the process answers."""
-    return _json({"status": "ok"})
+    return json_response({"status": "ok"})
 
 
 @router.get("/ready", responses=openapi_responses(NotReady))
@@ -85,10 +86,17 @@ async def ready(service: ServiceDep) -> Response:
     """Readiness: the model is loaded and warmed up."""
     if not service.ready:
         raise NotReady("the model is still warming up")
-    return _json({"ready": True})
+    return json_response({"ready": True})
+
+
+@router.get("/metrics", response_class=Response)
+async def metrics(request: Request) -> Response:
+    """Prometheus metrics, all named ``zhembed_*``."""
+    registry: Metrics = request.app.state.metrics
+    return Response(registry.exposition(), media_type=CONTENT_TYPE)
 
 
 @router.get("/info")
 async def info(service: ServiceDep) -> Response:
     """The model, variant, provider, limits, batching settings and engine counters."""
-    return _json(service.info())
+    return json_response(service.info())

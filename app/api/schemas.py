@@ -133,3 +133,38 @@ class Token(BaseModel):
 
 
 TokenizeResponse = list[list[Token]]
+
+
+# --- OpenAI-compatible embeddings ------------------------------------------------------------------
+
+
+class OpenAIEmbeddingRequest(_Request):
+    input: Inputs = Field(description="A string or a list of strings (token arrays are not accepted).")
+    model: str | None = Field(
+        default=None, description="Accepted for compatibility; the loaded model answers whatever is named."
+    )
+    encoding_format: Literal["float", "base64"] = Field(
+        default="float", description="float: numbers; base64: little-endian float32 bytes."
+    )
+    user: str | None = Field(default=None, description="Accepted for compatibility and ignored.")
+    dimensions: int | None = Field(
+        default=None, description="Only the model's own width is accepted: vectors are never shortened."
+    )
+
+
+class OpenAIEmbedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class OpenAIUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class OpenAIEmbeddingResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[OpenAIEmbedding]
+    model: str
+    usage: OpenAIUsage

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from app.engine.work import WorkItem
+from app.metrics import Metrics
 
 
 @dataclass
@@ -36,8 +37,16 @@ class BatchStats:
 
 
 class Batcher:
-    def __init__(self, max_batch_tokens: int, max_batch_size: int, max_wait_ms: float, capacity: int) -> None:
+    def __init__(
+        self,
+        max_batch_tokens: int,
+        max_batch_size: int,
+        max_wait_ms: float,
+        capacity: int,
+        metrics: Metrics | None = None,
+    ) -> None:
         """``capacity`` bounds the pending items; admission keeps the engine below it."""
+        self.metrics = metrics or Metrics()
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_ms / 1000
@@ -132,9 +141,12 @@ class Batcher:
         s.batches += 1
         s.items += len(batch)
         s.largest_batch = max(s.largest_batch, len(batch))
-        s.real_tokens += sum(item.length for item in batch)
-        s.padded_tokens += len(batch) * max(item.length for item in batch)
+        real = sum(item.length for item in batch)
+        computed = len(batch) * max(item.length for item in batch)
+        s.real_tokens += real
+        s.padded_tokens += computed
         s.waits += int(waited)
+        self.metrics.batch_assembled(len(batch), real, computed)
 
 
 def run_assembler(

@@ -19,13 +19,15 @@ from app.engine.inference import Inference
 from app.engine.postprocess import PostProcessing
 from app.engine.tokenization import Tokenization
 from app.engine.work import ItemResult, Ticket, WorkItem
+from app.metrics import Metrics
 from app.model.runtime import OnnxModel
 from app.settings import Settings
 
 
 class Engine:
-    def __init__(self, model: OnnxModel, settings: Settings) -> None:
+    def __init__(self, model: OnnxModel, settings: Settings, metrics: Metrics | None = None) -> None:
         self.model = model
+        self.metrics = metrics or Metrics()
         self.admission = Admission(settings.max_concurrent_inputs)
         self.tokenization = Tokenization(model.tokenizer, capacity=settings.max_concurrent_inputs)
         # Each admitted input becomes at most this many windows (a token never spans less than a char).
@@ -35,9 +37,10 @@ class Engine:
             max_batch_size=settings.max_batch_size,
             max_wait_ms=settings.max_wait_ms,
             capacity=settings.max_concurrent_inputs * windows,
+            metrics=self.metrics,
         )
         self.post = PostProcessing()
-        self.inference = Inference(model, self.post)
+        self.inference = Inference(model, self.post, self.metrics)
         self._assembler = threading.Thread(
             target=run_assembler,
             args=(self.batcher, self.inference.wait_for_slot, self.inference.deliver),

@@ -18,6 +18,7 @@ import numpy as np
 from app.engine.postprocess import FinishedBatch, PostProcessing
 from app.engine.work import WorkItem
 from app.errors import InternalError
+from app.metrics import Metrics
 from app.model.manifest import POOLER_OUTPUT
 from app.model.runtime import OnnxModel
 
@@ -33,8 +34,9 @@ class InferenceStats:
 
 
 class Inference:
-    def __init__(self, model: OnnxModel, post: PostProcessing) -> None:
+    def __init__(self, model: OnnxModel, post: PostProcessing, metrics: Metrics | None = None) -> None:
         self.model = model
+        self.metrics = metrics or Metrics()
         self.post = post
         self.stats = InferenceStats()
         self._handoff: queue.Queue[list[WorkItem] | None] = queue.Queue(maxsize=1)
@@ -75,6 +77,10 @@ class Inference:
                 for item in live:
                     item.fail(InternalError(f"inference failed: {type(exc).__name__}: {exc}"))
                 continue
+            self.metrics.batch_ran(
+                finished.finished_at - finished.started_at,
+                [finished.started_at - item.enqueued_at for item in live],
+            )
             self.post.put(finished)
 
     def run_batch(self, items: list[WorkItem]) -> FinishedBatch:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
+import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,8 +16,10 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+import redis
 import uvicorn
 from fastapi import FastAPI
+from pydantic import SecretStr
 
 from app.main import create_app
 from app.service import Service
@@ -44,7 +50,8 @@ def start_server(settings: Settings) -> tuple[Running, uvicorn.Server, threading
         time.sleep(0.02)
     port = server.servers[0].sockets[0].getsockname()[1]
     running = Running(app, f"http://127.0.0.1:{port}")
-    while httpx.get(running.url + "/ready").status_code != 200:
+    # Not through /ready: with API keys on it may need a key.
+    while not (getattr(app.state, "service", None) is not None and app.state.service.ready):
         if time.monotonic() > deadline:
             raise RuntimeError("the test server did not get ready")
         time.sleep(0.02)
@@ -53,13 +60,15 @@ def start_server(settings: Settings) -> tuple[Running, uvicorn.Server, threading
 
 @pytest.fixture(scope="session")
 def tiny_settings(tiny_model_dir: Path) -> Settings:
-    # Room for the 200-request concurrency test (~700 inputs) without 429s.
+    # Room for the 200-request concurrency test (~700 inputs) without 429s. No vector cache: these
+    # tests check what the engine computes; the cache has its own servers (test_cache_service.py).
     return Settings(
         model=str(tiny_model_dir),
         variant="fp32",
         max_wait_ms=5,
         intra_op_threads=1,
         max_concurrent_inputs=2048,
+        cache_bytes=0,
     )
 
 
@@ -135,3 +144,104 @@ def tiny_model(tiny_settings: Settings) -> Any:
     from app.model.runtime import load_model
 
     return load_model(tiny_settings)
+
+
+# --- Redis and extra servers -------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RedisProcess:
+    """A real ``redis-server`` on a loopback port, with nothing saved to disk; stop and start at will."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisProcess:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed (CI installs it: apt-get install redis-server)")
+        self._proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                if self.client().ping():
+                    return self
+            except redis.exceptions.ConnectionError:
+                if time.monotonic() > deadline or self._proc.poll() is not None:
+                    raise RuntimeError(f"redis-server did not start on port {self.port}") from None
+                time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            self._proc.wait(timeout=10)
+            self._proc = None
+
+    def client(self) -> redis.Redis:
+        return redis.Redis.from_url(self.url, socket_timeout=2)
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisProcess]:
+    """One Redis for the tests that only read and write it (keys never collide across tests' texts)."""
+    proc = RedisProcess().start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture()
+def own_redis() -> Iterator[RedisProcess]:
+    """A Redis of the test's own, which it may stop and restart."""
+    proc = RedisProcess().start()
+    yield proc
+    proc.stop()
+
+
+@contextmanager
+def serving(settings: Settings) -> Iterator[Running]:
+    """A real server for ``settings``, stopped on exit."""
+    running, uv, thread = start_server(settings)
+    try:
+        yield running
+    finally:
+        uv.should_exit = True
+        thread.join(timeout=30)
+
+
+def samples(client: httpx.Client, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """Every sample called ``name`` on /metrics (parsed with prometheus_client), by sorted labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    response = client.get("/metrics")
+    assert response.status_code == 200, response.text
+    out: dict[tuple[tuple[str, str], ...], float] = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            if sample.name == name:
+                out[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+def metric(client: httpx.Client, name: str, **labels: str) -> float:
+    """One sample's value on /metrics; 0 when the series does not exist yet."""
+    return samples(client, name).get(tuple(sorted(labels.items())), 0.0)
+
+
+def with_cache(settings: Settings, redis_url: str | None, **changes: Any) -> Settings:
+    """``settings`` with the in-process cache on, Redis at ``redis_url`` (None: none), no warm-up."""
+    url = SecretStr(redis_url) if redis_url is not None else None
+    return settings.model_copy(update={"cache_bytes": 64 << 20, "redis_url": url, "warmup": False, **changes})

@@ -52,7 +52,14 @@ def test_200_concurrent_requests_equal_each_sent_alone(server: Running) -> None:
             np.testing.assert_allclose(g, w, atol=2e-5)
     items = after["batched_items"] - before["batched_items"]
     batches = after["batches"] - before["batches"]
-    assert items == sum(len(b["inputs"]) for b in bodies)
+    # Identical inputs (same options) in flight together are computed once: between the distinct ones
+    # and all of them, depending on timing.
+    distinct = {
+        (repr(sorted((k, str(v)) for k, v in b.items() if k != "inputs")), t)
+        for b in bodies
+        for t in b["inputs"]
+    }
+    assert len(distinct) <= items <= sum(len(b["inputs"]) for b in bodies)
     assert batches < items / 2  # many inputs shared a batch
     assert after["largest_batch"] > 1
     assert after["inputs_in_flight"] == 0

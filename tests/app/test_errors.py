@@ -136,3 +136,23 @@ def test_openapi_lists_the_error_rows(client: httpx.Client) -> None:
     for path in ("/embed", "/similarity", "/fill-mask"):
         listed = set(spec["paths"][path]["post"]["responses"])
         assert {"400", "413", "422", "429", "503"} <= listed
+
+
+def test_openai_routes_answer_errors_in_openai_shape_from_the_same_table(client: httpx.Client) -> None:
+    assert {row.openai_type for row in ERROR_TABLE.values()} <= {
+        "invalid_request_error",
+        "authentication_error",
+        "rate_limit_error",
+        "server_error",
+    }
+    too_big = client.post(
+        "/v1/embeddings", content=b"[" * (2 * 1024 * 1024 + 1), headers={"content-type": "application/json"}
+    )
+    assert too_big.status_code == 413
+    assert too_big.json() == {
+        "error": {
+            "message": "request body is larger than the limit of 2097152 bytes",
+            "type": "invalid_request_error",
+            "code": "payload_too_large",
+        }
+    }

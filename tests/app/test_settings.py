@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
-from app.settings import Settings
+from app.settings import Settings, SettingsError
 
 
 def test_environment_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -35,3 +37,18 @@ def test_help_is_the_field_descriptions(capsys: pytest.CaptureFixture[str]) -> N
     out = capsys.readouterr().out
     assert "--max-batch-tokens" in out and "padding included" in out
     assert "--max-body-bytes" in out
+
+
+def test_api_keys_from_a_list_or_a_file(tmp_path: Path) -> None:
+    assert Settings().api_key_values() == ()
+    assert Settings(api_keys=" a , b,,c ").api_key_values() == ("a", "b", "c")  # type: ignore[arg-type]
+    path = tmp_path / "keys"
+    path.write_text("# comment\nk1\nk2,k3\n\n")
+    assert Settings(api_keys=f"@{path}").api_key_values() == ("k1", "k2", "k3")  # type: ignore[arg-type]
+    assert "k1" not in repr(Settings(api_keys="k1"))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", [" , ", "@/nonexistent/keys"])
+def test_unusable_api_keys_stop_start_up(value: str) -> None:
+    with pytest.raises(SettingsError):
+        Settings(api_keys=value).api_key_values()  # type: ignore[arg-type]

@@ -1,0 +1,61 @@
+"""API keys: with keys configured, every route but the open ones needs ``Authorization: Bearer <key>``.
+
+Checked before the body is read, so an unauthenticated caller costs nothing. The presented key is
+hashed and compared with the hash of every configured key by ``hmac.compare_digest`` (equal lengths, no
+early exit), so timing reveals neither which key nor how much of one matched. Keys are never logged or
+echoed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from app.errors import Unauthorized, error_parts
+
+# Operational routes and the API docs: open unless auth_ops_routes is set.
+OPS_PATHS = frozenset(
+    {"/health", "/ready", "/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
+)
+
+
+def _digest(key: str | bytes) -> bytes:
+    return hashlib.sha256(key.encode() if isinstance(key, str) else key).digest()
+
+
+class ApiKeyMiddleware:
+    def __init__(self, app: ASGIApp, keys: tuple[str, ...], open_paths: frozenset[str]) -> None:
+        if not keys:
+            raise ValueError("ApiKeyMiddleware needs at least one key")
+        self.app = app
+        self.open_paths = open_paths
+        self._digests = tuple(_digest(k) for k in keys)
+
+    def valid(self, presented: bytes) -> bool:
+        digest = _digest(presented)
+        ok = False
+        for known in self._digests:  # every key, always: no early exit on a match
+            ok |= hmac.compare_digest(digest, known)
+        return ok
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path") in self.open_paths:
+            await self.app(scope, receive, send)
+            return
+        authorization = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), None)
+        if authorization is None:
+            problem = "no API key: send the header Authorization: Bearer <key>"
+        else:
+            scheme, _, token = authorization.partition(b" ")
+            if scheme.lower() != b"bearer" or not token.strip():
+                problem = "malformed Authorization header: send Authorization: Bearer <key>"
+            elif not self.valid(token.strip()):
+                problem = "unknown API key"
+            else:
+                await self.app(scope, receive, send)
+                return
+        status, body, headers = error_parts(Unauthorized(problem), scope)
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,51 @@
+"""Count every HTTP request by route and status, time it, and count failures by error type.
+
+The outermost middleware, so 401s and 413s answered by the middleware below it are counted too. The
+route label is the route's path, or ``unmatched`` for paths the app does not serve (a scanner must not
+be able to grow the label set). The failure reason is the ``error_type`` the error path left in the
+scope; an exception that escapes every handler is a server fault, ``internal``.
+"""
+
+from __future__ import annotations
+
+import time
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.errors import ERROR_TABLE, SCOPE_ERROR_TYPE, InternalError
+from app.metrics import Metrics
+
+UNMATCHED = "unmatched"
+
+
+class RequestMetricsMiddleware:
+    def __init__(self, app: ASGIApp, metrics: Metrics, routes: frozenset[str]) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.routes = routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def timed_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, timed_send)
+        except Exception:
+            scope.setdefault(SCOPE_ERROR_TYPE, ERROR_TABLE[InternalError].error_type)
+            raise
+        finally:
+            path = scope.get("path", "")
+            self.metrics.request_done(
+                path if path in self.routes else UNMATCHED, status, time.perf_counter() - started
+            )
+            if (reason := scope.get(SCOPE_ERROR_TYPE)) is not None:
+                self.metrics.failure(reason)

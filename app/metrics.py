@@ -1,0 +1,176 @@
+"""Prometheus metrics: every name, label and bucket declared once, here, under the ``zhembed_`` prefix.
+
+Each app owns a :class:`Metrics` with its own ``CollectorRegistry`` (not the process-global one), so
+tests can build many apps in one process. The stages report through the small methods below and never
+touch prometheus objects themselves. Dashboards and the autoscaler read these names: renaming one is a
+breaking change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+PREFIX = "zhembed_"
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+# Seconds. A cache hit answers in well under a millisecond, a CPU batch of long inputs in a second or
+# more: 0.25 ms … 10 s, roughly ×2–2.5 per step.
+LATENCY_BUCKETS = (
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+# Inputs in one batch: powers of two up to far beyond any sensible max_batch_size.
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# Tokens in one batch, padding included: up to the largest CUDA token budget we expect.
+BATCH_TOKENS_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+
+TIERS = ("memory", "redis")
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            PREFIX + "requests",
+            "HTTP requests answered, by route and status.",
+            ["route", "status"],
+            registry=r,
+        )
+        self.request_duration = Histogram(
+            PREFIX + "request_duration_seconds",
+            "Time from the request's arrival to its response, by route.",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_duration = Histogram(
+            PREFIX + "queue_duration_seconds",
+            "Time an input waited in the batch queue before its batch ran.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tokenization_duration = Histogram(
+            PREFIX + "tokenization_duration_seconds",
+            "Time a request waited for its inputs' tokenisation.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inference_duration = Histogram(
+            PREFIX + "inference_duration_seconds",
+            "Time one batch spent in ONNX Runtime.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            PREFIX + "batch_size", "Inputs per batch.", buckets=BATCH_SIZE_BUCKETS, registry=r
+        )
+        self.batch_tokens = Histogram(
+            PREFIX + "batch_tokens",
+            "Tokens per batch, padding included (batch size × longest).",
+            buckets=BATCH_TOKENS_BUCKETS,
+            registry=r,
+        )
+        self.computed_tokens = Counter(
+            PREFIX + "computed_tokens", "Tokens the encoder computed, padding included.", registry=r
+        )
+        self.padding_tokens = Counter(
+            PREFIX + "padding_tokens",
+            "Padding tokens the encoder computed; padding share = padding / computed.",
+            registry=r,
+        )
+        self.queue_depth = Gauge(PREFIX + "queue_depth", "Inputs waiting in the batch queue.", registry=r)
+        self.inputs_in_flight = Gauge(
+            PREFIX + "inputs_in_flight", "Inputs admitted and not yet answered.", registry=r
+        )
+        self.cache_hits = Counter(PREFIX + "cache_hits", "Vector cache hits, by tier.", ["tier"], registry=r)
+        self.cache_misses = Counter(
+            PREFIX + "cache_misses", "Vector cache misses, by tier.", ["tier"], registry=r
+        )
+        self.cache_errors = Counter(
+            PREFIX + "cache_errors",
+            "Vector cache operations that failed or were dropped, by tier; requests are served anyway.",
+            ["tier"],
+            registry=r,
+        )
+        self.cache_bytes = Gauge(PREFIX + "cache_bytes", "Bytes held by the in-process cache.", registry=r)
+        self.failures = Counter(
+            PREFIX + "failures", "Requests answered with an error, by error type.", ["reason"], registry=r
+        )
+        self.model_info = Gauge(
+            PREFIX + "model_info",
+            "The loaded model (always 1).",
+            ["model", "variant", "provider", "weights"],
+            registry=r,
+        )
+        for tier in TIERS:  # so every series exists from the first scrape
+            self.cache_hits.labels(tier)
+            self.cache_misses.labels(tier)
+            self.cache_errors.labels(tier)
+
+    # --- what the stages report -------------------------------------------------------------------
+
+    def request_done(self, route: str, status: int, seconds: float) -> None:
+        self.requests.labels(route, str(status)).inc()
+        self.request_duration.labels(route).observe(seconds)
+
+    def failure(self, reason: str) -> None:
+        self.failures.labels(reason).inc()
+
+    def batch_assembled(self, size: int, real_tokens: int, computed_tokens: int) -> None:
+        self.batch_size.observe(size)
+        self.batch_tokens.observe(computed_tokens)
+        self.computed_tokens.inc(computed_tokens)
+        self.padding_tokens.inc(computed_tokens - real_tokens)
+
+    def batch_ran(self, seconds: float, queued: list[float]) -> None:
+        """One batch's inference time and how long each of its inputs had waited."""
+        self.inference_duration.observe(seconds)
+        for waited in queued:
+            self.queue_duration.observe(waited)
+
+    def tokenized(self, seconds: float) -> None:
+        self.tokenization_duration.observe(seconds)
+
+    def cache_lookup(self, tier: str, hits: int, misses: int) -> None:
+        if hits:
+            self.cache_hits.labels(tier).inc(hits)
+        if misses:
+            self.cache_misses.labels(tier).inc(misses)
+
+    def cache_error(self, tier: str, count: int = 1) -> None:
+        self.cache_errors.labels(tier).inc(count)
+
+    def watch(
+        self,
+        queue_depth: Callable[[], float],
+        in_flight: Callable[[], float],
+        cache_bytes: Callable[[], float],
+    ) -> None:
+        """Gauges read at scrape time from the engine and the cache."""
+        self.queue_depth.set_function(queue_depth)
+        self.inputs_in_flight.set_function(in_flight)
+        self.cache_bytes.set_function(cache_bytes)
+
+    def set_model(self, model: str, variant: str, provider: str, weights: str) -> None:
+        self.model_info.clear()
+        self.model_info.labels(model, variant, provider, weights).set(1)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,40 @@
+"""Cache keys: everything that changes a vector is in the key."""
+
+from __future__ import annotations
+
+from app.cache.keys import NAMESPACE, key, model_digest, space
+
+OPTIONS: dict[str, object] = {
+    "pooling": "mean",
+    "layers": [3],
+    "layer_combine": "concat",
+    "normalize": True,
+    "long_text": "error",
+    "truncation_direction": "right",
+}
+
+
+def test_every_option_and_the_model_change_the_key() -> None:
+    model = model_digest("a" * 64, "b" * 64)
+    base = key(space(model, OPTIONS), "你好")
+    variants = [
+        {**OPTIONS, "pooling": "cls"},
+        {**OPTIONS, "layers": [2]},
+        {**OPTIONS, "layers": [2, 3]},
+        {**OPTIONS, "layer_combine": "mean"},
+        {**OPTIONS, "normalize": False},
+        {**OPTIONS, "long_text": "truncate"},
+        {**OPTIONS, "truncation_direction": "left"},
+    ]
+    keys = {base, *(key(space(model, v), "你好") for v in variants)}
+    keys.add(key(space(model_digest("c" * 64, "b" * 64), OPTIONS), "你好"))  # another graph
+    keys.add(key(space(model_digest("a" * 64, "d" * 64), OPTIONS), "你好"))  # another tokenizer
+    keys.add(key(space(model, OPTIONS), "你好!"))
+    assert len(keys) == len(variants) + 4
+
+
+def test_keys_are_stable_namespaced_and_name_the_model() -> None:
+    model = model_digest("a" * 64, "b" * 64)
+    shuffled = dict(reversed(list(OPTIONS.items())))
+    assert key(space(model, OPTIONS), "文本") == key(space(model, shuffled), "文本")
+    assert key(space(model, OPTIONS), "文本").startswith(f"{NAMESPACE}:{model}:")

@@ -1,0 +1,158 @@
+"""The Redis tier: the breaker, round trips against a real redis-server, and a Redis that dies, never
+starts, or comes back: every request still succeeds, faults are counted, the cache returns on its own."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import numpy as np
+
+from app.cache.redis_tier import Breaker, RedisTier
+from app.metrics import Metrics
+from app.settings import Settings
+from tests.app.conftest import RedisProcess, free_port, metric, serving, with_cache
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_breaker_backs_off_doubling_and_lets_one_probe_through() -> None:
+    clock = Clock()
+    breaker = Breaker(max_backoff_s=0.3, clock=clock)
+    assert breaker.allows()
+    assert breaker.failed() == 0.1 and not breaker.allows()
+    clock.now += 0.1
+    assert breaker.allows()  # the probe
+    assert not breaker.allows()  # everyone else waits for it
+    assert breaker.failed() == 0.2
+    clock.now += 0.2
+    assert breaker.allows() and breaker.failed() == 0.3  # capped
+    clock.now += 0.3
+    assert breaker.allows()
+    breaker.succeeded()
+    assert breaker.closed and breaker.allows() and breaker.allows()
+
+
+def tier(url: str, metrics: Metrics) -> RedisTier:
+    return RedisTier(url, ttl_s=60, timeout_s=0.05, max_backoff_s=1.0, metrics=metrics)
+
+
+def test_one_mget_per_lookup_and_writes_with_a_ttl(own_redis: RedisProcess) -> None:
+    metrics = Metrics()
+    value = np.arange(4, dtype="<f4").tobytes()
+
+    async def scenario() -> tuple[dict[str, bytes], dict[str, bytes]]:
+        shared = tier(own_redis.url, metrics)
+        shared.start()
+        try:
+            before = await shared.get_many(["zhembed:v1:k1", "zhembed:v1:k2"])
+            shared.put_many({"zhembed:v1:k1": value})
+            for _ in range(100):
+                await asyncio.sleep(0.01)
+                if not shared.stats()["pending_writes"]:
+                    break
+            after = await shared.get_many(["zhembed:v1:k1", "zhembed:v1:k2"])
+        finally:
+            await shared.aclose()
+        return before, after
+
+    before, after = asyncio.run(scenario())
+    assert before == {} and after == {"zhembed:v1:k1": value}
+    assert 0 < own_redis.client().ttl("zhembed:v1:k1") <= 60
+    commands = own_redis.client().info("commandstats")
+    assert commands["cmdstat_mget"]["calls"] == 2
+    assert metrics.cache_hits.labels("redis")._value.get() == 1
+    assert metrics.cache_misses.labels("redis")._value.get() == 3
+
+
+def test_a_redis_that_is_not_there_costs_one_fast_fault_then_nothing() -> None:
+    metrics = Metrics()
+
+    async def scenario() -> float:
+        shared = tier(f"redis://127.0.0.1:{free_port()}/0", metrics)
+        shared.start()
+        try:
+            started = time.perf_counter()
+            for _ in range(20):
+                assert await shared.get_many(["zhembed:v1:k"]) == {}
+            return time.perf_counter() - started
+        finally:
+            await shared.aclose()
+
+    elapsed = asyncio.run(scenario())
+    assert metrics.cache_errors.labels("redis")._value.get() == 1  # the breaker skipped the other 19
+    assert elapsed < 1.0
+
+
+# --- through a real server --------------------------------------------------------------------------
+
+
+def embed_ok(client: httpx.Client, texts: list[str]) -> None:
+    response = client.post("/embed", json={"inputs": texts})
+    assert response.status_code == 200, response.text
+
+
+def wait_for(condition: object, seconds: float = 10.0) -> None:
+    assert callable(condition)
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_redis_stopped_mid_test_then_back(tiny_settings: Settings, own_redis: RedisProcess) -> None:
+    # No in-process tier, so every lookup reaches Redis; a short breaker so the test is quick.
+    settings = with_cache(tiny_settings, own_redis.url, cache_bytes=0, redis_max_backoff_s=0.2)
+    with serving(settings) as running, httpx.Client(base_url=running.url, timeout=30) as client:
+        embed_ok(client, ["重启之前"])
+        wait_for(lambda: own_redis.client().dbsize() == 1)  # the background write landed
+        embed_ok(client, ["重启之前"])
+        assert metric(client, "zhembed_cache_hits_total", tier="redis") == 1
+
+        own_redis.stop()
+        for i in range(10):
+            embed_ok(client, ["重启之前", f"Redis 停了 {i}"])
+        errors = metric(client, "zhembed_cache_errors_total", tier="redis")
+        assert 1 <= errors <= 10
+        assert metric(client, "zhembed_failures_total", reason="internal") == 0
+
+        own_redis.start()  # empty again: --save ''
+        embed_ok(client, ["重启之后"])
+
+        def used_again() -> bool:
+            embed_ok(client, ["重启之后"])
+            return metric(client, "zhembed_cache_hits_total", tier="redis") > 1
+
+        wait_for(used_again)
+        assert metric(client, "zhembed_requests_total", route="/embed", status="200") >= 14
+
+
+def test_redis_never_started(tiny_settings: Settings) -> None:
+    settings = with_cache(tiny_settings, f"redis://127.0.0.1:{free_port()}/0", redis_max_backoff_s=0.2)
+    with serving(settings) as running, httpx.Client(base_url=running.url, timeout=30) as client:
+        for i in range(5):
+            embed_ok(client, [f"从来没有 Redis {i}", "重复的"])
+        assert metric(client, "zhembed_cache_errors_total", tier="redis") >= 1
+        assert metric(client, "zhembed_cache_hits_total", tier="memory") == 4  # "重复的", after the first
+        assert metric(client, "zhembed_requests_total", route="/embed", status="200") == 5
+
+
+def test_a_stalled_redis_times_out_and_the_request_goes_on(
+    tiny_settings: Settings, own_redis: RedisProcess
+) -> None:
+    settings = with_cache(tiny_settings, own_redis.url, cache_bytes=0)
+    with serving(settings) as running, httpx.Client(base_url=running.url, timeout=30) as client:
+        embed_ok(client, ["Redis 还活着"])  # a pooled connection exists
+        own_redis.client().execute_command("CLIENT", "PAUSE", "2000", "ALL")  # Redis answers nobody for 2 s
+        started = time.perf_counter()
+        embed_ok(client, ["Redis 卡住了"])
+        elapsed = time.perf_counter() - started
+        assert metric(client, "zhembed_cache_errors_total", tier="redis") == 1
+        assert elapsed < 1.0  # the 50 ms timeout, not the 2 s pause
