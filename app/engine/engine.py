@@ -38,6 +38,7 @@ class Engine:
             max_wait_ms=settings.max_wait_ms,
             capacity=settings.max_concurrent_inputs * windows,
             metrics=self.metrics,
+            company_expected=lambda: self.tokenization.pending_texts > 0,
         )
         self.post = PostProcessing()
         self.inference = Inference(model, self.post, self.metrics)

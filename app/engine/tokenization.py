@@ -36,6 +36,8 @@ class Tokenization:
         self._thread = threading.Thread(target=self._run, name="zhembed-tokenize", daemon=True)
         self.calls = 0
         self.texts = 0
+        # Texts queued or being encoded; changed on the event loop only, read by the batch assembler.
+        self.pending_texts = 0
 
     def start(self) -> None:
         self._thread.start()
@@ -50,7 +52,11 @@ class Tokenization:
         future: asyncio.Future[list[Encoding]] = loop.create_future()
         # Never blocks: admission bounds the requests in flight below the queue's capacity.
         self._jobs.put_nowait(_Job(texts, add_special_tokens, loop, future))
-        return await future
+        self.pending_texts += len(texts)
+        try:
+            return await future
+        finally:
+            self.pending_texts -= len(texts)
 
     def _run(self) -> None:
         while True:

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from app.engine.batching import Batcher
+from app.engine.batching import MAX_PASSED_OVER, Batcher
 from app.engine.work import Need, Ticket, WorkItem
 
 LOOP = asyncio.new_event_loop()
@@ -53,8 +53,8 @@ def test_budget_charges_padding_and_caps_size() -> None:
 def test_an_input_over_the_budget_runs_alone() -> None:
     batcher = Batcher(max_batch_tokens=50, max_batch_size=8, max_wait_ms=0, capacity=10)
     batcher.submit([item(128), item(10)])
-    batch = batcher.next_batch()
-    assert batch is not None and [i.length for i in batch] == [128]
+    batches = [batcher.next_batch(), batcher.next_batch()]
+    assert sorted([i.length for i in b] for b in batches if b is not None) == [[10], [128]]
 
 
 def test_waits_for_company_only_when_the_queue_is_nearly_empty() -> None:
@@ -98,3 +98,28 @@ def test_stop_releases_a_waiting_assembler() -> None:
     batcher = Batcher(max_batch_tokens=100, max_batch_size=8, max_wait_ms=0, capacity=2)
     threading.Timer(0.05, batcher.stop).start()
     assert batcher.next_batch() is None
+
+
+def test_picks_the_most_efficient_window_not_the_oldest() -> None:
+    batcher = Batcher(max_batch_tokens=10_000, max_batch_size=3, max_wait_ms=0, capacity=100)
+    # The oldest (40) has no close neighbours; three 20s make a batch with no padding at all.
+    batcher.submit([item(n) for n in (40, 10, 20, 20, 20, 60)])
+    first = batcher.next_batch()
+    assert first is not None and [i.length for i in first] == [20, 20, 20]
+    assert batcher.stats.padded_tokens == batcher.stats.real_tokens
+
+
+def test_an_item_passed_over_is_run_within_a_bounded_number_of_batches() -> None:
+    batcher = Batcher(max_batch_tokens=10_000, max_batch_size=2, max_wait_ms=0, capacity=1000)
+    odd = item(97)
+    batcher.submit([odd])
+    ran_after = None
+    for n in range(40):
+        # A steady stream of perfectly fitting pairs that would always beat the odd one out.
+        batcher.submit([item(10), item(10)])
+        batch = batcher.next_batch()
+        assert batch is not None
+        if any(i is odd for i in batch):
+            ran_after = n
+            break
+    assert ran_after is not None and ran_after <= MAX_PASSED_OVER + 1
