@@ -1,0 +1,114 @@
+"""The CUDA path on a GPU machine: fp16 raw ceiling and the service, with achieved TFLOP/s.
+
+    python -m loadtest.gpu_check --model models/bert-base-chinese-twin [--peak-tflops 989]
+
+Needs onnxruntime-gpu in this environment (never beside plain onnxruntime) and a folder exported with
+the fp16 variant (``loadtest/gpu_check.sh`` does both). Prints, for sequence 32 and 128:
+
+- raw: the fp16 encoder on CUDAExecutionProvider at batch 32..256, sentences/s and achieved TFLOP/s
+  (``loadtest.flops.BertShape.flops``) against ``--peak-tflops`` (H200 dense fp16 tensor cores: 989);
+- service: ``python -m app`` with ``ZHEMBED_VARIANT=fp16`` on CUDA, 128 concurrent clients sending 16
+  texts of that length per request, sentences/s and p50/p99.
+
+Also validates fp16 on CUDA against the fp32 graph (pooled cosine on the same inputs), since the export
+stage validated it on whatever provider the exporting machine had.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import orjson
+
+from loadtest.flops import BertShape
+from loadtest.loadgen import run_cell
+from loadtest.server import HOST, ServiceProcess
+
+CUDA = "CUDAExecutionProvider"
+TEXT_CHARS = {32: "北京是中国的首都，也是一座历史悠久的城市。" + "我们明天去故宫", 128: "今天天气很好。" * 18}
+
+
+def _feed(batch: int, seq: int) -> dict[str, np.ndarray]:
+    ids = np.random.default_rng(0).integers(1000, 20000, (batch, seq)).astype(np.int64)
+    ids[:, 0], ids[:, -1] = 101, 102
+    return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+
+
+def _session(path: Path, provider: str) -> ort.InferenceSession:
+    return ort.InferenceSession(str(path), providers=[provider])
+
+
+def parity(model: Path, manifest: dict) -> float:
+    fp16 = _session(model / manifest["graphs"]["encoder"]["fp16"]["file"], CUDA)
+    fp32 = _session(model / manifest["graphs"]["encoder"]["fp32"]["file"], "CPUExecutionProvider")
+    assert fp16.get_providers()[0] == CUDA, f"fp16 session fell back to {fp16.get_providers()}"
+    feed = _feed(16, 48)
+    a = fp16.run(["last_hidden_state"], feed)[0].mean(1)
+    b = fp32.run(["last_hidden_state"], feed)[0].mean(1)
+    cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    return float(cos.min())
+
+
+def raw(model: Path, manifest: dict, shape: BertShape, peak: float, seconds: float) -> None:
+    session = _session(model / manifest["graphs"]["encoder"]["fp16"]["file"], CUDA)
+    print(f"{'seq':>5}{'batch':>7}{'sentences/s':>13}{'TFLOP/s':>10}{'% peak':>8}")
+    for seq in (32, 128):
+        for batch in (32, 64, 128, 256):
+            feed = _feed(batch, seq)
+            session.run(["last_hidden_state"], feed)
+            count, start = 0, time.perf_counter()
+            while time.perf_counter() - start < seconds:
+                session.run(["last_hidden_state"], feed)
+                count += 1
+            rate = count * batch / (time.perf_counter() - start)
+            tflops = rate * shape.flops(seq) / 1e12
+            print(f"{seq:>5}{batch:>7}{rate:>13.0f}{tflops:>10.1f}{100 * tflops / peak:>8.1f}")
+
+
+def service(model: Path, seconds: float) -> None:
+    env = {
+        "ZHEMBED_MODEL": str(model),
+        "ZHEMBED_VARIANT": "fp16",
+        "ZHEMBED_PROVIDERS": CUDA,
+        "ZHEMBED_MAX_BATCH_SIZE": "256",
+        "ZHEMBED_MAX_BATCH_TOKENS": "32768",
+        "ZHEMBED_MAX_CONCURRENT_INPUTS": "4096",
+        "ZHEMBED_CACHE_BYTES": "0",
+    }
+    with ServiceProcess("app", env, Path("loadtest/results/gpu-service.log")) as svc:
+        for seq, text in TEXT_CHARS.items():
+
+            def body(n: int, text: str = text) -> tuple[bytes, int]:
+                return orjson.dumps({"inputs": [f"{n}{text}"] * 16}), 16
+
+            cell = asyncio.run(run_cell(HOST, svc.port, "/embed", body, 128, seconds, 3.0))
+            print(
+                f"service seq≈{seq}: {cell.sentences_per_s:.0f} sentences/s, p50 {cell.percentile(50):.1f} ms, "
+                f"p99 {cell.percentile(99):.1f} ms, errors {cell.errors}"
+            )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m loadtest.gpu_check", description=__doc__)
+    parser.add_argument("--model", type=Path, default=Path("models/bert-base-chinese-twin"))
+    parser.add_argument("--peak-tflops", type=float, default=989.0)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    args = parser.parse_args(argv)
+    if CUDA not in ort.get_available_providers():
+        raise SystemExit(f"no {CUDA} here ({ort.get_available_providers()}): install onnxruntime-gpu")
+    manifest = json.loads((args.model / "manifest.json").read_text())
+    config = manifest["config"]
+    shape = BertShape(config["num_layers"], config["hidden_size"], config["intermediate_size"])
+    print(f"fp16 on CUDA vs fp32 on CPU, pooled cosine min: {parity(args.model, manifest):.6f}")
+    raw(args.model, manifest, shape, args.peak_tflops, args.seconds)
+    service(args.model, args.seconds * 3)
+
+
+if __name__ == "__main__":
+    main()
