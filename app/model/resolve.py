@@ -46,10 +46,13 @@ def resolve_model(model: str, revision: str | None, cache_dir: Path) -> Path:
     if done.returncode != 0:
         lines = (done.stderr or done.stdout).strip().splitlines()
         last = lines[-1] if lines else f"exit status {done.returncode}"
-        raise ManifestError(
-            f"exporting {model} failed ({last}); install the export extra (pip install zhembed[export]) "
-            f"or point ZHEMBED_MODEL at an exported folder"
+        # Exit 2 is the exporter's own one-line answer (hub unreachable, no weights…): it says what to do.
+        hint = (
+            "point ZHEMBED_MODEL at an exported folder"
+            if done.returncode == 2
+            else "install the export extra (pip install 'zhembed[export]') or point ZHEMBED_MODEL at an exported folder"
         )
+        raise ManifestError(f"exporting {model} failed ({last}); {hint}")
     if not (out / MANIFEST_NAME).is_file():
         raise ManifestError(f"the exporter finished but wrote no {MANIFEST_NAME} into {out}")
     return out
