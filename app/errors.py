@@ -196,9 +196,36 @@ def openapi_responses(*errors: type[ServiceError], openai: bool = False) -> dict
 _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "tuple", "body"})
 
 
+# What a JSON value that is not an object was, in JSON's words.
+_JSON_KINDS: dict[type, str] = {
+    type(None): "null",
+    list: "an array",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "a boolean",
+}
+
+
 def _validation_message(exc: RequestValidationError) -> str:
     parts: list[str] = []
     for err in exc.errors()[:10]:
+        if err.get("type") == "json_invalid":
+            where = err.get("loc", ("body", "?"))[-1]
+            detail = err.get("ctx", {}).get("error", "")
+            parts.append(f"the body is not valid JSON: {detail} at character {where}")
+            continue
+        if tuple(err.get("loc", ())) == ("body",) and err.get("type") == "missing":
+            parts.append("the request has no body: send a JSON object")
+            continue
+        if tuple(err.get("loc", ())) == ("body",) and isinstance(err.get("input"), bytes):
+            # FastAPI hands over the raw bytes when the Content-Type is not JSON (or is missing).
+            parts.append("the body was not read as JSON: send it with Content-Type: application/json")
+            continue
+        if tuple(err.get("loc", ())) == ("body",) and not isinstance(err.get("input"), dict):
+            sent = _JSON_KINDS.get(type(err.get("input")), "something else")
+            parts.append(f"the body must be a JSON object, not {sent}")
+            continue
         loc = ".".join(
             str(p) for p in err.get("loc", ()) if not (isinstance(p, str) and ("[" in p or p in _TYPE_TAGS))
         )
@@ -230,7 +257,11 @@ async def _on_http_error(request: Request, exc: Exception) -> Response:
     cls = by_status.get(exc.status_code)
     if cls is None:
         raise TypeError(f"HTTP {exc.status_code} ({exc.detail}) has no row in ERROR_TABLE")
-    return error_response(cls(str(exc.detail)), request)
+    message = str(exc.detail)
+    if exc.status_code == 400:
+        # Bytes that are not UTF-8, an integer too long to convert, nesting past the parser's depth.
+        message = f"{message}: it must be UTF-8 JSON that Python's json module can read"
+    return error_response(cls(message), request)
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> Response:

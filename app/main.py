@@ -4,7 +4,8 @@ Start-up (the lifespan) loads the model unless one is given, starts the engine's
 Redis writer, and warms up in the background: /health answers at once, /ready and the data routes once
 warm-up is done.
 
-Middleware, outermost first: request metrics → API keys (before the body is read) → body-size limit.
+Middleware, outermost first: request metrics → draining (after SIGTERM: 503, see :mod:`app.api.drain`) →
+API keys (before the body is read) → body-size limit.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from fastapi.routing import APIRoute
 from app import __version__
 from app.api.auth import OPS_PATHS, ApiKeyMiddleware
 from app.api.body_limit import BodyLimitMiddleware
+from app.api.drain import Drain, DrainMiddleware
 from app.api.openai_routes import router as openai_router
 from app.api.request_metrics import RequestMetricsMiddleware
 from app.api.routes import router
@@ -83,6 +85,8 @@ def create_app(settings: Settings | None = None, model: OnnxModel | None = None)
         lifespan=lifespan,
     )
     app.state.metrics = metrics
+    # Begun by `python -m app` on SIGTERM; the middleware reads it on every request.
+    app.state.drain = drain = Drain()
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(openai_router)
@@ -90,6 +94,7 @@ def create_app(settings: Settings | None = None, model: OnnxModel | None = None)
     if keys:
         open_paths = frozenset() if settings.auth_ops_routes else OPS_PATHS
         app.add_middleware(ApiKeyMiddleware, keys=keys, open_paths=open_paths)
+    app.add_middleware(DrainMiddleware, drain=drain)
     routes = frozenset(r.path for rt in (router, openai_router) for r in rt.routes if isinstance(r, APIRoute))
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics, routes=routes | OPS_PATHS)
     return app

@@ -23,13 +23,17 @@ from app.cache.vectors import VectorCache
 from app.engine import postprocess
 from app.engine.engine import Engine
 from app.engine.work import ItemResult, Need, Pooling, Ticket, WorkItem
-from app.errors import EmptyInput, NotReady, Unsupported, ValidationFailed
+from app.errors import EmptyInput, InternalError, NotReady, Unsupported, ValidationFailed
 from app.metrics import Metrics
 from app.model.runtime import OnnxModel
 from app.settings import Settings
 
 LongText = Literal["error", "truncate", "chunk"]
 Direction = Literal["right", "left"]
+
+# Each [MASK] holds a probability row over the vocabulary (bert-base-chinese: 21128 floats, 84 kB) until
+# its request is answered, and costs top_k decodes on the event loop; this keeps one request near 10 MB.
+MAX_MASKS_PER_REQUEST = 128
 
 # Texts embedded at start-up: short, medium and long Chinese inputs, alone and batched.
 _WARMUP_TEXTS = ("你好", "今天天气很好，我们去公园散步吧。", "北京是中华人民共和国的首都。" * 12)
@@ -58,9 +62,25 @@ class EmbedOptions:
     pooling: Pooling = "mean"
     layers: tuple[int, ...] | None = None  # as requested: 1-based, negatives from the end; None = last
     layer_combine: postprocess.LayerCombine = "concat"
+    layer_weights: tuple[float, ...] | None = None  # layer_combine "weighted": one per layer, as sent
     long_text: LongText = "error"
     truncation_direction: Direction = "right"
     normalize: bool = True
+
+
+@dataclass(frozen=True)
+class EmbedAllOptions:
+    """What /embed_all returns for each token; the layer options mean what they mean for /embed."""
+
+    layers: tuple[int, ...] | None = None
+    layer_combine: postprocess.LayerCombine = "concat"
+    layer_weights: tuple[float, ...] | None = None
+    long_text: LongText = "error"  # "chunk" is refused (see Service.embed_all)
+    truncation_direction: Direction = "right"
+    normalize: bool = False  # each token's vector to unit length
+    special_tokens: bool = False  # also return [CLS] and [SEP]
+    return_tokens: bool = False  # each token's id, text and character span in the input
+    norms: bool = False  # each token's L2 norm (before normalisation)
 
 
 @dataclass
@@ -112,6 +132,64 @@ class Service:
         out = [postprocess.encode_vector(v, encoding) for v in vectors]
         timings.total_ms = _ms(time.perf_counter() - started)
         return out, timings
+
+    async def embed_all(
+        self,
+        inputs: str | list[str],
+        options: EmbedAllOptions,
+        encoding: Literal["float", "base64"] = "float",
+    ) -> tuple[list[Any], Timings]:
+        """Per input, the vector of each of its tokens, in order; never a padding position.
+
+        A token's vector is its layers' states combined by ``layer_combine``, then (``normalize``)
+        scaled to unit length; ``norms`` are taken before that. Spans index the original text in
+        characters (code points, like Python's ``str``). Not cached: one input's token matrix weighs as
+        much as a hundred sentence vectors in the byte-bounded cache and is rarely asked for twice.
+
+        Returns:
+            Per input its list of token vectors (TEI's shape) or, with ``return_tokens`` or ``norms``,
+            ``{"vectors": [...], "tokens": [...], "norms": [...]}`` (only the parts asked for); and the
+            timings.
+
+        Raises:
+            ValidationFailed: long_text "chunk"; an input over the model's length with long_text
+                "error"; more tokens than ``max_embed_all_tokens``; layers or weights that do not fit.
+        """
+        started = time.perf_counter()
+        self._check_ready()
+        if options.long_text == "chunk":
+            raise ValidationFailed(
+                "long_text 'chunk' is not available on /embed_all: a token's vector depends on the whole "
+                "sequence around it, so windows embedded apart would not give the text's token vectors; "
+                "send long_text 'truncate' (or truncate: true), or split the text yourself"
+            )
+        texts = self._texts(inputs)
+        layers = self._resolve_layers(options.layers)
+        mix = postprocess.layer_mix(options.layer_combine, len(layers), options.layer_weights)
+        with self.engine.admit(len(texts)):
+            encodings, tokenization_ms = await self._tokenize(texts)
+            # Per input: the positions of its encoding that run (all, or a truncation) and, of those,
+            # the rows that are returned (without [CLS]/[SEP] unless asked for).
+            kept = [self._kept_positions(i, len(enc.ids), options) for i, enc in enumerate(encodings)]
+            rows = []
+            for enc, k in zip(encodings, kept, strict=True):
+                special = np.asarray(enc.special_tokens_mask, dtype=bool)[k]
+                rows.append(np.arange(len(k)) if options.special_tokens else np.flatnonzero(~special))
+            self._check_token_bound(sum(len(r) for r in rows), len(layers) if mix.how == "concat" else 1)
+            ticket = Ticket()
+            need = Need(layers=layers, tokens=True)
+            items = [
+                self._item(np.asarray(enc.ids, dtype=np.int64)[k], need, ticket)
+                for enc, k in zip(encodings, kept, strict=True)
+            ]
+            results = await self.engine.run(items, ticket)
+        answer = [
+            self._token_vectors(enc, k, r, result, mix, options, encoding)
+            for enc, k, r, result in zip(encodings, kept, rows, results, strict=True)
+        ]
+        timings = _timings(results, tokenization_ms)
+        timings.total_ms = _ms(time.perf_counter() - started)
+        return answer, timings
 
     async def embeddings(
         self, inputs: str | list[str], encoding: Literal["float", "base64"], dimensions: int | None
@@ -169,12 +247,21 @@ class Service:
             encodings, tokenization_ms = await self._tokenize(texts)
             ticket = Ticket()
             items = []
+            masks = 0
             for i, enc in enumerate(encodings):
                 ids = np.asarray(enc.ids, dtype=np.int64)
-                self._check_length(i, len(ids))
+                self._check_length(
+                    i, len(ids), "fill-mask cannot truncate: shorten the text around the masks"
+                )
                 positions = tuple(int(p) for p in np.flatnonzero(ids == info.mask_id))
                 if not positions:
                     raise ValidationFailed(f"inputs[{i}] has no [MASK] token")
+                masks += len(positions)
+                if masks > MAX_MASKS_PER_REQUEST:
+                    raise ValidationFailed(
+                        f"inputs[:{i + 1}] hold {masks} [MASK] tokens; the limit is {MAX_MASKS_PER_REQUEST} "
+                        "per request"
+                    )
                 items.append(self._item(ids, Need(mask_positions=positions), ticket))
             results = await self.engine.run(items, ticket)
         answer = []
@@ -222,6 +309,7 @@ class Service:
             "max_input_length": m.tokenizer.max_length,
             "max_input_chars": s.max_input_chars,
             "max_inputs_per_request": s.max_inputs_per_request,
+            "max_embed_all_tokens": s.max_embed_all_tokens,
             "batching": {
                 "max_batch_tokens": s.max_batch_tokens,
                 "max_batch_size": s.max_batch_size,
@@ -283,25 +371,30 @@ class Service:
             if options.layers not in (None, (n,), (-1,)):
                 raise ValidationFailed("pooling 'pooler' reads the last layer only; leave out layers")
             return (n,)
-        if options.layers is None:
+        return self._resolve_layers(options.layers)
+
+    def _resolve_layers(self, layers: tuple[int, ...] | None) -> tuple[int, ...]:
+        """Requested layers (1-based or negative from the end; None = the last) as 1-based layers."""
+        n = self.model.num_layers
+        if layers is None:
             return (n,)
-        if not options.layers:
+        if not layers:
             raise ValidationFailed("layers is empty")
-        if len(options.layers) > n:
-            raise ValidationFailed(f"at most {n} layers, got {len(options.layers)}")
+        if len(layers) > n:
+            raise ValidationFailed(f"at most {n} layers, got {len(layers)}")
         resolved = []
-        for layer in options.layers:
+        for layer in layers:
             if not (1 <= layer <= n or -n <= layer <= -1):
                 raise ValidationFailed(f"layer {layer} is out of range: use 1..{n} or -{n}..-1")
             resolved.append(layer if layer > 0 else n + 1 + layer)
         return tuple(resolved)
 
-    def _check_length(self, index: int, tokens: int) -> None:
+    def _check_length(self, index: int, tokens: int, remedy: str | None = None) -> None:
         limit = self.model.tokenizer.max_length
         if tokens > limit:
+            remedy = remedy or "send long_text 'truncate' or 'chunk' to embed it anyway"
             raise ValidationFailed(
-                f"inputs[{index}] has {tokens} tokens, over the model's limit of {limit}; "
-                "send long_text 'truncate' or 'chunk' to embed it anyway"
+                f"inputs[{index}] has {tokens} tokens, over the model's limit of {limit}; {remedy}"
             )
 
     async def _tokenize(
@@ -344,10 +437,7 @@ class Service:
             else:
                 body = ids[1:-1]
                 if options.long_text == "truncate":
-                    kept = (
-                        body[:per_window] if options.truncation_direction == "right" else body[-per_window:]
-                    )
-                    windows = [np.concatenate([cls, kept, sep])]
+                    windows = [ids[truncated_positions(len(ids), limit, options.truncation_direction)]]
                 else:
                     windows = [
                         np.concatenate([cls, body[s : s + per_window], sep])
@@ -375,6 +465,7 @@ class Service:
         if check_ready:
             self._check_ready()
         layers = self._layers(options)
+        mix = postprocess.layer_mix(options.layer_combine, len(layers), options.layer_weights)
         need = Need(layers=layers, pooling=options.pooling)
         first = {text: i for i, text in reversed(list(enumerate(texts)))}
         computed = _Computed()
@@ -387,12 +478,12 @@ class Service:
             prepared = self._prepare(encodings, need, options, ticket, [first[t] for t in todo])
             results = await self.engine.run(prepared.items, ticket)
             computed.results.extend(results)
-            return self._assemble(len(todo), prepared, results, options)
+            return self._assemble(len(todo), prepared, results, options, mix)
 
         # Permits cover every input, cached or not: they bound the in-flight map and the queues behind it.
         with self.engine.admit(len(texts)):
             if use_cache:
-                vectors = await self.cache.vectors(self._key_prefix(options, layers), texts, compute)
+                vectors = await self.cache.vectors(self._key_prefix(options, layers, mix), texts, compute)
             else:
                 vectors = await compute(texts)
             if count_tokens and (uncounted := [t for t in first if t not in computed.tokens]):
@@ -401,20 +492,87 @@ class Service:
         return vectors, _timings(computed.results, computed.tokenization_ms), computed.tokens
 
     def _assemble(
-        self, count: int, prepared: _Prepared, results: list[ItemResult], options: EmbedOptions
+        self,
+        count: int,
+        prepared: _Prepared,
+        results: list[ItemResult],
+        options: EmbedOptions,
+        mix: postprocess.LayerMix,
     ) -> list[np.ndarray]:
         per_input: list[list[np.ndarray]] = [[] for _ in range(count)]
         weights: list[list[int]] = [[] for _ in range(count)]
         for owner, weight, result in zip(prepared.owner, prepared.weights, results, strict=True):
             assert result.vectors is not None
-            per_input[owner].append(postprocess.combine_layers(result.vectors, options.layer_combine))
+            per_input[owner].append(postprocess.combine_layers(result.vectors, mix))
             weights[owner].append(weight)
         vectors = [postprocess.weighted_average(v, w) for v, w in zip(per_input, weights, strict=True)]
         if options.normalize:
             vectors = [postprocess.normalize(v) for v in vectors]
         return vectors
 
-    def _key_prefix(self, options: EmbedOptions, layers: tuple[int, ...]) -> str:
+    def _check_token_bound(self, tokens: int, width: int) -> None:
+        """Refuse an /embed_all answer over ``max_embed_all_tokens`` token vectors, before inference.
+
+        With ``concat`` each token's vector is ``width`` layers wide, so it counts ``width`` times: the
+        bound is on the numbers sent back (and held in memory while they are), not only on tokens.
+        """
+        total, limit = tokens * width, self.settings.max_embed_all_tokens
+        if total > limit:
+            how = f" ({tokens} tokens × {width} concatenated layers)" if width > 1 else ""
+            fewer = "fewer or shorter inputs" + (", or fewer layers" if width > 1 else "")
+            raise ValidationFailed(
+                f"this request would return {total} token vectors{how}; the limit is {limit} per "
+                f"request (max_embed_all_tokens): send {fewer}"
+            )
+
+    def _kept_positions(self, index: int, length: int, options: EmbedAllOptions) -> np.ndarray:
+        """The positions of an encoding of ``length`` tokens that run: all, or its truncation."""
+        limit = self.model.tokenizer.max_length
+        if length <= limit:
+            return np.arange(length)
+        if options.long_text == "error":
+            self._check_length(index, length)
+        return truncated_positions(length, limit, options.truncation_direction)
+
+    def _token_vectors(
+        self,
+        enc: TokenEncoding,
+        kept: np.ndarray,
+        rows: np.ndarray,
+        result: ItemResult,
+        mix: postprocess.LayerMix,
+        options: EmbedAllOptions,
+        encoding: Literal["float", "base64"],
+    ) -> Any:
+        """One input's answer on /embed_all: its ``rows`` combined, encoded, and described if asked."""
+        if result.token_states is None:
+            raise InternalError("an /embed_all item came back without its token states")
+        vectors = postprocess.combine_layers(result.token_states[:, rows], mix)
+        norms = postprocess.row_norms(vectors) if options.norms else None
+        if options.normalize:
+            vectors = postprocess.normalize_rows(vectors)
+        encoded = postprocess.encode_rows(vectors, encoding)
+        if not (options.return_tokens or options.norms):
+            return encoded
+        entry: dict[str, Any] = {"vectors": encoded}
+        if options.return_tokens:
+            # Each Encoding property builds a new list on access: read each once.
+            ids, tokens, special, offsets = enc.ids, enc.tokens, enc.special_tokens_mask, enc.offsets
+            entry["tokens"] = [
+                {
+                    "id": ids[p],
+                    "text": tokens[p],
+                    "special": bool(special[p]),
+                    "start": offsets[p][0],
+                    "stop": offsets[p][1],
+                }
+                for p in kept[rows].tolist()
+            ]
+        if norms is not None:
+            entry["norms"] = norms.tolist()
+        return entry
+
+    def _key_prefix(self, options: EmbedOptions, layers: tuple[int, ...], mix: postprocess.LayerMix) -> str:
         """Everything besides the text that changes a vector: model, pooling, layers and the rest."""
         return cache_keys.space(
             self.model_digest,
@@ -422,6 +580,7 @@ class Service:
                 "pooling": options.pooling,
                 "layers": list(layers),  # resolved: -1 and L are the same vector
                 "layer_combine": options.layer_combine,
+                "layer_weights": list(mix.weights) if mix.weights is not None else None,  # scaled to sum 1
                 "normalize": options.normalize,
                 "long_text": options.long_text,
                 "truncation_direction": options.truncation_direction,
@@ -449,6 +608,14 @@ class Service:
                 )
             out.append(predictions)
         return out
+
+
+def truncated_positions(length: int, limit: int, direction: Direction) -> np.ndarray:
+    """Positions a sequence of ``length`` tokens keeps when truncated to ``limit``: [CLS], the first
+    (right) or last (left) ``limit - 2`` tokens of its body, and [SEP]."""
+    body = limit - 2
+    start = 1 if direction == "right" else length - 1 - body
+    return np.concatenate([[0], np.arange(start, start + body), [length - 1]])
 
 
 def _ms(seconds: float) -> float:

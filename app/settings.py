@@ -61,6 +61,19 @@ class Settings(BaseSettings):
     host: str = Field(default="0.0.0.0", description="Address to listen on.")
     port: int = Field(default=8080, ge=1, le=65535, description="Port to listen on.")
     log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level.")
+    # Kubernetes: keep drain + grace under terminationGracePeriodSeconds minus the preStop sleep.
+    shutdown_drain_s: float = Field(
+        default=2.0,
+        ge=0,
+        description="After SIGTERM, seconds the listener stays open answering 503 (and /ready false) so "
+        "load balancers stop sending; requests already accepted go on. Then the listener closes.",
+    )
+    shutdown_grace_s: float = Field(
+        default=25.0,
+        gt=0,
+        description="After SIGTERM, the most seconds until the process exits 0: the drain, then the "
+        "requests still in flight finish; any left past it are cancelled.",
+    )
 
     # --- batching ------------------------------------------------------------------------------------
     # Measured on 2 CPU cores: batches of 8 run faster per input than batches of 32 (cache-bound), and
@@ -85,6 +98,14 @@ class Settings(BaseSettings):
     )
     max_inputs_per_request: int = Field(default=64, ge=1, description="Most inputs in one request.")
     max_input_chars: int = Field(default=8192, ge=1, description="Most characters in one input.")
+    # A token vector is hidden_size numbers (768), ~10 bytes each as JSON: 4096 of them are ~30 MB of
+    # float JSON, eight inputs of bert-base-chinese's full length.
+    max_embed_all_tokens: int = Field(
+        default=4096,
+        ge=1,
+        description="Most token vectors one /embed_all request may return (with layer_combine concat a "
+        "token counts once per layer); beyond it the request gets 422.",
+    )
     max_body_bytes: int = Field(
         default=2 * 1024 * 1024,
         ge=1,
@@ -132,6 +153,10 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"max_inputs_per_request ({self.max_inputs_per_request}) exceeds max_concurrent_inputs "
                 f"({self.max_concurrent_inputs}): such a request could never be admitted"
+            )
+        if self.shutdown_drain_s > self.shutdown_grace_s:
+            raise ValueError(
+                f"shutdown_drain_s ({self.shutdown_drain_s}) exceeds shutdown_grace_s ({self.shutdown_grace_s})"
             )
         return self
 

@@ -11,6 +11,8 @@ from starlette.responses import Response
 
 from app.api.disconnect import unless_disconnected
 from app.api.schemas import (
+    EmbedAllRequest,
+    EmbedAllResponse,
     EmbedRequest,
     EmbedResponse,
     FillMaskRequest,
@@ -26,7 +28,8 @@ from app.service import Service, Timings
 router = APIRouter()
 
 
-def get_service(request: Request) -> Service:
+# async: a plain `def` dependency would run on AnyIO's thread pool, a thread hop on every request.
+async def get_service(request: Request) -> Service:
     service: Service | None = getattr(request.app.state, "service", None)
     if service is None:
         raise NotReady("the model is still loading")
@@ -45,6 +48,14 @@ def json_response(payload: Any, timings: Timings | None = None) -> Response:
 async def embed(body: EmbedRequest, request: Request, service: ServiceDep) -> Response:
     """One vector per input, in input order."""
     work = service.embed(body.inputs, body.options(body.normalize), body.encoding)
+    vectors, timings = await unless_disconnected(request, work)
+    return json_response(vectors, timings)
+
+
+@router.post("/embed_all", response_model=EmbedAllResponse, responses=openapi_responses(EmptyInput))
+async def embed_all(body: EmbedAllRequest, request: Request, service: ServiceDep) -> Response:
+    """Per input, the vector of each of its tokens, in order (optionally with the tokens and norms)."""
+    work = service.embed_all(body.inputs, body.options(), body.encoding)
     vectors, timings = await unless_disconnected(request, work)
     return json_response(vectors, timings)
 

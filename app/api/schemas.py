@@ -6,7 +6,7 @@ from typing import Annotated, Literal, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from app.service import EmbedOptions
+from app.service import EmbedAllOptions, EmbedOptions
 
 
 def _utf8(text: str) -> str:
@@ -27,41 +27,64 @@ class _Request(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
 
-class PoolingFields(_Request):
-    pooling: Literal["cls", "mean", "pooler"] = Field(
-        default="mean",
-        description="cls: the [CLS] state; mean: mean over tokens ([CLS]/[SEP] included); "
-        "pooler: BERT's pooler output (last layer only).",
-    )
+class LayerFields(_Request):
+    """The layer and long-text options shared by /embed, /similarity and /embed_all."""
+
     layers: list[int] | None = Field(
         default=None,
-        description="Layers to pool, 1..L or -L..-1 (from the end); default the last.",
+        description="Layers to read, 1..L or -L..-1 (from the end); default the last.",
         max_length=64,
     )
-    layer_combine: Literal["concat", "mean"] = Field(
-        default="concat", description="How several layers combine."
+    layer_combine: Literal["concat", "mean", "weighted", "difference"] = Field(
+        default="concat",
+        description="How several layers combine: concat (side by side, in the order of layers); mean; "
+        "weighted (by layer_weights); difference (exactly two layers: the first minus the second).",
+    )
+    layer_weights: list[float] | None = Field(
+        default=None,
+        description="With layer_combine weighted: one weight ≥ 0 per layer, in the order of layers, not "
+        "all 0; scaled to sum 1.",
+        max_length=64,
     )
     long_text: Literal["error", "truncate", "chunk"] | None = Field(
         default=None,
         description="Inputs over the model's length: error (422), truncate, or chunk (windows of at most "
-        "the model's length, averaged weighted by tokens). Default: truncate if `truncate`, else error.",
+        "the model's length, averaged weighted by tokens; not on /embed_all). Default: truncate if "
+        "`truncate`, else error.",
     )
     truncate: bool = Field(default=False, description="TEI: truncate inputs over the model's length.")
     truncation_direction: Literal["right", "left", "Right", "Left"] = Field(
         default="right", description="Which end truncation keeps: right keeps the start."
     )
 
+    def _long_text(self) -> Literal["error", "truncate", "chunk"]:
+        return self.long_text or ("truncate" if self.truncate else "error")
+
+    def _direction(self) -> Literal["right", "left"]:
+        return "left" if self.truncation_direction.lower() == "left" else "right"
+
+    def _layers(self) -> tuple[int, ...] | None:
+        return tuple(self.layers) if self.layers is not None else None
+
+    def _weights(self) -> tuple[float, ...] | None:
+        return tuple(self.layer_weights) if self.layer_weights is not None else None
+
+
+class PoolingFields(LayerFields):
+    pooling: Literal["cls", "mean", "pooler"] = Field(
+        default="mean",
+        description="cls: the [CLS] state; mean: mean over tokens ([CLS]/[SEP] included); "
+        "pooler: BERT's pooler output (last layer only).",
+    )
+
     def options(self, normalize: bool = True) -> EmbedOptions:
-        long_text = self.long_text or ("truncate" if self.truncate else "error")
-        direction: Literal["right", "left"] = (
-            "left" if self.truncation_direction.lower() == "left" else "right"
-        )
         return EmbedOptions(
             pooling=self.pooling,
-            layers=tuple(self.layers) if self.layers is not None else None,
+            layers=self._layers(),
             layer_combine=self.layer_combine,
-            long_text=long_text,
-            truncation_direction=direction,
+            layer_weights=self._weights(),
+            long_text=self._long_text(),
+            truncation_direction=self._direction(),
             normalize=normalize,
         )
 
@@ -82,6 +105,55 @@ class Int8Vector(BaseModel):
 
 
 EmbedResponse = list[list[float] | str | Int8Vector]
+
+
+class EmbedAllRequest(LayerFields):
+    inputs: Inputs
+    normalize: bool = Field(default=False, description="Scale each token's vector to unit length.")
+    special_tokens: bool = Field(default=False, description="Also return the [CLS] and [SEP] tokens.")
+    return_tokens: bool = Field(
+        default=False, description="Also return each token's id, text and character span in the input."
+    )
+    norms: bool = Field(
+        default=False, description="Also return each token's L2 norm (taken before normalize)."
+    )
+    encoding: Literal["float", "base64"] = Field(
+        default="float", description="float: numbers; base64: little-endian float32 bytes, per token."
+    )
+
+    def options(self) -> EmbedAllOptions:
+        return EmbedAllOptions(
+            layers=self._layers(),
+            layer_combine=self.layer_combine,
+            layer_weights=self._weights(),
+            long_text=self._long_text(),
+            truncation_direction=self._direction(),
+            normalize=self.normalize,
+            special_tokens=self.special_tokens,
+            return_tokens=self.return_tokens,
+            norms=self.norms,
+        )
+
+
+class Token(BaseModel):
+    id: int
+    text: str
+    special: bool
+    # Code points, as Python indexes a str: an emoji counts 1 (JavaScript's String counts it 2).
+    start: int = Field(description="Character (code point) offset where the token starts in the input.")
+    stop: int = Field(description="Character (code point) offset just past the token's end.")
+
+
+class TokenVectors(BaseModel):
+    """One input's answer when return_tokens or norms is on; only the parts asked for are present."""
+
+    vectors: list[list[float] | str]
+    tokens: list[Token] | None = Field(default=None, description="With return_tokens.")
+    norms: list[float] | None = Field(default=None, description="With norms.")
+
+
+# Per input: its token vectors in order (TEI's shape), or a TokenVectors with return_tokens / norms.
+EmbedAllResponse = list[list[list[float] | str] | TokenVectors]
 
 
 # A list, not a tuple: strict mode would refuse the JSON array a tuple is sent as.
@@ -122,14 +194,6 @@ FillMaskResponse = list[list[list[Prediction]]]
 class TokenizeRequest(_Request):
     inputs: Inputs
     add_special_tokens: bool = True
-
-
-class Token(BaseModel):
-    id: int
-    text: str
-    special: bool
-    start: int = Field(description="Character offset where the token starts in the input.")
-    stop: int = Field(description="Character offset just past the token's end.")
 
 
 TokenizeResponse = list[list[Token]]

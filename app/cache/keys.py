@@ -3,7 +3,7 @@ model never serves an old vector.
 
 ``zhembed:v1:<model>:<options>:<text>`` where ``<model>`` is the start of the encoder graph's sha256 from
 the manifest (plus the tokenizer's, folded in), ``<options>`` a digest of the resolved embedding options
-and ``<text>`` a digest of the input. The model part is in clear so an operator can drop one model's keys
+(exactly :data:`OPTION_FIELDS`, checked) and ``<text>`` a digest of the input. The model part is in clear so an operator can drop one model's keys
 with ``SCAN MATCH zhembed:v1:<model>:*``.
 """
 
@@ -15,6 +15,20 @@ import orjson
 
 NAMESPACE = "zhembed:v1"
 
+# Every option that changes an /embed vector, resolved (layers 1-based, weights scaled to sum 1). A key
+# built from any other set of fields is refused, so an option added later cannot be left out silently.
+OPTION_FIELDS = frozenset(
+    {
+        "pooling",
+        "layers",
+        "layer_combine",
+        "layer_weights",
+        "normalize",
+        "long_text",
+        "truncation_direction",
+    }
+)
+
 
 def model_digest(graph_sha256: str, tokenizer_sha256: str) -> str:
     """16 hex digits naming the exact graph file and tokenizer that compute the vectors."""
@@ -22,7 +36,16 @@ def model_digest(graph_sha256: str, tokenizer_sha256: str) -> str:
 
 
 def space(model: str, options: dict[str, object]) -> str:
-    """The key prefix shared by every input embedded by ``model`` with ``options`` (resolved values)."""
+    """The key prefix shared by every input embedded by ``model`` with ``options`` (resolved values).
+
+    Raises:
+        ValueError: ``options`` does not name exactly :data:`OPTION_FIELDS` (a bug, not an input).
+    """
+    if options.keys() != OPTION_FIELDS:
+        missing, unknown = sorted(OPTION_FIELDS - options.keys()), sorted(options.keys() - OPTION_FIELDS)
+        raise ValueError(
+            f"cache key options do not match OPTION_FIELDS: missing {missing}, unknown {unknown}"
+        )
     canonical = orjson.dumps(options, option=orjson.OPT_SORT_KEYS)
     return f"{NAMESPACE}:{model}:{hashlib.sha256(canonical).hexdigest()[:16]}:"
 

@@ -1,8 +1,8 @@
 """Stage 4, inference: a dedicated thread runs one padded batch at a time on ONNX Runtime.
 
 ONNX Runtime releases the GIL while it computes, so the event loop, the tokenisation thread and the
-assembler keep working during a batch. The hand-over from the assembler is a single slot: one batch
-waiting while one runs. Only the outputs some item of the batch needs are fetched.
+assembler keep working during a batch. The hand-over from the assembler is a single slot, freed when a
+batch has run: the next batch is cut from everything that arrived meanwhile. Only the outputs some item of the batch needs are fetched.
 """
 
 from __future__ import annotations
@@ -65,23 +65,31 @@ class Inference:
 
     def _run(self) -> None:
         while (batch := self._handoff.get()) is not None:
-            self._slot.release()
-            live = [item for item in batch if not item.ticket.cancelled]
-            self.stats.dropped_cancelled += len(batch) - len(live)
-            if not live:
-                continue
             try:
-                finished = self.run_batch(live)
-            except Exception as exc:  # a server fault: fail these requests loudly, keep serving
-                log.exception("inference failed for a batch of %d", len(live))
-                for item in live:
-                    item.fail(InternalError(f"inference failed: {type(exc).__name__}: {exc}"))
-                continue
-            self.metrics.batch_ran(
-                finished.finished_at - finished.started_at,
-                [finished.started_at - item.enqueued_at for item in live],
-            )
-            self.post.put(finished)
+                self._run_one(batch)
+            finally:
+                # The next batch is cut only now, from everything that arrived while this one ran: the
+                # later the cut, the more lengths the assembler can choose from, the less padding.
+                # Cutting costs microseconds; padding the arrays happens here, in run_batch, anyway.
+                self._slot.release()
+
+    def _run_one(self, batch: list[WorkItem]) -> None:
+        live = [item for item in batch if not item.ticket.cancelled]
+        self.stats.dropped_cancelled += len(batch) - len(live)
+        if not live:
+            return
+        try:
+            finished = self.run_batch(live)
+        except Exception as exc:  # a server fault: fail these requests loudly, keep serving
+            log.exception("inference failed for a batch of %d", len(live))
+            for item in live:
+                item.fail(InternalError(f"inference failed: {type(exc).__name__}: {exc}"))
+            return
+        self.metrics.batch_ran(
+            finished.finished_at - finished.started_at,
+            [finished.started_at - item.enqueued_at for item in live],
+        )
+        self.post.put(finished)
 
     def run_batch(self, items: list[WorkItem]) -> FinishedBatch:
         """Pad ``items`` into one batch, run the encoder (and the masked-LM head on masked positions)."""
@@ -100,7 +108,7 @@ class Inference:
             need = item.need
             if need.pooling == "pooler":
                 wanted[POOLER_OUTPUT] = None
-            elif need.pooling is not None:
+            if need.pooling in ("cls", "mean") or need.tokens:
                 wanted.update((self._names[layer], None) for layer in need.layers)
             if need.mask_positions:
                 wanted[last] = None

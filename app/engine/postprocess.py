@@ -1,29 +1,31 @@
 """Stage 5, post-processing in numpy.
 
 Per batch (on the post-processing thread, so the inference thread goes straight on to the next batch):
-pooling of the layers each item asked for, and masked-LM probabilities. Per request (called by the
-service): layer combination, the token-weighted average of a long input's windows, normalisation,
-encodings and top-k.
+pooling of the layers each item asked for, the unpadded token rows of items that want every token
+(/embed_all), and masked-LM probabilities. Per request (called by the service): layer combination
+(:class:`LayerMix`: concat, mean, weighted, difference — the same arithmetic for pooled vectors and for
+token rows), the token-weighted average of a long input's windows, normalisation, encodings and top-k.
 """
 
 from __future__ import annotations
 
 import base64
 import logging
+import math
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
 from app.engine.work import ItemResult, WorkItem
-from app.errors import InternalError
+from app.errors import InternalError, ValidationFailed
 from app.model.manifest import POOLER_OUTPUT
 
 log = logging.getLogger(__name__)
 
-LayerCombine = Literal["concat", "mean"]
+LayerCombine = Literal["concat", "mean", "weighted", "difference"]
 Encoding = Literal["float", "base64", "int8"]
 
 
@@ -84,6 +86,12 @@ def split_batch(batch: FinishedBatch) -> list[ItemResult]:
             vectors = batch.outputs[POOLER_OUTPUT][i : i + 1].copy()
         elif need.pooling is not None:
             vectors = np.stack([pool(batch.output_names[layer], need.pooling)[i] for layer in need.layers])
+        token_states = None
+        if need.tokens:
+            # Rows [0, length) are the item's own tokens; the rest of the padded row is never read.
+            token_states = np.stack(
+                [batch.outputs[batch.output_names[layer]][i, : item.length] for layer in need.layers]
+            )
         mask_probs = None
         if need.mask_positions:
             if probs is None:
@@ -97,6 +105,7 @@ def split_batch(batch: FinishedBatch) -> list[ItemResult]:
                 inference_s=batch.finished_at - batch.started_at,
                 batch_started=batch.started_at,
                 batch_size=len(batch.items),
+                token_states=token_states,
             )
         )
     return results
@@ -136,9 +145,76 @@ class PostProcessing:
 # --- per request ----------------------------------------------------------------------------------
 
 
-def combine_layers(vectors: np.ndarray, how: LayerCombine) -> np.ndarray:
-    """[layers, hidden] → [hidden] (mean) or [layers × hidden] (concat, in the requested order)."""
-    return vectors.reshape(-1) if how == "concat" else vectors.mean(axis=0)
+@dataclass(frozen=True)
+class LayerMix:
+    """How an item's layers combine into one vector (per token, for /embed_all).
+
+    ``weights`` (``weighted`` only) are one per layer, in the order of the layers, and sum to 1.
+    """
+
+    how: LayerCombine = "concat"
+    weights: tuple[float, ...] | None = None
+
+
+def layer_mix(how: LayerCombine, layers: int, weights: tuple[float, ...] | None) -> LayerMix:
+    """Check that ``how`` and ``weights`` fit ``layers`` layers; normalise the weights to sum 1.
+
+    Raises:
+        ValidationFailed: weights given without ``weighted`` or missing with it, not one per layer,
+            negative, not finite or all zero; ``difference`` with other than two layers.
+    """
+    if how != "weighted":
+        if weights is not None:
+            raise ValidationFailed(
+                f"layer_weights go with layer_combine 'weighted' only (layer_combine is '{how}')"
+            )
+        if how == "difference" and layers != 2:
+            raise ValidationFailed(
+                f"layer_combine 'difference' takes exactly two layers (the first minus the second), "
+                f"got {layers}: send layers [a, b]"
+            )
+        return LayerMix(how)
+    if weights is None:
+        raise ValidationFailed(
+            f"layer_combine 'weighted' needs layer_weights: one weight per layer ({layers} here)"
+        )
+    if len(weights) != layers:
+        raise ValidationFailed(
+            f"layer_weights has {len(weights)} weights for {layers} layers: give one weight per layer, "
+            "in the order of layers"
+        )
+    for i, w in enumerate(weights):
+        if not math.isfinite(w):
+            raise ValidationFailed(f"layer_weights[{i}] is {w}: weights must be finite numbers ≥ 0")
+        if w < 0:
+            raise ValidationFailed(f"layer_weights[{i}] is {w}: weights must be ≥ 0")
+    peak = max(weights)
+    if peak == 0:
+        raise ValidationFailed(
+            "layer_weights are all 0: at least one must be positive (they are scaled to sum 1)"
+        )
+    scaled = [w / peak for w in weights]  # first to at most 1, so the sum cannot overflow
+    total = sum(scaled)
+    return LayerMix(how, tuple(w / total for w in scaled))
+
+
+def combine_layers(stack: np.ndarray, mix: LayerMix) -> np.ndarray:
+    """Combine the first axis (layers) of ``stack``: [layers, …, hidden] → […, width].
+
+    concat: the layers side by side in the requested order (width = layers × hidden); mean; weighted:
+    the weighted sum with ``mix.weights``; difference: the first layer minus the second.
+    """
+    if mix.how == "concat":
+        return np.concatenate(list(stack), axis=-1)
+    if mix.how == "mean":
+        return stack.mean(axis=0)
+    if mix.how == "difference":
+        if stack.shape[0] != 2:
+            raise InternalError(f"difference of {stack.shape[0]} layers; validation lets only 2 through")
+        return stack[0] - stack[1]
+    if mix.weights is None or len(mix.weights) != stack.shape[0]:
+        raise InternalError("weighted combination without one weight per layer")
+    return np.tensordot(np.asarray(mix.weights, dtype=stack.dtype), stack, axes=1)
 
 
 def weighted_average(vectors: list[np.ndarray], weights: list[int]) -> np.ndarray:
@@ -152,6 +228,17 @@ def weighted_average(vectors: list[np.ndarray], weights: list[int]) -> np.ndarra
 def normalize(vector: np.ndarray) -> np.ndarray:
     norm = float(np.linalg.norm(vector))
     return vector / norm if norm > 0 else vector
+
+
+def row_norms(rows: np.ndarray) -> np.ndarray:
+    """[tokens, width] → [tokens]: each row's L2 norm."""
+    return np.linalg.norm(rows, axis=-1)
+
+
+def normalize_rows(rows: np.ndarray) -> np.ndarray:
+    """Each row of [tokens, width] scaled to unit length (a zero row stays zero)."""
+    norms = row_norms(rows)[:, None]
+    return rows / np.where(norms > 0, norms, 1)
 
 
 def encode_vector(vector: np.ndarray, encoding: Encoding) -> list[float] | str | dict[str, object]:
@@ -171,6 +258,13 @@ def encode_vector(vector: np.ndarray, encoding: Encoding) -> list[float] | str |
     scale = peak / 127 if peak > 0 else 1.0
     values = np.clip(np.rint(v / scale), -127, 127).astype(np.int8)
     return {"values": values.tolist(), "scale": scale}
+
+
+def encode_rows(rows: np.ndarray, encoding: Literal["float", "base64"]) -> list[Any]:
+    """Each row of [tokens, width] in the requested encoding (see :func:`encode_vector`)."""
+    if encoding == "float":
+        return np.asarray(rows, dtype=np.float32).tolist()  # one C loop for the whole matrix
+    return [encode_vector(row, encoding) for row in rows]
 
 
 def top_k(probs: np.ndarray, k: int) -> tuple[list[int], list[float]]:

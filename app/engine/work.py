@@ -32,11 +32,13 @@ class Need:
     """What one item needs from the encoder.
 
     ``layers`` are 1-based; ``pooling`` None means the item wants no pooled vectors (fill-mask).
+    ``tokens`` means it wants the full rows of its real tokens in each of ``layers`` (/embed_all).
     ``mask_positions`` are token positions to run the masked-LM head on.
     """
 
     layers: tuple[int, ...] = ()
     pooling: Pooling | None = None
+    tokens: bool = False
     mask_positions: tuple[int, ...] = ()
 
 
@@ -50,6 +52,9 @@ class ItemResult:
     inference_s: float
     batch_started: float  # identifies the batch: a request's items may share one or span several
     batch_size: int
+    # [len(layers), length, hidden]: every real token's state in each requested layer (Need.tokens);
+    # a copy, so it neither holds the batch's outputs alive nor carries any padding row.
+    token_states: np.ndarray | None = None
 
 
 @dataclass

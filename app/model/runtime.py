@@ -14,6 +14,7 @@ import numpy as np
 import onnxruntime as ort
 from onnxruntime.capi.onnxruntime_pybind11_state import Fail as OrtFail
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidGraph as OrtInvalidGraph
+from onnxruntime.capi.onnxruntime_pybind11_state import InvalidProtobuf as OrtInvalidProtobuf
 
 from app.model.manifest import (
     MLM_INPUT,
@@ -156,7 +157,8 @@ def load_model(settings: Settings) -> OnnxModel:
     verify_files(folder, files)
     try:
         model = OnnxModel(folder, manifest, choice, settings.intra_op_threads)
-    except (OrtFail, OrtInvalidGraph) as exc:
+    # InvalidProtobuf: a graph whose bytes are not ONNX at all (its sha256 may still match a bad export).
+    except (OrtFail, OrtInvalidGraph, OrtInvalidProtobuf) as exc:
         raise ManifestError(
             f"ONNX Runtime cannot load the {choice.variant} graphs in {folder}: {exc}"
         ) from exc

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import base64
+import re
 
 import numpy as np
+import pytest
 
 from app.engine import postprocess
+from app.engine.postprocess import LayerMix
+from app.errors import ValidationFailed
 
 
 def test_mean_pool_ignores_padding() -> None:
@@ -19,8 +23,8 @@ def test_mean_pool_ignores_padding() -> None:
 
 def test_combine_average_and_normalize() -> None:
     vectors = np.array([[1.0, 2.0], [3.0, 4.0]], dtype=np.float32)
-    np.testing.assert_allclose(postprocess.combine_layers(vectors, "concat"), [1, 2, 3, 4])
-    np.testing.assert_allclose(postprocess.combine_layers(vectors, "mean"), [2, 3])
+    np.testing.assert_allclose(postprocess.combine_layers(vectors, LayerMix("concat")), [1, 2, 3, 4])
+    np.testing.assert_allclose(postprocess.combine_layers(vectors, LayerMix("mean")), [2, 3])
     avg = postprocess.weighted_average([np.array([0.0, 0.0]), np.array([4.0, 8.0])], [3, 1])
     np.testing.assert_allclose(avg, [1, 2])
     assert abs(np.linalg.norm(postprocess.normalize(np.array([3.0, 4.0]))) - 1) < 1e-7
@@ -47,3 +51,54 @@ def test_top_k_is_sorted_and_softmax_sums_to_one() -> None:
     assert abs(probs.sum() - 1) < 1e-6
     ids, scores = postprocess.top_k(probs, 3)
     assert ids == [1, 2, 0] and scores == sorted(scores, reverse=True)
+
+
+def test_weighted_and_difference_combine_pooled_vectors_and_token_rows_alike() -> None:
+    rng = np.random.default_rng(0)
+    stack = rng.standard_normal((3, 5, 4)).astype(np.float32)  # [layers, tokens, hidden]
+    mix = postprocess.layer_mix("weighted", 3, (1.0, 2.0, 1.0))
+    assert mix.weights == (0.25, 0.5, 0.25)
+    want = 0.25 * stack[0] + 0.5 * stack[1] + 0.25 * stack[2]
+    np.testing.assert_allclose(postprocess.combine_layers(stack, mix), want, rtol=1e-6)
+    np.testing.assert_allclose(postprocess.combine_layers(stack[:, 2], mix), want[2], rtol=1e-6)
+    diff = postprocess.layer_mix("difference", 2, None)
+    np.testing.assert_array_equal(postprocess.combine_layers(stack[:2], diff), stack[0] - stack[1])
+    concat = postprocess.combine_layers(stack, LayerMix("concat"))
+    assert concat.shape == (5, 12)
+    np.testing.assert_array_equal(concat[:, 4:8], stack[1])
+
+
+def test_weights_are_scaled_without_overflow() -> None:
+    assert postprocess.layer_mix("weighted", 2, (1e308, 1e308)).weights == (0.5, 0.5)
+    assert postprocess.layer_mix("weighted", 2, (0.0, 3.0)).weights == (0.0, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("how", "layers", "weights", "words"),
+    [
+        ("weighted", 2, None, "needs layer_weights"),
+        ("weighted", 2, (1.0,), "1 weights for 2 layers"),
+        ("weighted", 2, (1.0, -1.0), "layer_weights[1] is -1.0"),
+        ("weighted", 2, (float("nan"), 1.0), "layer_weights[0] is nan"),
+        ("weighted", 2, (float("inf"), 1.0), "layer_weights[0] is inf"),
+        ("weighted", 2, (0.0, 0.0), "all 0"),
+        ("mean", 2, (1.0, 1.0), "'weighted' only"),
+        ("difference", 3, None, "got 3"),
+        ("difference", 1, None, "got 1"),
+    ],
+)
+def test_layer_mix_refuses_what_does_not_fit(
+    how: postprocess.LayerCombine, layers: int, weights: tuple[float, ...] | None, words: str
+) -> None:
+    with pytest.raises(ValidationFailed, match=re.escape(words)):
+        postprocess.layer_mix(how, layers, weights)
+
+
+def test_rows_normalise_and_encode() -> None:
+    rows = np.array([[3.0, 4.0], [0.0, 0.0]], dtype=np.float32)
+    np.testing.assert_allclose(postprocess.row_norms(rows), [5.0, 0.0])
+    np.testing.assert_allclose(postprocess.normalize_rows(rows), [[0.6, 0.8], [0.0, 0.0]])
+    assert postprocess.encode_rows(rows, "float") == [[3.0, 4.0], [0.0, 0.0]]
+    encoded = postprocess.encode_rows(rows, "base64")
+    np.testing.assert_array_equal(np.frombuffer(base64.b64decode(encoded[0]), "<f4"), rows[0])
+    assert postprocess.encode_rows(np.zeros((0, 2), np.float32), "float") == []

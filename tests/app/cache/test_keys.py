@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from app.cache.keys import NAMESPACE, key, model_digest, space
+import dataclasses
+
+import pytest
+
+from app.cache.keys import NAMESPACE, OPTION_FIELDS, key, model_digest, space
+from app.service import EmbedOptions
 
 OPTIONS: dict[str, object] = {
     "pooling": "mean",
     "layers": [3],
     "layer_combine": "concat",
+    "layer_weights": None,
     "normalize": True,
     "long_text": "error",
     "truncation_direction": "right",
@@ -22,6 +28,10 @@ def test_every_option_and_the_model_change_the_key() -> None:
         {**OPTIONS, "layers": [2]},
         {**OPTIONS, "layers": [2, 3]},
         {**OPTIONS, "layer_combine": "mean"},
+        {**OPTIONS, "layers": [2, 3], "layer_combine": "difference"},
+        {**OPTIONS, "layers": [3, 2], "layer_combine": "difference"},
+        {**OPTIONS, "layers": [2, 3], "layer_combine": "weighted", "layer_weights": [0.25, 0.75]},
+        {**OPTIONS, "layers": [2, 3], "layer_combine": "weighted", "layer_weights": [0.75, 0.25]},
         {**OPTIONS, "normalize": False},
         {**OPTIONS, "long_text": "truncate"},
         {**OPTIONS, "truncation_direction": "left"},
@@ -38,3 +48,19 @@ def test_keys_are_stable_namespaced_and_name_the_model() -> None:
     shuffled = dict(reversed(list(OPTIONS.items())))
     assert key(space(model, OPTIONS), "文本") == key(space(model, shuffled), "文本")
     assert key(space(model, OPTIONS), "文本").startswith(f"{NAMESPACE}:{model}:")
+
+
+def test_the_key_covers_every_embed_option() -> None:
+    assert {f.name for f in dataclasses.fields(EmbedOptions)} == OPTION_FIELDS
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {k: v for k, v in OPTIONS.items() if k != "layer_weights"},
+        {**OPTIONS, "pooling_v2": "cls"},
+    ],
+)
+def test_a_key_without_every_option_is_refused(options: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match="OPTION_FIELDS"):
+        space(model_digest("a" * 64, "b" * 64), options)

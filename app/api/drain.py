@@ -1,0 +1,79 @@
+"""Graceful shutdown, the HTTP half: once draining, refuse new work with 503 and close every connection.
+
+``python -m app`` turns SIGTERM (or SIGINT) into :meth:`Drain.begin` (see :mod:`app.__main__`). From then
+on, for ``shutdown_drain_s`` seconds the listener stays open and:
+
+- ``/ready`` and every data route answer 503 (``unhealthy``) at once, so a load balancer takes the
+  replica out and a client that still reaches it gets an answer it can retry elsewhere;
+- requests accepted before the signal run to the end;
+- every response carries ``Connection: close``, so no idle keep-alive connection is left for the
+  listener's closing to race with;
+- ``/health`` and ``/metrics`` still answer (the process is alive, and its last numbers are readable).
+
+Then uvicorn closes the listener, waits for the requests still in flight up to the rest of
+``shutdown_grace_s``, and the lifespan stops the engine. Connections after that are refused by the OS,
+and any the kernel had queued but the server had not yet accepted are reset: neither kind was started,
+so a client may retry it on another replica. That is the contract: every request is answered, refused
+with 503, or refused at the TCP level — none is dropped after it was accepted.
+"""
+
+from __future__ import annotations
+
+import time
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.errors import NotReady, error_parts
+
+# Answered while draining: liveness and metrics. Everything else is refused.
+LIVE_PATHS = frozenset({"/health", "/metrics"})
+
+_CLOSE = (b"connection", b"close")
+
+
+class Drain:
+    """Whether the process is shutting down. Set once, possibly from a signal handler: a plain store."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None  # time.monotonic() of the signal
+
+    @property
+    def draining(self) -> bool:
+        return self.since is not None
+
+    def begin(self) -> None:
+        if self.since is None:
+            self.since = time.monotonic()
+
+    def elapsed(self) -> float:
+        """Seconds since draining began; 0 when it has not."""
+        return 0.0 if self.since is None else time.monotonic() - self.since
+
+
+def _with_close(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    return [*(h for h in headers if h[0].lower() != b"connection"), _CLOSE]
+
+
+class DrainMiddleware:
+    def __init__(self, app: ASGIApp, drain: Drain) -> None:
+        self.app = app
+        self.drain = drain
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.drain.draining and scope.get("path") not in LIVE_PATHS:
+            error = NotReady("the service is shutting down; retry on another replica")
+            status, body, headers = error_parts(error, scope)
+            await send({"type": "http.response.start", "status": status, "headers": _with_close(headers)})
+            await send({"type": "http.response.body", "body": body})
+            return
+
+        async def closing_send(message: Message) -> None:
+            # A request accepted before the signal that answers after it: its connection closes too.
+            if message["type"] == "http.response.start" and self.drain.draining:
+                message = {**message, "headers": _with_close(list(message.get("headers", [])))}
+            await send(message)
+
+        await self.app(scope, receive, closing_send)

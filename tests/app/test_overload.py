@@ -1,0 +1,135 @@
+"""Overload: past ``max_concurrent_inputs`` the service answers 429 with Retry-After at once (rejections
+never wait in the queue), the accepted requests succeed, the metrics move, and in-flight returns to zero.
+
+Inference is held on a gate so that "the accepted requests are still running" is a fact of the test, not
+a matter of timing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from app.errors import RETRY_AFTER_S
+from app.settings import Settings
+from tests.app.conftest import Running, metric, serving
+
+LIMIT = 8
+
+
+@pytest.fixture()
+def small(tiny_settings: Settings) -> Iterator[Running]:
+    settings = tiny_settings.model_copy(
+        update={"max_concurrent_inputs": LIMIT, "max_inputs_per_request": 4, "warmup": False}
+    )
+    with serving(settings) as running:
+        yield running
+
+
+def gate_inference(monkeypatch: pytest.MonkeyPatch, running: Running) -> threading.Event:
+    """Make every batch wait for the returned event before it runs."""
+    model = running.service.model
+    original: Callable[..., list[np.ndarray]] = model.encode
+    gate = threading.Event()
+
+    def gated(*args: Any, **kwargs: Any) -> list[np.ndarray]:
+        assert gate.wait(timeout=120), "the test never opened the gate"
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(model, "encode", gated)
+    return gate
+
+
+def wait_until(condition: Callable[[], bool], seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_past_the_bound_429_comes_at_once_and_accepted_requests_succeed(
+    small: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = gate_inference(monkeypatch, small)
+    admission = small.service.engine.admission
+    with httpx.Client(base_url=small.url, timeout=120) as client, ThreadPoolExecutor(16) as pool:
+        accepted: list[Future[httpx.Response]] = [
+            pool.submit(client.post, "/embed", json={"inputs": [f"先到 {i}", f"先到 {i} 第二句"]})
+            for i in range(LIMIT // 2)
+        ]
+        wait_until(lambda: admission.in_use == LIMIT)  # every permit is held, inference is gated
+        assert metric(client, "zhembed_inputs_in_flight") == LIMIT
+
+        # These are answered while every accepted request is still blocked: nothing waited in a queue.
+        rejected = [
+            pool.submit(client.post, "/embed", json={"inputs": [f"后到 {i}"]}).result(timeout=60)
+            for i in range(12)
+        ]
+        assert not gate.is_set() and not any(f.done() for f in accepted)
+        for response in rejected:
+            assert response.status_code == 429, response.text
+            assert response.headers["retry-after"] == str(RETRY_AFTER_S)
+            body = response.json()
+            assert body["error_type"] == "overloaded"
+            assert f"{LIMIT} of {LIMIT} inputs in flight" in body["error"]
+        assert metric(client, "zhembed_failures_total", reason="overloaded") == 12
+        assert metric(client, "zhembed_requests_total", route="/embed", status="429") == 12
+
+        gate.set()
+        for future in accepted:
+            response = future.result(timeout=120)
+            assert response.status_code == 200, response.text
+            assert len(response.json()) == 2
+
+        wait_until(lambda: metric(client, "zhembed_inputs_in_flight") == 0)
+        assert metric(client, "zhembed_queue_depth") == 0
+        # Back to normal as soon as the load is gone.
+        assert client.post("/embed", json={"inputs": ["之后"]}).status_code == 200
+
+
+def test_a_request_larger_than_the_free_permits_is_refused_whole(
+    small: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = gate_inference(monkeypatch, small)
+    admission = small.service.engine.admission
+    with httpx.Client(base_url=small.url, timeout=120) as client, ThreadPoolExecutor(4) as pool:
+        held = [pool.submit(client.post, "/embed", json={"inputs": ["甲", "乙", "丙"]}) for _ in range(2)]
+        wait_until(lambda: admission.in_use == 6)
+        too_many = client.post("/embed", json={"inputs": ["一", "二", "三"]})  # 3 > the 2 left
+        assert too_many.status_code == 429
+        assert admission.in_use == 6  # none of its permits were kept
+        gate.set()
+        assert [f.result(timeout=120).status_code for f in held] == [200, 200]
+    assert admission.in_use == 0
+
+
+def test_many_clients_past_capacity_get_only_200_or_429_and_nothing_leaks(small: Running) -> None:
+    def client_loop(index: int) -> Counter[int]:
+        seen: Counter[int] = Counter()
+        with httpx.Client(base_url=small.url, timeout=120) as client:
+            for j in range(15):
+                texts = [f"客户 {index} 请求 {j} 句 {k}" for k in range(1 + (index + j) % 4)]
+                response = client.post("/embed", json={"inputs": texts})
+                seen[response.status_code] += 1
+                if response.status_code == 200:
+                    assert len(response.json()) == len(texts)
+        return seen
+
+    with ThreadPoolExecutor(24) as pool:
+        totals = sum(
+            (f.result(timeout=300) for f in [pool.submit(client_loop, i) for i in range(24)]), Counter()
+        )
+    assert set(totals) <= {200, 429}, totals
+    assert totals[200] > 0
+    with httpx.Client(base_url=small.url, timeout=60) as client:
+        wait_until(lambda: metric(client, "zhembed_inputs_in_flight") == 0)
+        assert metric(client, "zhembed_failures_total", reason="overloaded") == totals[429]
+        assert metric(client, "zhembed_queue_depth") == 0
