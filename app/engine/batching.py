@@ -25,9 +25,6 @@ from app.metrics import Metrics
 
 # How many batches later than first-come-first-served an item may run, passed over for better-fitting ones.
 MAX_PASSED_OVER = 4
-# What one more batch costs beyond its tokens, in tokens: the int8 encoder on 2 CPU cores runs b=8 about 9%
-# faster per sentence than b=4 at equal padding (python -m loadtest.raw_onnx), which this reproduces.
-BATCH_OVERHEAD_TOKENS = 16
 
 
 @dataclass
@@ -52,6 +49,7 @@ class Batcher:
         capacity: int,
         metrics: Metrics | None = None,
         company_expected: Callable[[], bool] = lambda: True,
+        overhead_tokens: int = 16,
     ) -> None:
         """``capacity`` bounds the pending items; admission keeps the engine below it.
 
@@ -60,6 +58,7 @@ class Batcher:
         """
         self.metrics = metrics or Metrics()
         self.company_expected = company_expected
+        self.overhead_tokens = overhead_tokens
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_ms / 1000
@@ -137,16 +136,13 @@ class Batcher:
         The window of length-sorted pending items that does the most useful work per unit of cost; but
         once the oldest item is ``MAX_PASSED_OVER`` batches later than first-come-first-served would
         have run it, the best window that contains it, so an item of an unusual length waits a bounded
-        number of batches. When everything pending fits one batch that is not full, all of it, not full:
+        number of batches. When that window is everything pending and more would fit, it is not full:
         the caller may wait for company.
         """
         by_length = sorted(self._pending, key=lambda item: item.length)
         lengths = [item.length for item in by_length]
         oldest = self._pending[0]
         overdue = self.stats.batches - self._due.get(id(oldest), self.stats.batches) >= MAX_PASSED_OVER
-        if len(lengths) < self.max_batch_size and len(lengths) * lengths[-1] <= self.max_batch_tokens:
-            # Everything fits one batch that is not full yet.
-            return by_length, False
         anchor = None
         if overdue:
             # Stable sort: among equal lengths the oldest comes first, so this finds its index.
@@ -154,12 +150,16 @@ class Batcher:
             while by_length[anchor] is not oldest:
                 anchor += 1
         lo, hi = self._most_efficient_window(lengths, anchor)
+        fits_all = len(lengths) < self.max_batch_size and len(lengths) * lengths[-1] <= self.max_batch_tokens
+        if fits_all and hi - lo + 1 == len(lengths):
+            # Everything pending makes one batch that is not full yet: the caller may wait for company.
+            return by_length, False
         return by_length[lo : hi + 1], True
 
     def _most_efficient_window(self, lengths: list[int], anchor: int | None) -> tuple[int, int]:
         """``(lo, hi)`` of the window of sorted ``lengths`` that does the most useful work per unit of cost.
 
-        Cost is the tokens computed (padding included) plus ``BATCH_OVERHEAD_TOKENS`` per batch, so a
+        Cost is the tokens computed (padding included) plus ``overhead_tokens`` per batch, so a
         tight batch of 5 beats a padded batch of 8, and one batch of 8 beats 8 batches of 1. With an
         ``anchor``, only windows that contain it.
         """
@@ -173,7 +173,7 @@ class Batcher:
                 computed = (hi - lo + 1) * lengths[hi]
                 if computed > self.max_batch_tokens and hi > lo:
                     break
-                efficiency = (prefix[hi + 1] - prefix[lo]) / (computed + BATCH_OVERHEAD_TOKENS)
+                efficiency = (prefix[hi + 1] - prefix[lo]) / (computed + self.overhead_tokens)
                 if best is None or efficiency > best[0]:
                     best = (efficiency, lo, hi)
         assert best is not None, "a non-empty queue always has a window"

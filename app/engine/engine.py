@@ -39,6 +39,7 @@ class Engine:
             capacity=settings.max_concurrent_inputs * windows,
             metrics=self.metrics,
             company_expected=lambda: self.tokenization.pending_texts > 0,
+            overhead_tokens=settings.batch_overhead_tokens,
         )
         self.post = PostProcessing()
         self.inference = Inference(model, self.post, self.metrics)

@@ -7,7 +7,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -245,3 +245,17 @@ def with_cache(settings: Settings, redis_url: str | None, **changes: Any) -> Set
     """``settings`` with the in-process cache on, Redis at ``redis_url`` (None: none), no warm-up."""
     url = SecretStr(redis_url) if redis_url is not None else None
     return settings.model_copy(update={"cache_bytes": 64 << 20, "redis_url": url, "warmup": False, **changes})
+
+
+def gate_inference(monkeypatch: pytest.MonkeyPatch, running: Running) -> threading.Event:
+    """Make every batch wait for the returned event before it runs."""
+    model = running.service.model
+    original: Callable[..., list[np.ndarray]] = model.encode
+    gate = threading.Event()
+
+    def gated(*args: Any, **kwargs: Any) -> list[np.ndarray]:
+        assert gate.wait(timeout=120), "the test never opened the gate"
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(model, "encode", gated)
+    return gate

@@ -30,7 +30,7 @@ import orjson
 import pytest
 
 from app.settings import Settings
-from tests.app.conftest import RedisProcess, Running, free_port, metric, serving, with_cache
+from tests.app.conftest import RedisProcess, Running, free_port, gate_inference, metric, serving, with_cache
 
 
 def wait_until(condition: Callable[[], bool], seconds: float = 30.0) -> None:
@@ -319,15 +319,7 @@ def test_clients_that_leave_mid_request_leave_no_work_and_no_leak(
     one_per_batch: Running, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     service = one_per_batch.service
-    model = service.model
-    original: Callable[..., list[np.ndarray]] = model.encode
-    gate = threading.Event()
-
-    def gated(*args: Any, **kwargs: Any) -> list[np.ndarray]:
-        assert gate.wait(timeout=120), "the test never opened the gate"
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(model, "encode", gated)
+    gate = gate_inference(monkeypatch, one_per_batch)
     engine = service.engine
     leaving = 6
     host, port = one_per_batch.url.removeprefix("http://").split(":")

@@ -7,20 +7,17 @@ a matter of timing.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
 
 import httpx
-import numpy as np
 import pytest
 
 from app.errors import RETRY_AFTER_S
 from app.settings import Settings
-from tests.app.conftest import Running, metric, serving
+from tests.app.conftest import Running, gate_inference, metric, serving
 
 LIMIT = 8
 
@@ -32,20 +29,6 @@ def small(tiny_settings: Settings) -> Iterator[Running]:
     )
     with serving(settings) as running:
         yield running
-
-
-def gate_inference(monkeypatch: pytest.MonkeyPatch, running: Running) -> threading.Event:
-    """Make every batch wait for the returned event before it runs."""
-    model = running.service.model
-    original: Callable[..., list[np.ndarray]] = model.encode
-    gate = threading.Event()
-
-    def gated(*args: Any, **kwargs: Any) -> list[np.ndarray]:
-        assert gate.wait(timeout=120), "the test never opened the gate"
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(model, "encode", gated)
-    return gate
 
 
 def wait_until(condition: Callable[[], bool], seconds: float = 30.0) -> None:
