@@ -5,7 +5,9 @@ PY := $(VENV)/bin/python
 MODELS ?= models
 STAMP := $(VENV)/.zhembed-installed
 
-.PHONY: install serve serve-twin twin test lint clean
+.PHONY: install system-deps serve serve-twin twin test lint clean
+
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -34,7 +36,12 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 
-test: $(STAMP)
+# System packages the tests use: redis-server (the tests start their own on a free loopback port).
+system-deps:
+	@command -v redis-server >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq redis-server >/dev/null; }
+
+test: $(STAMP) system-deps
 	$(PY) -m pytest -q
 
 clean:
