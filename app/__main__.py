@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         http="httptools",
         log_level=settings.log_level,
         access_log=False,
+        timeout_keep_alive=settings.keep_alive_s,
         # What is left of the grace period once the drain is over: the requests in flight get that long.
         timeout_graceful_shutdown=max(int(settings.shutdown_grace_s - settings.shutdown_drain_s), 1),
     )

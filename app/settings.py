@@ -74,6 +74,13 @@ class Settings(BaseSettings):
         description="After SIGTERM, the most seconds until the process exits 0: the drain, then the "
         "requests still in flight finish; any left past it are cancelled.",
     )
+    # Longer than the idle timeout of the load balancers and clients in front (60 s for most): a server
+    # that closes an idle connection first races the client's next request on it, which then fails.
+    keep_alive_s: int = Field(
+        default=75,
+        ge=1,
+        description="Seconds an idle keep-alive connection stays open.",
+    )
 
     # --- batching ------------------------------------------------------------------------------------
     # Measured on 2 CPU cores: batches of 8 run faster per input than batches of 32 (cache-bound), and

@@ -193,3 +193,37 @@ def test_sigterm_on_an_idle_server_exits_0(app_process: Subprocess) -> None:
 def test_a_drain_longer_than_the_grace_period_is_refused() -> None:
     with pytest.raises(ValueError, match="shutdown_drain_s"):
         Settings(shutdown_drain_s=30, shutdown_grace_s=10)
+
+
+def _request_on(sock: socket.socket, body: bytes) -> int:
+    """One keep-alive POST /embed on ``sock``; the status, or 0 if the server had closed the connection."""
+    head = (
+        f"POST /embed HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    sock.sendall(head + body)
+    raw = b""
+    while b"\r\n\r\n" not in raw:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return 0
+        raw += chunk
+    header, _, rest = raw.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1])
+        for line in header.split(b"\r\n")
+        if line.lower().startswith(b"content-length")
+    )
+    while len(rest) < length:
+        rest += sock.recv(65536)
+    return int(header.split(b" ", 2)[1])
+
+
+@pytest.mark.slow
+def test_an_idle_keep_alive_connection_stays_open_past_uvicorns_default(app_process: Subprocess) -> None:
+    # uvicorn closes idle connections after 5 s; a load balancer reusing one then fails a request.
+    body = orjson.dumps({"inputs": "你好"})
+    with socket.create_connection(("127.0.0.1", app_process.port), timeout=30) as sock:
+        assert _request_on(sock, body) == 200
+        time.sleep(6.5)
+        assert _request_on(sock, body) == 200
