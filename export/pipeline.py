@@ -184,11 +184,8 @@ def run_export(
     out = options.out.resolve()
     with clock.step("resolve source"):
         src = source.resolve(options.model, options.revision)
-    if not options.twin and src.weights_file is None:
-        raise source.ExportError(
-            f"{src.folder} has none of {', '.join(source.WEIGHT_FILES)}; pass --twin to export random weights"
-        )
-    weights_sha = None if options.twin or src.weights_file is None else sha256_file(src.weights_file)
+    # Hashed once here (the fingerprint and the manifest both use it); a 400 MB read is worth not repeating.
+    weights_sha = None if options.twin else sha256_file(source.require_weights(src))
     fingerprint = source.fingerprint(src, weights_sha, options.fingerprint_fields())
     if not options.force and (existing := _up_to_date(out, fingerprint)) is not None:
         log(f"[export] {out} is up to date (same source and options); pass --force to export again")
@@ -260,7 +257,7 @@ def _export_into(
 
     sentences = validate.validation_sentences()
     batches = validate.make_batches(tokenizer, sentences)
-    calibration = _calibration_feeds(tokenizer, fp32)
+    calibration = _calibration_feeds(tokenizer, fp32) if "int8" in options.variants else {}
     with clock.step("PyTorch reference"):
         reference = validate.reference(loaded, batches)
     # From here on only ONNX Runtime sessions are held: one model in memory at a time.

@@ -56,7 +56,6 @@ class LoadedModel:
     config: BertConfig
     has_pooler: bool
     weights: str  # "pretrained" | "random"
-    weights_sha256: str | None
 
 
 def resolve(model: str, revision: str | None) -> ResolvedSource:
@@ -136,6 +135,19 @@ def _checkpoint_keys(weights_file: Path) -> list[str]:
     return list(state.keys())
 
 
+def require_weights(source: ResolvedSource) -> Path:
+    """The checkpoint's weights file.
+
+    Raises:
+        ExportError: the folder has none (a config-only folder exports only with ``--twin``).
+    """
+    if source.weights_file is None:
+        raise ExportError(
+            f"{source.folder} has none of {', '.join(WEIGHT_FILES)}; pass --twin to export random weights"
+        )
+    return source.weights_file
+
+
 def load(source: ResolvedSource, twin: bool) -> LoadedModel:
     """Load the checkpoint (or a random twin of its config) in eval mode.
 
@@ -147,20 +159,15 @@ def load(source: ResolvedSource, twin: bool) -> LoadedModel:
         torch.manual_seed(SEED)
         full = BertForPreTraining(config).eval()
         full.tie_weights()
-        return LoadedModel(full.bert, full.cls.predictions, config, True, "random", None)
-    if source.weights_file is None:
-        raise ExportError(
-            f"{source.folder} has none of {', '.join(WEIGHT_FILES)}; pass --twin to export random weights"
-        )
-    keys = _checkpoint_keys(source.weights_file)
+        return LoadedModel(full.bert, full.cls.predictions, config, True, "random")
+    keys = _checkpoint_keys(require_weights(source))
     has_mlm = any(k.startswith("cls.predictions.") for k in keys)
     has_pooler = any("pooler.dense.weight" in k for k in keys)
-    weights_sha = sha256_file(source.weights_file)
     if has_mlm:
         full = BertForPreTraining.from_pretrained(source.folder, config=config).eval()
-        return LoadedModel(full.bert, full.cls.predictions, config, has_pooler, "pretrained", weights_sha)
+        return LoadedModel(full.bert, full.cls.predictions, config, has_pooler, "pretrained")
     bert = BertModel.from_pretrained(source.folder, config=config, add_pooling_layer=has_pooler).eval()
-    return LoadedModel(bert, None, config, has_pooler, "pretrained", weights_sha)
+    return LoadedModel(bert, None, config, has_pooler, "pretrained")
 
 
 def load_tokenizer(folder: Path, max_length: int) -> PreTrainedTokenizerFast:

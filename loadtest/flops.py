@@ -88,3 +88,10 @@ def gemm_peak(precision: str, m: int = 512, k: int = 768, n: int = 3072, seconds
         session.run(None, {"x": x})
         best = min(best, time.perf_counter() - t0)
     return 2.0 * m * k * n / best
+
+
+def synthetic_feed(batch: int, seq: int) -> dict[str, np.ndarray]:
+    """Encoder inputs of fixed shape: random in-vocabulary ids between [CLS] and [SEP], no padding."""
+    ids = np.random.default_rng(0).integers(1000, 20000, (batch, seq)).astype(np.int64)
+    ids[:, 0], ids[:, -1] = 101, 102
+    return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}

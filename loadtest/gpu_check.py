@@ -26,18 +26,12 @@ import numpy as np
 import onnxruntime as ort
 import orjson
 
-from loadtest.flops import BertShape
+from loadtest.flops import BertShape, synthetic_feed
 from loadtest.loadgen import run_cell
 from loadtest.server import HOST, ServiceProcess
 
 CUDA = "CUDAExecutionProvider"
 TEXT_CHARS = {32: "北京是中国的首都，也是一座历史悠久的城市。" + "我们明天去故宫", 128: "今天天气很好。" * 18}
-
-
-def _feed(batch: int, seq: int) -> dict[str, np.ndarray]:
-    ids = np.random.default_rng(0).integers(1000, 20000, (batch, seq)).astype(np.int64)
-    ids[:, 0], ids[:, -1] = 101, 102
-    return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
 
 
 def _session(path: Path, provider: str) -> ort.InferenceSession:
@@ -48,7 +42,7 @@ def parity(model: Path, manifest: dict) -> float:
     fp16 = _session(model / manifest["graphs"]["encoder"]["fp16"]["file"], CUDA)
     fp32 = _session(model / manifest["graphs"]["encoder"]["fp32"]["file"], "CPUExecutionProvider")
     assert fp16.get_providers()[0] == CUDA, f"fp16 session fell back to {fp16.get_providers()}"
-    feed = _feed(16, 48)
+    feed = synthetic_feed(16, 48)
     a = fp16.run(["last_hidden_state"], feed)[0].mean(1)
     b = fp32.run(["last_hidden_state"], feed)[0].mean(1)
     cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
@@ -60,7 +54,7 @@ def raw(model: Path, manifest: dict, shape: BertShape, peak: float, seconds: flo
     print(f"{'seq':>5}{'batch':>7}{'sentences/s':>13}{'TFLOP/s':>10}{'% peak':>8}")
     for seq in (32, 128):
         for batch in (32, 64, 128, 256):
-            feed = _feed(batch, seq)
+            feed = synthetic_feed(batch, seq)
             session.run(["last_hidden_state"], feed)
             count, start = 0, time.perf_counter()
             while time.perf_counter() - start < seconds:

@@ -22,6 +22,7 @@ import onnxruntime as ort
 
 from export import graphs, source, validate, variants
 from export.spec import Int8Recipe
+from loadtest.flops import synthetic_feed
 
 RECIPES: dict[str, Int8Recipe] = {
     "per_token (default)": Int8Recipe(method="per_token"),
@@ -76,13 +77,6 @@ def quality(workdir: Path) -> None:
         )
 
 
-def _feed(batch: int, seq: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(0)
-    ids = rng.integers(1000, 20000, (batch, seq)).astype(np.int64)
-    ids[:, 0], ids[:, -1] = 101, 102
-    return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
-
-
 def _rate(run: Callable[[], object], batch: int, seconds: float) -> float:
     run()
     count, start = 0, time.perf_counter()
@@ -96,13 +90,13 @@ def speed(twin: Path, workdir: Path, seconds: float, rounds: int, threads: int) 
     fp32 = twin / "encoder.fp32.onnx"
     if not fp32.is_file():
         raise SystemExit(f"{fp32} is missing: python -m loadtest.make_twin --out {twin}")
-    calibration = [_feed(8, 32)]
+    calibration = [synthetic_feed(8, 32)]
     paths = {"fp32": fp32} | _build(fp32, workdir, calibration, 12, 768)
     sessions = {name: _session(path, threads) for name, path in paths.items()}
     best = {(name, shape): 0.0 for name in sessions for shape in SHAPES}
     for _ in range(rounds):
         for shape in SHAPES:
-            feed = _feed(*shape)
+            feed = synthetic_feed(*shape)
             for name, sess in sessions.items():
                 rate = _rate(partial(sess.run, ["last_hidden_state"], feed), shape[0], seconds)
                 best[name, shape] = max(best[name, shape], rate)
