@@ -2,8 +2,10 @@
 
     pip install py-spy
     python -m loadtest.pyspy [--model DIR] [--variant int8] [--concurrency 32] [--texts 1] [--seconds 15]
+                             [--cache-hits]
 
-Starts ``python -m app`` (cache off), drives it with loadtest.loadgen while ``py-spy record --threads
+Starts ``python -m app`` (cache off; with ``--cache-hits`` a cache holding the bench's hit set, which is
+then all the load asks for), drives it with loadtest.loadgen while ``py-spy record --threads
 --native`` samples it, and aggregates the collapsed stacks: per thread, its share of the samples and the
 frames where that time is spent (the leaf frame; native leaves are folded into the nearest Python frame
 when ``--python-leaf``). Raw stacks are kept under loadtest/results/ for a flame graph.
@@ -22,7 +24,7 @@ from pathlib import Path
 import uvloop
 
 from loadtest import loadgen
-from loadtest.bench import RESULTS, _bodies, _cycle
+from loadtest.bench import HIT_SET, RESULTS, _bodies, _cycle
 from loadtest.corpus import load_corpus
 from loadtest.server import HOST, ServiceProcess
 
@@ -65,16 +67,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--rate", type=int, default=250, help="samples per second")
     parser.add_argument("--top", type=int, default=8)
+    parser.add_argument(
+        "--cache-hits", action="store_true", help="profile the 100%%-hit workload of the bench's cache row"
+    )
     args = parser.parse_args(argv)
     pyspy = shutil.which("py-spy")
     if pyspy is None:
         print("pyspy: py-spy is not installed (pip install py-spy)", file=sys.stderr)
         return 2
-    env = {"ZHEMBED_MODEL": str(args.model), "ZHEMBED_VARIANT": args.variant, "ZHEMBED_CACHE_BYTES": "0"}
+    cache_bytes = 64 * 2**20 if args.cache_hits else 0
+    env = {"ZHEMBED_MODEL": str(args.model), "ZHEMBED_VARIANT": args.variant}
+    env["ZHEMBED_CACHE_BYTES"] = str(cache_bytes)
     env["ZHEMBED_LOG_LEVEL"] = "warning"
     stamp = time.strftime("%Y%m%d-%H%M%S")
     stacks = RESULTS / f"pyspy-{stamp}.txt"
-    make = _cycle(_bodies(load_corpus(), args.texts), args.texts)
+    corpus = load_corpus()[:HIT_SET] if args.cache_hits else load_corpus()
+    make = _cycle(_bodies(corpus, args.texts), args.texts)
     with ServiceProcess("app", env, RESULTS / "logs" / "pyspy-service.log") as svc:
         uvloop.run(loadgen.run_cell(HOST, svc.port, "/embed", make, args.concurrency, 2.0, 0.0))  # warm
         sample = ["-p", str(svc.pid), "-d", str(int(args.seconds)), "-r", str(args.rate)]

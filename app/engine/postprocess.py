@@ -241,29 +241,30 @@ def normalize_rows(rows: np.ndarray) -> np.ndarray:
     return rows / np.where(norms > 0, norms, 1)
 
 
-def encode_vector(vector: np.ndarray, encoding: Encoding) -> list[float] | str | dict[str, object]:
-    """One vector in the requested encoding.
+def encode_vector(vector: np.ndarray, encoding: Encoding) -> np.ndarray | str | dict[str, object]:
+    """One vector in the requested encoding, ready for ``orjson`` with ``OPT_SERIALIZE_NUMPY``.
 
-    - ``float``: a list of numbers.
+    - ``float``: the float32 array; it is written as a list of numbers, each in the shortest form that
+      reads back as the same float32 (``0.1``, not ``0.10000000149011612``: about 40% fewer bytes).
     - ``base64``: the little-endian float32 bytes, base64-encoded.
     - ``int8``: ``{"values": [int in -127..127], "scale": float}``; the vector is ``values × scale``
       (symmetric per-vector quantisation, scale = max |x| / 127).
     """
-    v = np.asarray(vector, dtype=np.float32)
+    v = np.ascontiguousarray(vector, dtype=np.float32)
     if encoding == "float":
-        return v.tolist()
+        return v
     if encoding == "base64":
         return base64.b64encode(v.astype("<f4").tobytes()).decode("ascii")
     peak = float(np.abs(v).max()) if v.size else 0.0
     scale = peak / 127 if peak > 0 else 1.0
     values = np.clip(np.rint(v / scale), -127, 127).astype(np.int8)
-    return {"values": values.tolist(), "scale": scale}
+    return {"values": values, "scale": scale}
 
 
-def encode_rows(rows: np.ndarray, encoding: Literal["float", "base64"]) -> list[Any]:
+def encode_rows(rows: np.ndarray, encoding: Literal["float", "base64"]) -> np.ndarray | list[Any]:
     """Each row of [tokens, width] in the requested encoding (see :func:`encode_vector`)."""
     if encoding == "float":
-        return np.asarray(rows, dtype=np.float32).tolist()  # one C loop for the whole matrix
+        return np.ascontiguousarray(rows, dtype=np.float32)  # written as a list of lists
     return [encode_vector(row, encoding) for row in rows]
 
 

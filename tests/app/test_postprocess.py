@@ -6,6 +6,7 @@ import base64
 import re
 
 import numpy as np
+import orjson
 import pytest
 
 from app.engine import postprocess
@@ -33,7 +34,9 @@ def test_combine_average_and_normalize() -> None:
 
 def test_encodings_round_trip() -> None:
     v = np.array([0.5, -1.25, 3.0], dtype=np.float32)
-    assert postprocess.encode_vector(v, "float") == [0.5, -1.25, 3.0]
+    as_float = postprocess.encode_vector(v, "float")
+    assert isinstance(as_float, np.ndarray) and as_float.dtype == np.float32
+    np.testing.assert_array_equal(as_float, v)
     raw = postprocess.encode_vector(v, "base64")
     assert isinstance(raw, str)
     np.testing.assert_array_equal(np.frombuffer(base64.b64decode(raw), "<f4"), v)
@@ -43,7 +46,19 @@ def test_encodings_round_trip() -> None:
     assert values[2] == 127
     np.testing.assert_allclose(values * scale, v, atol=scale / 2)
     zero = postprocess.encode_vector(np.zeros(3, np.float32), "int8")
-    assert zero == {"values": [0, 0, 0], "scale": 1.0}
+    assert isinstance(zero, dict) and zero["scale"] == 1.0
+    np.testing.assert_array_equal(zero["values"], [0, 0, 0])  # type: ignore[arg-type]
+
+
+def test_float32_json_is_shortest_and_exact() -> None:
+    """What the routes write: each float32 in its shortest decimal form, read back bit for bit."""
+    v = np.array([0.1, -1.0 / 3.0, 1e-8, 123456.78], dtype=np.float32)
+    payload = [postprocess.encode_vector(v, "float"), postprocess.encode_vector(v, "int8")]
+    text = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
+    assert text.startswith(b"[[0.1,")  # float32(0.1) printed as a double would be 0.10000000149011612
+    back = orjson.loads(text)
+    np.testing.assert_array_equal(np.array(back[0], dtype=np.float32), v)
+    assert back[1]["values"][0] == round(0.1 / (123456.78 / 127))
 
 
 def test_top_k_is_sorted_and_softmax_sums_to_one() -> None:
@@ -98,7 +113,10 @@ def test_rows_normalise_and_encode() -> None:
     rows = np.array([[3.0, 4.0], [0.0, 0.0]], dtype=np.float32)
     np.testing.assert_allclose(postprocess.row_norms(rows), [5.0, 0.0])
     np.testing.assert_allclose(postprocess.normalize_rows(rows), [[0.6, 0.8], [0.0, 0.0]])
-    assert postprocess.encode_rows(rows, "float") == [[3.0, 4.0], [0.0, 0.0]]
+    np.testing.assert_array_equal(postprocess.encode_rows(rows, "float"), rows)
     encoded = postprocess.encode_rows(rows, "base64")
     np.testing.assert_array_equal(np.frombuffer(base64.b64decode(encoded[0]), "<f4"), rows[0])
-    assert postprocess.encode_rows(np.zeros((0, 2), np.float32), "float") == []
+    assert orjson.dumps(postprocess.encode_rows(rows, "float"), option=orjson.OPT_SERIALIZE_NUMPY) == (
+        b"[[3.0,4.0],[0.0,0.0]]"
+    )
+    assert len(postprocess.encode_rows(np.zeros((0, 2), np.float32), "float")) == 0

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import base64
+import inspect
 
 import httpx
 import numpy as np
 import pytest
+from fastapi import FastAPI
 
-from tests.app.conftest import TorchReference, cosine
+from tests.app.conftest import Running, TorchReference, cosine
 
 TEXTS = ["你好", "今天天气很好，我们去公园散步吧。", "北京是中华人民共和国的首都，有三千多年的建城史。"]
 TIMING_HEADERS = ("x-queue-time", "x-tokenization-time", "x-inference-time", "x-total-time")
@@ -154,3 +156,11 @@ def test_health_ready_info_docs(client: httpx.Client) -> None:
     assert info["variant"] == "fp32" and info["provider"] == "CPUExecutionProvider"
     assert info["max_input_length"] == 128 and info["batching"]["max_batch_size"] >= 1
     assert client.get("/docs").status_code == 200
+
+
+def test_fastapi_native_telemetry_is_off(server: Running) -> None:
+    """FastAPI versions with OpenTelemetry hooks would consult the global providers on every request."""
+    if "telemetry" not in inspect.signature(FastAPI.__init__).parameters:
+        pytest.skip("this FastAPI has no native telemetry")
+    config = server.app._telemetry
+    assert (config["tracing"], config["metrics"], config["logs"]) == (False, False, False)
