@@ -28,7 +28,6 @@ from app.api.openai_routes import router as openai_router
 from app.api.request_metrics import RequestMetricsMiddleware
 from app.api.routes import router
 from app.cache.memory import MemoryLRU
-from app.cache.redis_tier import RedisTier
 from app.cache.vectors import VectorCache
 from app.engine.engine import Engine
 from app.errors import install_error_handlers
@@ -119,6 +118,8 @@ def _build_cache(settings: Settings, metrics: Metrics) -> VectorCache:
     memory = MemoryLRU(settings.cache_bytes) if settings.cache_bytes > 0 else None
     shared = None
     if settings.redis_url is not None:
+        from app.cache.redis_tier import RedisTier  # here: redis-py costs 6 MB resident, unused without Redis
+
         shared = RedisTier(
             settings.redis_url.get_secret_value(),
             ttl_s=settings.cache_ttl_s,

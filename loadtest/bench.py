@@ -172,9 +172,20 @@ def _cell(
     return result, cores
 
 
+# A closed-loop cell counts the requests that end in its window. When a request takes a good part of the
+# window, which ones end inside it depends on phase (length-grouped batches finish many requests at once),
+# so the rate is noise; such rows say so rather than report it as a measurement.
+MIN_WINDOW_PER_P50 = 3.0
+
+
 def _http_row(kind: str, label: str, r: loadgen.CellResult, server_cores: float, note: str = "") -> Row:
     if r.first_error:
         note = (note + "; " if note else "") + f"first error: {r.first_error[:120]}"
+    if r.latencies_ms and r.percentile(50) * MIN_WINDOW_PER_P50 > r.wall_s * 1000:
+        warning = (
+            f"UNRELIABLE rate: window {r.wall_s:.0f} s < {MIN_WINDOW_PER_P50:.0f}x p50 (longer --duration)"
+        )
+        note = (note + "; " if note else "") + warning
     return Row(
         kind=kind,
         label=label,

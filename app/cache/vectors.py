@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from app.cache.keys import key as cache_key
 from app.cache.memory import MemoryLRU
-from app.cache.redis_tier import RedisTier
 from app.metrics import Metrics
+
+if TYPE_CHECKING:  # redis-py is imported only when Redis is configured (6 MB resident)
+    from app.cache.redis_tier import RedisTier
 
 Compute = Callable[[list[str]], Awaitable[list[np.ndarray]]]
 

@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from loadtest.bench import _http_row
+from loadtest.loadgen import CellResult
+
 ROOT = Path(__file__).resolve().parents[2]
 EXPECTED = [
     "raw fp32 best b=",
@@ -50,3 +53,22 @@ def test_quick_bench_measures_every_row_without_errors(tmp_path: Path) -> None:
     printed = run.stdout
     for prefix in EXPECTED:
         assert prefix in printed
+
+
+def _cell(latency_ms: float, wall_s: float) -> CellResult:
+    return CellResult(
+        concurrency=8,
+        wall_s=wall_s,
+        requests=10,
+        sentences=160,
+        errors=0,
+        latencies_ms=[latency_ms] * 10,
+        client_cpu_s=0.1,
+        status_counts={200: 10},
+    )
+
+
+def test_a_row_whose_requests_outlast_a_third_of_the_window_is_marked_unreliable() -> None:
+    slow = _http_row("service", "service c=8 x16", _cell(latency_ms=4000, wall_s=10), 1.0)
+    fast = _http_row("service", "service c=8 x1", _cell(latency_ms=200, wall_s=10), 1.0)
+    assert "UNRELIABLE" in slow.note and "UNRELIABLE" not in fast.note
