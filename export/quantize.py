@@ -7,8 +7,9 @@ batch tensor. Two things follow, both bad for an embedding service:
   texts lose precision: all-MiniLM-L6-v2's mean-pooled cosine to fp32 drops to 0.85 (0.97 per-channel);
 - a text's vector depends on which other texts share its batch, so batching and the cache disagree.
 
-Here every token row gets its own symmetric scale (``absmax / 127``), weights get one per output channel,
-and the product runs as ``MatMulInteger`` (int8 × int8 → int32) on the CPU's VNNI/AMX units. A token's
+Here every token row gets its own scale and zero point (asymmetric, 128 levels: see ``ACT_LEVELS``),
+weights get one symmetric int8 scale per output channel, and the product runs as ``MatMulInteger``
+(uint8 × int8 → int32) on the CPU's integer units (VNNI/AMX where present). A token's
 result depends on that token alone. The word-embedding table is stored int8 with one scale per row.
 
 Per-token scales still suffer from BERT's few outlier channels, so first each MatMul's input channels are
@@ -30,6 +31,12 @@ from onnx import TensorProto, helper, numpy_helper
 # Guards the per-token scale of an all-zero row (scale 0 would make 0/0 = NaN).
 EPS = 1e-12
 QMAX = 127.0
+# Activation rows use 128 levels (uint8 0..127), not 256. x86 CPUs without VNNI (AVX2, plain AVX-512)
+# multiply u8 x s8 with VPMADDUBSW, which adds adjacent products into a saturating int16: with 8-bit
+# activations and 8-bit weights 2 x 255 x 127 overflows and MatMulInteger is silently wrong (60% of the
+# outputs of a random [64, 48] x [48, 64] product, measured on an AVX2 EPYC). 2 x 127 x 127 fits, so the
+# GEMM is exact everywhere; on all-MiniLM-L6-v2 the worst cosine to PyTorch went from 0.9948 to 0.9965.
+ACT_LEVELS = 127.0
 
 
 def _per_channel(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -51,7 +58,8 @@ class _Rewriter:
         self.axes_as_input = opset >= 18
         self._const("zq.eps", np.array(EPS, dtype=np.float32))
         self._const("zq.zerof", np.array(0.0, dtype=np.float32))
-        self._const("zq.levels", np.array(255.0, dtype=np.float32))
+        self._const("zq.levels", np.array(ACT_LEVELS, dtype=np.float32))
+        self._const("zq.flat", np.array([-1], dtype=np.int64))
         if self.axes_as_input:
             self._const("zq.axes", np.array([-1], dtype=np.int64))
 
@@ -59,10 +67,13 @@ class _Rewriter:
         self.new_inits.append(numpy_helper.from_array(value, name))
         return name
 
-    def _quantize_rows(self, x: str, prefix: str) -> tuple[list[onnx.NodeProto], str, str, str]:
-        """Nodes that turn float ``x`` [..., K] into uint8 rows, each with its own scale and zero point.
+    def _quantize_rows(self, x: str, prefix: str, width: int) -> tuple[list[onnx.NodeProto], str, str, str]:
+        """Nodes that turn float ``x`` [..., width] into uint8 rows, each with its own scale and zero point.
 
-        Asymmetric, so a one-sided row (GELU's output is >= -0.17) uses all 256 levels, not half of them.
+        Asymmetric, so a one-sided row (GELU's output is >= -0.17) uses all the levels, not half of them.
+        The scale and zero point come from two row reductions; the rows are then quantised by one per-axis
+        ``QuantizeLinear`` over ``x`` seen as [rows, width] (round half to even, saturating: the same bytes
+        as Div, Round, Add, Clip and Cast, in one pass instead of five: 2.9x faster on [512, 3072]).
         """
         n = lambda op, ins, out, **kw: helper.make_node(op, ins, [f"{prefix}.{out}"], **kw)  # noqa: E731
         p = lambda name: f"{prefix}.{name}"  # noqa: E731
@@ -72,6 +83,7 @@ class _Rewriter:
         else:
             reduce_max = n("ReduceMax", [x], "max", axes=[-1], keepdims=1)
             reduce_min = n("ReduceMin", [x], "min", axes=[-1], keepdims=1)
+        rows_shape = self._const(f"{prefix}.rows_shape", np.array([-1, width], dtype=np.int64))
         nodes = [
             reduce_max,
             reduce_min,
@@ -83,12 +95,14 @@ class _Rewriter:
             n("Div", [p("rangec"), "zq.levels"], "scale"),
             n("Div", [p("lo"), p("scale")], "lo_q"),
             n("Neg", [p("lo_q")], "zp_raw"),
-            n("Round", [p("zp_raw")], "zp"),
-            n("Div", [x, p("scale")], "div"),
-            n("Round", [p("div")], "round"),
-            n("Add", [p("round"), p("zp")], "shifted"),
-            n("Clip", [p("shifted"), "zq.zerof", "zq.levels"], "clip"),
-            n("Cast", [p("clip")], "q", to=TensorProto.UINT8),
+            n("Round", [p("zp_raw")], "zp"),  # in [0, ACT_LEVELS]: lo <= 0 <= hi
+            n("Cast", [p("zp")], "zp_u8", to=TensorProto.UINT8),
+            n("Reshape", [p("scale"), "zq.flat"], "scale_rows"),
+            n("Reshape", [p("zp_u8"), "zq.flat"], "zp_rows"),
+            n("Shape", [x], "shape"),
+            n("Reshape", [x, rows_shape], "x_rows"),
+            n("QuantizeLinear", [p("x_rows"), p("scale_rows"), p("zp_rows")], "q_rows", axis=0),
+            n("Reshape", [p("q_rows"), p("shape")], "q"),
         ]
         return nodes, p("q"), p("scale"), p("zp")
 
@@ -107,7 +121,7 @@ class _Rewriter:
         if node.input[0] in self.quantized:
             xq, scale, zp = self.quantized[node.input[0]]
         else:
-            nodes, xq, scale, zp = self._quantize_rows(node.input[0], prefix)
+            nodes, xq, scale, zp = self._quantize_rows(node.input[0], prefix, q.shape[0])
             self.quantized[node.input[0]] = (xq, scale, zp)
         p = lambda name: f"{prefix}.{name}"  # noqa: E731
         nodes += [

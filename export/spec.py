@@ -41,7 +41,14 @@ class Int8Recipe:
 
     def describe(self) -> dict[str, str | bool | int]:
         if self.method == "per_token":
-            return {"method": self.method, "alpha_pct": round(self.alpha * 100), "weights": "per_channel"}
+            return {
+                "method": self.method,
+                "alpha_pct": round(self.alpha * 100),
+                "weights": "per_channel",
+                # The graph rewrite's version: 2 quantises rows with one per-axis QuantizeLinear, into
+                # 128 levels (exact on CPUs without VNNI; export/quantize.py, ACT_LEVELS).
+                "rewrite": 2,
+            }
         return {"method": self.method, "fused": self.fused, "per_channel": self.per_channel}
 
 

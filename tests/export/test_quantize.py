@@ -1,0 +1,67 @@
+"""The per-token int8 rewrite (export/quantize.py) on a one-MatMul graph, against numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper, save
+
+from export.quantize import ACT_LEVELS, quantize_per_token
+
+K, N = 48, 24
+
+
+def _reference(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """Per-row asymmetric activations, per-column symmetric int8 weights, exact integer product."""
+    w_scale = np.maximum(np.abs(weight).max(axis=0), 1e-12) / 127
+    wq = np.clip(np.rint(weight / w_scale), -127, 127)
+    hi = np.maximum(x.max(axis=-1, keepdims=True), 0)
+    lo = np.minimum(x.min(axis=-1, keepdims=True), 0)
+    scale = np.maximum(hi - lo, 1e-12) / ACT_LEVELS
+    zp = np.rint(-lo / scale)
+    xq = np.clip(np.rint(x / scale) + zp, 0, ACT_LEVELS)
+    return ((xq - zp) @ wq) * scale * w_scale
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory: pytest.TempPathFactory) -> tuple[ort.InferenceSession, np.ndarray]:
+    weight = np.random.default_rng(1).standard_normal((K, N)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "one_matmul",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", K])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", N])],
+        [numpy_helper.from_array(weight, "w")],
+    )
+    folder = tmp_path_factory.mktemp("quantize")
+    src, dst = folder / "fp32.onnx", folder / "int8.onnx"
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(src))
+    assert quantize_per_token(src, dst) == 1
+    ops = [n.op_type for n in onnx.load(str(dst)).graph.node]
+    assert "MatMul" not in ops and {"QuantizeLinear", "MatMulInteger"} <= set(ops)
+    return ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"]), weight
+
+
+def test_rows_are_quantised_like_the_reference(session: tuple[ort.InferenceSession, np.ndarray]) -> None:
+    """Also catches an integer GEMM that saturates (u8 x s8 on CPUs without VNNI, with 256 levels)."""
+    sess, weight = session
+    x = np.random.default_rng(2).standard_normal((3, 5, K)).astype(np.float32) * 4
+    x[0, 1] = 0  # an all-zero row (padding): scale must not be 0/0
+    x[1, 2] = np.abs(x[1, 2])  # a one-sided row: asymmetric range, every level used
+    (y,) = sess.run(["y"], {"x": x})
+    np.testing.assert_allclose(y, _reference(x.astype(np.float64), weight), rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(y[0, 1], 0)
+    rel = np.linalg.norm(y - x @ weight) / np.linalg.norm(x @ weight)
+    assert rel < 0.02
+
+
+def test_a_rows_result_does_not_depend_on_its_batch(session: tuple[ort.InferenceSession, np.ndarray]) -> None:
+    sess, _ = session
+    rng = np.random.default_rng(3)
+    alone = rng.standard_normal((1, 4, K)).astype(np.float32)
+    loud = rng.standard_normal((1, 4, K)).astype(np.float32) * 100  # would set a per-tensor scale
+    (y_alone,) = sess.run(["y"], {"x": alone})
+    (y_batched,) = sess.run(["y"], {"x": np.concatenate([alone, loud])})
+    np.testing.assert_array_equal(y_alone[0], y_batched[0])
