@@ -181,10 +181,14 @@ MIN_WINDOW_PER_P50 = 3.0
 def _http_row(kind: str, label: str, r: loadgen.CellResult, server_cores: float, note: str = "") -> Row:
     if r.first_error:
         note = (note + "; " if note else "") + f"first error: {r.first_error[:120]}"
-    if r.latencies_ms and r.percentile(50) * MIN_WINDOW_PER_P50 > r.wall_s * 1000:
+    warning = None
+    if not r.latencies_ms and not r.errors:
+        warning = "UNRELIABLE rate: no request ended in the window (longer --duration)"
+    elif r.latencies_ms and r.percentile(50) * MIN_WINDOW_PER_P50 > r.wall_s * 1000:
         warning = (
             f"UNRELIABLE rate: window {r.wall_s:.0f} s < {MIN_WINDOW_PER_P50:.0f}x p50 (longer --duration)"
         )
+    if warning:
         note = (note + "; " if note else "") + warning
     return Row(
         kind=kind,
