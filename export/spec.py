@@ -46,8 +46,9 @@ class Int8Recipe:
                 "alpha_pct": round(self.alpha * 100),
                 "weights": "per_channel",
                 # The graph rewrite's version: 2 quantises rows with one per-axis QuantizeLinear, into
-                # 128 levels (exact on CPUs without VNNI; export/quantize.py, ACT_LEVELS).
-                "rewrite": 2,
+                # 128 levels (exact on CPUs without VNNI; export/quantize.py, ACT_LEVELS); 3 runs the
+                # GEMMs as MatMulIntegerToFloat.
+                "rewrite": 3,
             }
         return {"method": self.method, "fused": self.fused, "per_channel": self.per_channel}
 

@@ -40,7 +40,7 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> tuple[ort.InferenceSess
     save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(src))
     assert quantize_per_token(src, dst) == 1
     ops = [n.op_type for n in onnx.load(str(dst)).graph.node]
-    assert "MatMul" not in ops and {"QuantizeLinear", "MatMulInteger"} <= set(ops)
+    assert "MatMul" not in ops and {"QuantizeLinear", "MatMulIntegerToFloat"} <= set(ops)
     return ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"]), weight
 
 
