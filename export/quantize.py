@@ -8,8 +8,9 @@ batch tensor. Two things follow, both bad for an embedding service:
 - a text's vector depends on which other texts share its batch, so batching and the cache disagree.
 
 Here every token row gets its own scale and zero point (asymmetric, 128 levels: see ``ACT_LEVELS``),
-weights get one symmetric int8 scale per output channel, and the product runs as ``MatMulInteger``
-(uint8 × int8 → int32) on the CPU's integer units (VNNI/AMX where present). A token's
+weights get one symmetric int8 scale per output channel, and the product runs as
+``MatMulIntegerToFloat`` (uint8 × int8 → int32, weight scales applied on the way out) on the CPU's
+integer units (VNNI/AMX where present). A token's
 result depends on that token alone. The word-embedding table is stored int8 with one scale per row.
 
 Per-token scales still suffer from BERT's few outlier channels, so first each MatMul's input channels are

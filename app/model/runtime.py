@@ -147,8 +147,8 @@ def _return_freed_memory() -> None:
     """Give the heap that loading freed back to the OS.
 
     ONNX Runtime parses each graph, repacks the int8 weights for its GEMM and frees the parsed copies,
-    but glibc keeps the freed pages: trimming takes the bert-base-chinese twin's int8 encoder and head
-    from 215 MB to 140 MB resident (measured in ``python -m loadtest.bench``'s RSS line).
+    but glibc keeps the freed pages: trimming takes the service on the bert-base-chinese twin (int8,
+    warm-up off) from 331 MB to 241 MB resident after start (VmRSS).
     """
     # Not glibc (no libc.so.6 or no malloc_trim): nothing to trim.
     with contextlib.suppress(OSError, AttributeError):
