@@ -2,13 +2,18 @@
 
     pip install py-spy
     python -m loadtest.pyspy [--model DIR] [--variant int8] [--concurrency 32] [--texts 1] [--seconds 15]
-                             [--cache-hits]
+                             [--cache-hits] [--nonblocking] [--inclusive json_response,Service.embed]
 
 Starts ``python -m app`` (cache off; with ``--cache-hits`` a cache holding the bench's hit set, which is
 then all the load asks for), drives it with loadtest.loadgen while ``py-spy record --threads
 --native`` samples it, and aggregates the collapsed stacks: per thread, its share of the samples and the
-frames where that time is spent (the leaf frame; native leaves are folded into the nearest Python frame
-when ``--python-leaf``). Raw stacks are kept under loadtest/results/ for a flame graph.
+frames where that time is spent (the leaf frame, then the nearest Python frame with native leaves folded
+in). ``--inclusive`` also prints named functions' share of their thread's samples, callees included.
+Raw stacks are kept under loadtest/results/ for a flame graph.
+
+``--nonblocking`` samples without pausing the service and without native frames. ``--cache-hits``
+implies it: pausing the process for native stacks cut the 100%-hit load from ~2,500 to ~185 requests/s,
+so the profile would describe another workload.
 """
 
 from __future__ import annotations
@@ -58,6 +63,34 @@ def summarise(stacks: Path, top: int, python_leaf: bool) -> str:
     return "\n".join(out)
 
 
+def _function(frame: str) -> str:
+    return frame.split(" (", 1)[0]
+
+
+def inclusive_shares(stacks: Path, names: list[str]) -> str:
+    """Each of ``names`` (functions, as py-spy names them): its share of its thread's samples, callees in."""
+    per_thread: Counter[str] = Counter()
+    hits: dict[tuple[str, str], int] = defaultdict(int)
+    for line in stacks.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack:
+            continue
+        frames = stack.split(";")
+        count = int(count_text)
+        per_thread[frames[0]] += count
+        functions = {_function(f) for f in frames[1:]}
+        for name in names:
+            if name in functions:
+                hits[frames[0], name] += count
+    out = []
+    for (thread, name), count in sorted(hits.items(), key=lambda kv: -kv[1]):
+        out.append(f"    {count / per_thread[thread]:6.1%}  {name}  (of {thread})")
+    missing = [n for n in names if not any(n == name for _, name in hits)]
+    if missing:
+        out.append(f"    not sampled: {', '.join(missing)}")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest.pyspy", description=__doc__)
     parser.add_argument("--model", type=Path, default=Path("models/bert-base-chinese-twin"))
@@ -70,7 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cache-hits", action="store_true", help="profile the 100%%-hit workload of the bench's cache row"
     )
+    parser.add_argument(
+        "--nonblocking", action="store_true", help="do not pause the service; no native frames"
+    )
+    parser.add_argument("--inclusive", default="", help="comma-separated functions to report inclusively")
     args = parser.parse_args(argv)
+    nonblocking = args.nonblocking or args.cache_hits
     pyspy = shutil.which("py-spy")
     if pyspy is None:
         print("pyspy: py-spy is not installed (pip install py-spy)", file=sys.stderr)
@@ -92,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                 "record",
                 *sample,
                 "--threads",
-                "--native",
+                *(["--nonblocking"] if nonblocking else ["--native"]),
                 "-f",
                 "raw",
                 "-o",
@@ -110,12 +148,16 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     print(
         f"load: c={args.concurrency} x{args.texts}: {result.sentences_per_s:.1f} sentences/s, "
-        f"p50 {result.percentile(50):.1f} ms, errors {result.errors} (while sampled)"
+        f"p50 {result.percentile(50):.1f} ms, errors {result.errors} (while sampled"
+        + (", nonblocking: Python frames only)" if nonblocking else ")")
     )
-    print("\n== leaf frames (own time, native included) ==")
+    print(f"\n== leaf frames (own time{'' if nonblocking else ', native included'}) ==")
     print(summarise(stacks, args.top, python_leaf=False))
     print("\n== nearest Python frame (own time of Python code, native folded in) ==")
     print(summarise(stacks, args.top, python_leaf=True))
+    if args.inclusive:
+        print("\n== inclusive share of the named functions ==")
+        print(inclusive_shares(stacks, [n.strip() for n in args.inclusive.split(",") if n.strip()]))
     print(f"\nstacks: {stacks}")
     return 0
 
