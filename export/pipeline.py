@@ -6,8 +6,6 @@ variant passed validation, so a failed or interrupted export leaves ``--out`` as
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import datetime as dt
 import gc
 import importlib.metadata
@@ -42,6 +40,7 @@ from app.model.manifest import (
     sha256_file,
     verify_files,
 )
+from app.model.runtime import return_freed_memory
 from export import graphs, source, validate, variants
 from export.spec import DEFAULT_MODEL, DEFAULT_OPSET, INT8_RECIPE, PROVIDERS, THRESHOLDS, Threshold
 
@@ -87,11 +86,9 @@ class _Clock:
 
 
 def _release_memory() -> None:
-    """Hand freed memory back to the OS between steps, so peaks do not stack (glibc keeps it otherwise)."""
+    """Hand freed memory back to the OS between steps, so peaks do not stack."""
     gc.collect()
-    # Not glibc (no libc.so.6 or no malloc_trim): nothing to trim.
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return_freed_memory()
 
 
 def _mb(*paths: Path) -> str:

@@ -103,7 +103,7 @@ class OnnxModel:
         head = manifest.graphs.get("mlm_head", {}).get(choice.variant)
         if manifest.config.has_mlm_head and head is not None:
             self._mlm = ort.InferenceSession(str(folder / head.file), options, providers=choice.providers)
-        _return_freed_memory()
+        return_freed_memory()
 
     @property
     def num_layers(self) -> int:
@@ -143,10 +143,10 @@ class OnnxModel:
         return np.asarray(logits)
 
 
-def _return_freed_memory() -> None:
-    """Give the heap that loading freed back to the OS.
+def return_freed_memory() -> None:
+    """Give the freed heap back to the OS (glibc keeps it otherwise); the export stage calls it too.
 
-    ONNX Runtime parses each graph, repacks the int8 weights for its GEMM and frees the parsed copies,
+    Loading: ONNX Runtime parses each graph, repacks the int8 weights for its GEMM and frees the parsed copies,
     but glibc keeps the freed pages: trimming takes the service on the bert-base-chinese twin (int8,
     warm-up off) from 331 MB to 241 MB resident after start (VmRSS).
     """
