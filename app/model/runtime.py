@@ -77,6 +77,26 @@ def choose(manifest: Manifest, variant: str, providers: list[str] | None, availa
     return Choice(picked, chosen, f"{why_variant}; {why_providers}")
 
 
+def session_options(provider: str, intra_op_threads: int = 0) -> ort.SessionOptions:
+    """The service's ONNX Runtime session options for ``provider``; loadtest ceilings use these too, so a
+    raw ceiling measures the service's own set-up.
+
+    Args:
+        provider: the first execution provider the session will use.
+        intra_op_threads: ONNX Runtime intra-op threads; 0 lets it use every physical core.
+    """
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = intra_op_threads
+    # One request stream runs one graph at a time; extra inter-op threads would only contend.
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if provider == CPU:
+        # A memory pattern is planned and kept per input shape, and every batch shape is new: off, it
+        # saves ~30 MB after a few hundred batches at no measured cost in speed (CPU, 2 threads).
+        options.enable_mem_pattern = False
+    return options
+
+
 class OnnxModel:
     """The encoder (and masked-LM head) sessions of one variant, plus the tokenizer."""
 
@@ -86,15 +106,7 @@ class OnnxModel:
         self.variant = choice.variant
         self.reason = choice.reason
         self.tokenizer = TextTokenizer(folder, manifest.tokenizer)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = intra_op_threads
-        # One request stream runs one graph at a time; extra inter-op threads would only contend.
-        options.inter_op_num_threads = 1
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if choice.providers[0] == CPU:
-            # A memory pattern is planned and kept per input shape, and every batch shape is new: off, it
-            # saves ~30 MB after a few hundred batches at no measured cost in speed (CPU, 2 threads).
-            options.enable_mem_pattern = False
+        options = session_options(choice.providers[0], intra_op_threads)
         encoder = manifest.graphs["encoder"][choice.variant]
         self._encoder = ort.InferenceSession(str(folder / encoder.file), options, providers=choice.providers)
         self.providers: list[str] = self._encoder.get_providers()
