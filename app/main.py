@@ -24,13 +24,13 @@ from app import __version__
 from app.api.auth import OPS_PATHS, ApiKeyMiddleware
 from app.api.body_limit import BodyLimitMiddleware
 from app.api.drain import Drain, DrainMiddleware
+from app.api.errors import install_error_handlers
 from app.api.openai_routes import router as openai_router
 from app.api.request_metrics import RequestMetricsMiddleware
 from app.api.routes import router
 from app.cache.memory import MemoryLRU
 from app.cache.vectors import VectorCache
 from app.engine.engine import Engine
-from app.errors import install_error_handlers
 from app.metrics import Metrics
 from app.model.runtime import OnnxModel, load_model
 from app.service import Service

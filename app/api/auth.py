@@ -13,7 +13,8 @@ import hmac
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.errors import Unauthorized, error_parts
+from app.api.errors import send_error
+from app.errors import Unauthorized
 
 # Operational routes and the API docs: open unless auth_ops_routes is set.
 OPS_PATHS = frozenset(
@@ -56,6 +57,4 @@ class ApiKeyMiddleware:
             else:
                 await self.app(scope, receive, send)
                 return
-        status, body, headers = error_parts(Unauthorized(problem), scope)
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await send_error(Unauthorized(problem), scope, send)

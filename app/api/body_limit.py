@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.errors import PayloadTooLarge, error_parts
+from app.api.errors import send_error
+from app.errors import PayloadTooLarge
 
 
 class BodyLimitMiddleware:
@@ -21,10 +22,7 @@ class BodyLimitMiddleware:
         return PayloadTooLarge(f"request body is larger than the limit of {self.max_body_bytes} bytes")
 
     async def _send_413(self, scope: Scope, send: Send) -> None:
-        status, body, headers = error_parts(self._error(), scope)
-        headers = [*headers, (b"connection", b"close")]
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await send_error(self._error(), scope, send, [(b"connection", b"close")])
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

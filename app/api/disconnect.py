@@ -8,8 +8,8 @@ call is cancelled, which cancels its ticket so the engine drops the request's qu
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from collections.abc import Awaitable
+from typing import TypeVar
 
 from starlette.requests import Request
 
@@ -25,7 +25,7 @@ async def _wait_for_disconnect(request: Request) -> None:
             return
 
 
-async def unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T:
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     """Await ``work``; if the client disconnects first, cancel it and raise :class:`ClientGone`."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_wait_for_disconnect(request))

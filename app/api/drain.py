@@ -23,7 +23,8 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.errors import NotReady, error_parts
+from app.api.errors import send_error
+from app.errors import NotReady
 
 # Answered while draining: liveness and metrics. Everything else is refused.
 LIVE_PATHS = frozenset({"/health", "/metrics"})
@@ -65,9 +66,7 @@ class DrainMiddleware:
             return
         if self.drain.draining and scope.get("path") not in LIVE_PATHS:
             error = NotReady("the service is shutting down; retry on another replica")
-            status, body, headers = error_parts(error, scope)
-            await send({"type": "http.response.start", "status": status, "headers": _with_close(headers)})
-            await send({"type": "http.response.body", "body": body})
+            await send_error(error, scope, send, [_CLOSE])
             return
 
         async def closing_send(message: Message) -> None:

@@ -12,7 +12,8 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.errors import ERROR_TABLE, SCOPE_ERROR_TYPE, InternalError
+from app.api.errors import ERROR_TABLE, SCOPE_ERROR_TYPE
+from app.errors import InternalError
 from app.metrics import Metrics
 
 UNMATCHED = "unmatched"

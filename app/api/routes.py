@@ -1,5 +1,5 @@
 """Thin routes: parse → call the service → serialise. Errors come from the service as typed
-exceptions and become HTTP through :mod:`app.errors`; each route's OpenAPI errors come from there too."""
+exceptions and become HTTP through :mod:`app.api.errors`; each route's OpenAPI errors come from there too."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from app.api.disconnect import unless_disconnected
+from app.api.encoding import encode_rows, encode_vector
+from app.api.errors import openapi_responses
 from app.api.schemas import (
     EmbedAllRequest,
     EmbedAllResponse,
@@ -21,9 +23,10 @@ from app.api.schemas import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from app.errors import EmptyInput, NotReady, Unsupported, openapi_responses
+from app.errors import EmptyInput, NotReady, Unsupported
 from app.metrics import CONTENT_TYPE, Metrics
-from app.service import Service, Timings
+from app.options import FloatEncoding
+from app.service import Service, Timings, TokenVectors
 
 router = APIRouter()
 
@@ -39,27 +42,49 @@ async def get_service(request: Request) -> Service:
 ServiceDep = Annotated[Service, Depends(get_service)]
 
 
+def timing_headers(timings: Timings) -> dict[str, str]:
+    """The ``x-*-time`` headers: milliseconds the request spent in each stage (TEI's names)."""
+    return {
+        "x-queue-time": f"{timings.queue_ms:.3f}",
+        "x-tokenization-time": f"{timings.tokenization_ms:.3f}",
+        "x-inference-time": f"{timings.inference_ms:.3f}",
+        "x-total-time": f"{timings.total_ms:.3f}",
+    }
+
+
 def json_response(payload: Any, timings: Timings | None = None) -> Response:
     """``payload`` as JSON; numpy arrays in it are written natively (float32 in its shortest form)."""
-    headers = timings.headers() if timings is not None else None
+    headers = timing_headers(timings) if timings is not None else None
     body = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
     return Response(body, media_type="application/json", headers=headers)
+
+
+def token_vectors_payload(answer: TokenVectors, encoding: FloatEncoding) -> Any:
+    """One input's /embed_all answer: its token vectors (TEI's shape), or with ``return_tokens`` or
+    ``norms`` ``{"vectors": [...], "tokens": [...], "norms": [...]}`` (only the parts asked for)."""
+    vectors = encode_rows(answer.vectors, encoding)
+    if answer.tokens is None and answer.norms is None:
+        return vectors
+    entry: dict[str, Any] = {"vectors": vectors}
+    if answer.tokens is not None:
+        entry["tokens"] = answer.tokens
+    if answer.norms is not None:
+        entry["norms"] = answer.norms.tolist()
+    return entry
 
 
 @router.post("/embed", response_model=EmbedResponse, responses=openapi_responses(EmptyInput, Unsupported))
 async def embed(body: EmbedRequest, request: Request, service: ServiceDep) -> Response:
     """One vector per input, in input order."""
-    work = service.embed(body.inputs, body.options(body.normalize), body.encoding)
-    vectors, timings = await unless_disconnected(request, work)
-    return json_response(vectors, timings)
+    answer = await unless_disconnected(request, service.embed(body.inputs, body.options(body.normalize)))
+    return json_response([encode_vector(v, body.encoding) for v in answer.value], answer.timings)
 
 
 @router.post("/embed_all", response_model=EmbedAllResponse, responses=openapi_responses(EmptyInput))
 async def embed_all(body: EmbedAllRequest, request: Request, service: ServiceDep) -> Response:
     """Per input, the vector of each of its tokens, in order (optionally with the tokens and norms)."""
-    work = service.embed_all(body.inputs, body.options(), body.encoding)
-    vectors, timings = await unless_disconnected(request, work)
-    return json_response(vectors, timings)
+    answer = await unless_disconnected(request, service.embed_all(body.inputs, body.options()))
+    return json_response([token_vectors_payload(a, body.encoding) for a in answer.value], answer.timings)
 
 
 @router.post("/similarity", response_model=list[float], responses=openapi_responses(EmptyInput, Unsupported))
@@ -67,9 +92,10 @@ async def similarity(body: SimilarityRequest, request: Request, service: Service
     """Cosine of source_sentence with each sentence, or one score per pair."""
     source = body.inputs.source_sentence if body.inputs else None
     sentences = body.inputs.sentences if body.inputs else None
-    work = service.similarity(source, sentences, body.pairs, body.options())
-    scores, timings = await unless_disconnected(request, work)
-    return json_response(scores, timings)
+    answer = await unless_disconnected(
+        request, service.similarity(source, sentences, body.pairs, body.options())
+    )
+    return json_response(answer.value, answer.timings)
 
 
 @router.post(
@@ -77,15 +103,15 @@ async def similarity(body: SimilarityRequest, request: Request, service: Service
 )
 async def fill_mask(body: FillMaskRequest, request: Request, service: ServiceDep) -> Response:
     """For each input, for each [MASK], the top_k predictions."""
-    predictions, timings = await unless_disconnected(request, service.fill_mask(body.inputs, body.top_k))
-    return json_response(predictions, timings)
+    answer = await unless_disconnected(request, service.fill_mask(body.inputs, body.top_k))
+    return json_response(answer.value, answer.timings)
 
 
 @router.post("/tokenize", response_model=TokenizeResponse, responses=openapi_responses(EmptyInput))
 async def tokenize(body: TokenizeRequest, service: ServiceDep) -> Response:
     """Tokens with ids and character offsets, per input."""
-    tokens, timings = await service.tokenize(body.inputs, body.add_special_tokens)
-    return json_response(tokens, timings)
+    answer = await service.tokenize(body.inputs, body.add_special_tokens)
+    return json_response(answer.value, answer.timings)
 
 
 @router.get("/health")

@@ -6,7 +6,17 @@ from typing import Annotated, Literal, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from app.service import EmbedAllOptions, EmbedOptions
+from app.engine import pooling
+from app.options import (
+    Direction,
+    EmbedAllOptions,
+    EmbedOptions,
+    Encoding,
+    FloatEncoding,
+    LayerCombine,
+    LongText,
+    Pooling,
+)
 
 
 def _utf8(text: str) -> str:
@@ -35,7 +45,7 @@ class LayerFields(_Request):
         description="Layers to read, 1..L or -L..-1 (from the end); default the last.",
         max_length=64,
     )
-    layer_combine: Literal["concat", "mean", "weighted", "difference"] = Field(
+    layer_combine: LayerCombine = Field(
         default="concat",
         description="How several layers combine: concat (side by side, in the order of layers); mean; "
         "weighted (by layer_weights); difference (exactly two layers: the first minus the second).",
@@ -46,7 +56,7 @@ class LayerFields(_Request):
         "all 0; scaled to sum 1.",
         max_length=64,
     )
-    long_text: Literal["error", "truncate", "chunk"] | None = Field(
+    long_text: LongText | None = Field(
         default=None,
         description="Inputs over the model's length: error (422), truncate, or chunk (windows of at most "
         "the model's length, averaged weighted by tokens; not on /embed_all). Default: truncate if "
@@ -57,10 +67,10 @@ class LayerFields(_Request):
         default="right", description="Which end truncation keeps: right keeps the start."
     )
 
-    def _long_text(self) -> Literal["error", "truncate", "chunk"]:
+    def _long_text(self) -> LongText:
         return self.long_text or ("truncate" if self.truncate else "error")
 
-    def _direction(self) -> Literal["right", "left"]:
+    def _direction(self) -> Direction:
         return "left" if self.truncation_direction.lower() == "left" else "right"
 
     def _layers(self) -> tuple[int, ...] | None:
@@ -71,11 +81,7 @@ class LayerFields(_Request):
 
 
 class PoolingFields(LayerFields):
-    pooling: Literal["cls", "mean", "pooler"] = Field(
-        default="mean",
-        description="cls: the [CLS] state; mean: mean over tokens ([CLS]/[SEP] included); "
-        "pooler: BERT's pooler output (last layer only).",
-    )
+    pooling: Pooling = Field(default="mean", description=pooling.describe())
 
     def options(self, normalize: bool = True) -> EmbedOptions:
         return EmbedOptions(
@@ -92,7 +98,7 @@ class PoolingFields(LayerFields):
 class EmbedRequest(PoolingFields):
     inputs: Inputs
     normalize: bool = Field(default=True, description="Scale each vector to unit length.")
-    encoding: Literal["float", "base64", "int8"] = Field(
+    encoding: Encoding = Field(
         default="float",
         description="float: numbers; base64: little-endian float32 bytes; int8: {values, scale} with "
         "vector = values × scale.",
@@ -117,7 +123,7 @@ class EmbedAllRequest(LayerFields):
     norms: bool = Field(
         default=False, description="Also return each token's L2 norm (taken before normalize)."
     )
-    encoding: Literal["float", "base64"] = Field(
+    encoding: FloatEncoding = Field(
         default="float", description="float: numbers; base64: little-endian float32 bytes, per token."
     )
 
@@ -207,7 +213,7 @@ class OpenAIEmbeddingRequest(_Request):
     model: str | None = Field(
         default=None, description="Accepted for compatibility; the loaded model answers whatever is named."
     )
-    encoding_format: Literal["float", "base64"] = Field(
+    encoding_format: FloatEncoding = Field(
         default="float", description="float: numbers; base64: little-endian float32 bytes."
     )
     user: str | None = Field(default=None, description="Accepted for compatibility and ignored.")

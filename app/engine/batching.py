@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from app.engine.work import WorkItem
+from app.errors import InternalError
 from app.metrics import Metrics
 
 # How many batches later than first-come-first-served an item may run, passed over for better-fitting ones.
@@ -47,7 +48,7 @@ class Batcher:
         max_batch_size: int,
         max_wait_ms: float,
         capacity: int,
-        metrics: Metrics | None = None,
+        metrics: Metrics,
         company_expected: Callable[[], bool] = lambda: True,
         overhead_tokens: int = 16,
     ) -> None:
@@ -56,7 +57,7 @@ class Batcher:
         ``company_expected`` says whether more inputs are on their way (being tokenised); when none
         are, a batch that is not full runs at once instead of waiting ``max_wait_ms`` for nobody.
         """
-        self.metrics = metrics or Metrics()
+        self.metrics = metrics
         self.company_expected = company_expected
         self.overhead_tokens = overhead_tokens
         self.max_batch_tokens = max_batch_tokens
@@ -176,7 +177,8 @@ class Batcher:
                 efficiency = (prefix[hi + 1] - prefix[lo]) / (computed + self.overhead_tokens)
                 if best is None or efficiency > best[0]:
                     best = (efficiency, lo, hi)
-        assert best is not None, "a non-empty queue always has a window"
+        if best is None:
+            raise InternalError(f"no batch window in a queue of {n} items")
         return best[1], best[2]
 
     def _count(self, batch: list[WorkItem], waited: bool) -> None:

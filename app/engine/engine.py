@@ -25,9 +25,9 @@ from app.settings import Settings
 
 
 class Engine:
-    def __init__(self, model: OnnxModel, settings: Settings, metrics: Metrics | None = None) -> None:
+    def __init__(self, model: OnnxModel, settings: Settings, metrics: Metrics) -> None:
         self.model = model
-        self.metrics = metrics or Metrics()
+        self.metrics = metrics
         self.admission = Admission(settings.max_concurrent_inputs)
         self.tokenization = Tokenization(model.tokenizer, capacity=settings.max_concurrent_inputs)
         # Each admitted input becomes at most this many windows (a token never spans less than a char).

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from app.engine import pooling
 from app.engine.postprocess import FinishedBatch, PostProcessing
 from app.engine.work import WorkItem
 from app.errors import InternalError
@@ -34,9 +35,9 @@ class InferenceStats:
 
 
 class Inference:
-    def __init__(self, model: OnnxModel, post: PostProcessing, metrics: Metrics | None = None) -> None:
+    def __init__(self, model: OnnxModel, post: PostProcessing, metrics: Metrics) -> None:
         self.model = model
-        self.metrics = metrics or Metrics()
+        self.metrics = metrics
         self.post = post
         self.stats = InferenceStats()
         self._handoff: queue.Queue[list[WorkItem] | None] = queue.Queue(maxsize=1)
@@ -106,9 +107,9 @@ class Inference:
         positions: list[tuple[int, int]] = []
         for row, item in enumerate(items):
             need = item.need
-            if need.pooling == "pooler":
+            if need.pooling == pooling.POOLER:
                 wanted[POOLER_OUTPUT] = None
-            if need.pooling in ("cls", "mean") or need.tokens:
+            if need.pooling in pooling.POOLERS or need.tokens:
                 wanted.update((self._names[layer], None) for layer in need.layers)
             if need.mask_positions:
                 wanted[last] = None

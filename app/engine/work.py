@@ -6,11 +6,10 @@ import asyncio
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 
-Pooling = Literal["cls", "mean", "pooler"]
+from app.engine.pooling import Pooling
 
 
 class Ticket:

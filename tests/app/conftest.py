@@ -149,6 +149,14 @@ def tiny_model(tiny_settings: Settings) -> Any:
 # --- Redis and extra servers -------------------------------------------------------------------------
 
 
+def wait_until(condition: Callable[[], bool], seconds: float = 30.0, every: float = 0.02) -> None:
+    """Poll ``condition`` until it holds; fail the test after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {seconds} s"
+        time.sleep(every)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -30,14 +30,16 @@ import orjson
 import pytest
 
 from app.settings import Settings
-from tests.app.conftest import RedisProcess, Running, free_port, gate_inference, metric, serving, with_cache
-
-
-def wait_until(condition: Callable[[], bool], seconds: float = 30.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
+from tests.app.conftest import (
+    RedisProcess,
+    Running,
+    free_port,
+    gate_inference,
+    metric,
+    serving,
+    wait_until,
+    with_cache,
+)
 
 
 class Load:

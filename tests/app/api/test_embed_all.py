@@ -16,6 +16,7 @@ import pytest
 
 from app.engine.engine import Engine
 from app.engine.work import Need, Ticket, WorkItem
+from app.metrics import Metrics
 from app.settings import Settings
 from tests.app.conftest import Running, TorchReference, cosine, serving
 
@@ -150,7 +151,7 @@ def test_padding_never_appears(client: httpx.Client, torch_ref: TorchReference) 
 def test_batching_does_not_change_any_token_vector(tiny_model: Any, tiny_settings: Settings) -> None:
     # A huge per-batch overhead makes sharing one batch always worth its padding: the point here.
     update = {"max_wait_ms": 200, "batch_overhead_tokens": 100_000}
-    engine = Engine(tiny_model, tiny_settings.model_copy(update=update))
+    engine = Engine(tiny_model, tiny_settings.model_copy(update=update), Metrics())
     engine.start()
     short = np.array([101, 872, 1962, 102], dtype=np.int64)  # [CLS] 你 好 [SEP]
     longer = [np.array([101, *([791] * n), 102], dtype=np.int64) for n in (40, 90)]

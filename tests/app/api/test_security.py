@@ -21,7 +21,7 @@ from app.cache import keys as cache_keys
 from app.settings import Settings
 from tests.app.conftest import Running, serving
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

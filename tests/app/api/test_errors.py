@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from app.errors import ERROR_TABLE, RETRY_AFTER_S
+from app.api.errors import ERROR_TABLE, RETRY_AFTER_S
 from tests.app.conftest import Running
 
 

@@ -1,0 +1,73 @@
+"""What the service's endpoints return: a value with the time each stage took."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
+
+import numpy as np
+
+from app.engine.work import ItemResult
+
+T = TypeVar("T")
+S = TypeVar("S")
+P = ParamSpec("P")
+
+
+@dataclass
+class Timings:
+    """Milliseconds a request spent in each stage (the API layer sends them as headers)."""
+
+    queue_ms: float = 0.0
+    tokenization_ms: float = 0.0
+    inference_ms: float = 0.0
+    total_ms: float = 0.0
+
+
+@dataclass
+class Answer(Generic[T]):
+    """What an endpoint returns: its value and how long each stage took."""
+
+    value: T
+    timings: Timings = field(default_factory=Timings)
+
+
+@dataclass
+class TokenVectors:
+    """One input's answer on /embed_all: its token vectors and, if asked for, the tokens and norms."""
+
+    vectors: np.ndarray  # [tokens, width] float32
+    tokens: list[dict[str, Any]] | None = None
+    norms: np.ndarray | None = None
+
+
+def timed(
+    method: Callable[Concatenate[S, P], Awaitable[Answer[T]]],
+) -> Callable[Concatenate[S, P], Awaitable[Answer[T]]]:
+    """An endpoint whose answer's ``total_ms`` is the time from its call to its return."""
+
+    @functools.wraps(method)
+    async def timed(self: S, *args: P.args, **kwargs: P.kwargs) -> Answer[T]:
+        started = time.perf_counter()
+        answer = await method(self, *args, **kwargs)
+        answer.timings.total_ms = ms(time.perf_counter() - started)
+        return answer
+
+    return timed
+
+
+def ms(seconds: float) -> float:
+    return seconds * 1000
+
+
+def timings_of(results: list[ItemResult], tokenization_ms: float) -> Timings:
+    """Queue time is the longest any item waited; inference time sums the batches the request used."""
+    batches = {r.batch_started: r.inference_s for r in results}
+    return Timings(
+        queue_ms=ms(max((r.queued_s for r in results), default=0.0)),
+        tokenization_ms=tokenization_ms,
+        inference_ms=ms(sum(batches.values())),
+    )

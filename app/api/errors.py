@@ -1,0 +1,261 @@
+"""The ONE table that turns the typed errors of :mod:`app.errors` into HTTP, and everything that reads it.
+
+:data:`ERROR_TABLE` maps each type to a status, an ``error_type`` and an OpenAI error type; the exception
+handlers, :func:`send_error` (for the ASGI middleware below FastAPI) and every route's OpenAPI
+``responses=`` all read it. An error body has one of two shapes, picked by the route:
+``{"error": message, "error_type": type}``, or on the OpenAI-compatible routes OpenAI's
+``{"error": {"message": message, "type": openai_type, "code": type}}``. Each error response records its
+``error_type`` in the request scope, where the metrics middleware counts it as a failure reason.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+from starlette.types import Scope, Send
+
+from app.errors import (
+    ClientGone,
+    EmptyInput,
+    InternalError,
+    MethodNotAllowed,
+    NotFound,
+    NotReady,
+    Overloaded,
+    PayloadTooLarge,
+    ServiceError,
+    Unauthorized,
+    Unsupported,
+    ValidationFailed,
+)
+
+log = logging.getLogger(__name__)
+
+# Seconds a client is told to wait after a 429; batches take milliseconds, so one second is ample.
+RETRY_AFTER_S = 1
+
+
+@dataclass(frozen=True)
+class ErrorRow:
+    status: int
+    error_type: str
+    description: str
+    openai_type: str  # the ``type`` OpenAI's API gives the same kind of error
+
+
+_INVALID = "invalid_request_error"
+
+ERROR_TABLE: dict[type[ServiceError], ErrorRow] = {
+    EmptyInput: ErrorRow(400, "empty", "Empty input.", _INVALID),
+    Unsupported: ErrorRow(400, "unsupported", "The loaded model cannot serve this request.", _INVALID),
+    Unauthorized: ErrorRow(
+        401,
+        "unauthorized",
+        "Missing or unknown API key (Authorization: Bearer <key>).",
+        "authentication_error",
+    ),
+    NotFound: ErrorRow(404, "not_found", "No such route.", _INVALID),
+    MethodNotAllowed: ErrorRow(405, "method_not_allowed", "Method not allowed on this route.", _INVALID),
+    PayloadTooLarge: ErrorRow(413, "payload_too_large", "Request body over the size limit.", _INVALID),
+    ValidationFailed: ErrorRow(422, "validation", "Invalid request.", _INVALID),
+    ClientGone: ErrorRow(499, "client_closed", "The client left before the answer was ready.", _INVALID),
+    Overloaded: ErrorRow(
+        429, "overloaded", "Too many inputs in flight; retry after Retry-After seconds.", "rate_limit_error"
+    ),
+    InternalError: ErrorRow(500, "internal", "Server fault.", "server_error"),
+    NotReady: ErrorRow(503, "unhealthy", "The model is not ready yet.", "server_error"),
+}
+
+# Routes that answer errors in OpenAI's shape, so OpenAI clients can read them.
+OPENAI_PATHS = frozenset({"/v1/embeddings", "/embeddings"})
+# Where an error response leaves its error_type for the metrics middleware.
+SCOPE_ERROR_TYPE = "zhembed.error_type"
+
+# The rows every data route can answer besides its own (401 only with API keys on).
+COMMON_ERRORS: tuple[type[ServiceError], ...] = (
+    Unauthorized,
+    PayloadTooLarge,
+    ValidationFailed,
+    Overloaded,
+    NotReady,
+)
+
+
+class ErrorBody(BaseModel):
+    error: str
+    error_type: str
+
+
+class OpenAIErrorDetail(BaseModel):
+    message: str
+    type: str
+    code: str
+
+
+class OpenAIErrorBody(BaseModel):
+    error: OpenAIErrorDetail
+
+
+def row_for(exc: ServiceError) -> ErrorRow:
+    for cls in type(exc).__mro__:
+        if cls in ERROR_TABLE:
+            return ERROR_TABLE[cls]
+    raise TypeError(f"{type(exc).__name__} has no row in ERROR_TABLE")
+
+
+def error_parts(exc: ServiceError, scope: Scope) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+    """Status, JSON body and headers for ``exc`` answering the request of ``scope``.
+
+    For callers below FastAPI (the ASGI middleware) as well as the exception handlers. The body's shape
+    follows the route; the error type is left in the scope for the metrics.
+    """
+    row = row_for(exc)
+    scope[SCOPE_ERROR_TYPE] = row.error_type
+    if scope.get("path") in OPENAI_PATHS:
+        payload: dict[str, Any] = {
+            "error": {"message": exc.message, "type": row.openai_type, "code": row.error_type}
+        }
+    else:
+        payload = {"error": exc.message, "error_type": row.error_type}
+    body = orjson.dumps(payload)
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if row.status == 429:
+        headers.append((b"retry-after", str(RETRY_AFTER_S).encode()))
+    if row.status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    return row.status, body, headers
+
+
+def error_response(exc: ServiceError, request: Request) -> Response:
+    status, body, headers = error_parts(exc, request.scope)
+    return Response(
+        content=body,
+        status_code=status,
+        headers={k.decode(): v.decode() for k, v in headers if k != b"content-length"},
+        media_type="application/json",
+    )
+
+
+def openapi_responses(*errors: type[ServiceError], openai: bool = False) -> dict[int | str, dict[str, Any]]:
+    """The ``responses=`` of a route that can raise ``errors`` (plus :data:`COMMON_ERRORS`)."""
+    out: dict[int | str, dict[str, Any]] = {}
+    model = OpenAIErrorBody if openai else ErrorBody
+    for cls in (*errors, *COMMON_ERRORS):
+        row = ERROR_TABLE[cls]
+        entry = out.setdefault(row.status, {"model": model, "description": ""})
+        entry["description"] = "; ".join(filter(None, [entry["description"], row.description]))
+    return out
+
+
+# Parts of a pydantic error location that name a type tried in a union, not a field.
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "tuple", "body"})
+
+
+# What a JSON value that is not an object was, in JSON's words.
+_JSON_KINDS: dict[type, str] = {
+    type(None): "null",
+    list: "an array",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "a boolean",
+}
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts: list[str] = []
+    for err in exc.errors()[:10]:
+        if err.get("type") == "json_invalid":
+            where = err.get("loc", ("body", "?"))[-1]
+            detail = err.get("ctx", {}).get("error", "")
+            parts.append(f"the body is not valid JSON: {detail} at character {where}")
+            continue
+        if tuple(err.get("loc", ())) == ("body",) and err.get("type") == "missing":
+            parts.append("the request has no body: send a JSON object")
+            continue
+        if tuple(err.get("loc", ())) == ("body",) and isinstance(err.get("input"), bytes):
+            # FastAPI hands over the raw bytes when the Content-Type is not JSON (or is missing).
+            parts.append("the body was not read as JSON: send it with Content-Type: application/json")
+            continue
+        if tuple(err.get("loc", ())) == ("body",) and not isinstance(err.get("input"), dict):
+            sent = _JSON_KINDS.get(type(err.get("input")), "something else")
+            parts.append(f"the body must be a JSON object, not {sent}")
+            continue
+        loc = ".".join(
+            str(p) for p in err.get("loc", ()) if not (isinstance(p, str) and ("[" in p or p in _TYPE_TAGS))
+        )
+        part = f"{loc}: {err.get('msg', 'invalid')}" if loc else str(err.get("msg", "invalid"))
+        if part not in parts:
+            parts.append(part)
+    return "; ".join(parts) or "invalid request"
+
+
+# Starlette's own HTTP errors (routing, body reading) by status: the rows they answer as.
+HTTP_STATUS_ERRORS: dict[int, type[ServiceError]] = {
+    404: NotFound,
+    405: MethodNotAllowed,
+    413: PayloadTooLarge,
+    # FastAPI answers 400 when a body cannot be read at all; for us that is a validation failure.
+    400: ValidationFailed,
+}
+
+
+async def send_error(
+    exc: ServiceError, scope: Scope, send: Send, extra_headers: Iterable[tuple[bytes, bytes]] = ()
+) -> None:
+    """Answer the request of ``scope`` with ``exc`` straight from ASGI (the middleware below FastAPI).
+
+    ``extra_headers`` replace any of the same name (e.g. ``connection: close``).
+    """
+    status, body, headers = error_parts(exc, scope)
+    extra = list(extra_headers)
+    names = {name for name, _ in extra}
+    headers = [h for h in headers if h[0] not in names] + extra
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _on_service_error(request: Request, exc: Exception) -> Response:
+    if not isinstance(exc, ServiceError):
+        raise TypeError(f"the ServiceError handler got {type(exc).__name__}")
+    return error_response(exc, request)
+
+
+async def _on_validation_error(request: Request, exc: Exception) -> Response:
+    if not isinstance(exc, RequestValidationError):
+        raise TypeError(f"the validation handler got {type(exc).__name__}")
+    return error_response(ValidationFailed(_validation_message(exc)), request)
+
+
+async def _on_http_error(request: Request, exc: Exception) -> Response:
+    if not isinstance(exc, StarletteHTTPException):
+        raise TypeError(f"the HTTP error handler got {type(exc).__name__}")
+    cls = HTTP_STATUS_ERRORS.get(exc.status_code)
+    if cls is None:
+        raise TypeError(f"HTTP {exc.status_code} ({exc.detail}) has no row in ERROR_TABLE")
+    message = str(exc.detail)
+    if exc.status_code == 400:
+        # Bytes that are not UTF-8, an integer too long to convert, nesting past the parser's depth.
+        message = f"{message}: it must be UTF-8 JSON that Python's json module can read"
+    return error_response(cls(message), request)
+
+
+async def _on_unexpected(request: Request, exc: Exception) -> Response:
+    log.exception("server fault on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(InternalError(f"internal error: {type(exc).__name__}"), request)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(ServiceError, _on_service_error)
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, _on_http_error)
+    app.add_exception_handler(Exception, _on_unexpected)

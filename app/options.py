@@ -1,0 +1,182 @@
+"""Request options: each vocabulary declared once, the option objects, and their validation.
+
+The API schemas reuse these ``Literal`` types for their fields, the service receives the frozen option
+objects, and the checks that need the model (how many layers it has, whether it has a pooler) live
+here too, so the meaning of an option is in one module. The pooling vocabulary is the exception: it is
+declared beside its functions in :mod:`app.engine.pooling`, so a new mode is one module's change.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from app.engine.pooling import POOLER, Pooling
+from app.errors import EmptyInput, Unsupported, ValidationFailed
+
+__all__ = ["Pooling"]  # declared with its functions in app.engine.pooling; reused from here
+
+# How several layers combine into one vector: side by side, their mean, a weighted sum, or a - b.
+LayerCombine = Literal["concat", "mean", "weighted", "difference"]
+# What happens to an input over the model's length: 422, keep one window, or average several windows.
+LongText = Literal["error", "truncate", "chunk"]
+# Which end truncation keeps: "right" keeps the start of the text.
+Direction = Literal["right", "left"]
+# How a vector is written on the wire; token vectors (/embed_all) and OpenAI's API know the first two.
+Encoding = Literal["float", "base64", "int8"]
+FloatEncoding = Literal["float", "base64"]
+
+
+@dataclass(frozen=True)
+class EmbedOptions:
+    """What /embed, /similarity and the OpenAI route compute for each input."""
+
+    pooling: Pooling = "mean"
+    layers: tuple[int, ...] | None = None  # as requested: 1-based, negatives from the end; None = last
+    layer_combine: LayerCombine = "concat"
+    layer_weights: tuple[float, ...] | None = None  # layer_combine "weighted": one per layer, as sent
+    long_text: LongText = "error"
+    truncation_direction: Direction = "right"
+    normalize: bool = True
+
+
+@dataclass(frozen=True)
+class EmbedAllOptions:
+    """What /embed_all returns for each token; the layer options mean what they mean for /embed."""
+
+    layers: tuple[int, ...] | None = None
+    layer_combine: LayerCombine = "concat"
+    layer_weights: tuple[float, ...] | None = None
+    long_text: LongText = "error"  # "chunk" is refused (see Service.embed_all)
+    truncation_direction: Direction = "right"
+    normalize: bool = False  # each token's vector to unit length
+    special_tokens: bool = False  # also return [CLS] and [SEP]
+    return_tokens: bool = False  # each token's id, text and character span in the input
+    norms: bool = False  # each token's L2 norm (before normalisation)
+
+
+@dataclass(frozen=True)
+class LayerMix:
+    """How an item's layers combine into one vector (per token, for /embed_all).
+
+    ``weights`` (``weighted`` only) are one per layer, in the order of the layers, and sum to 1.
+    """
+
+    how: LayerCombine = "concat"
+    weights: tuple[float, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """Options checked against the model: 1-based layers and how they combine."""
+
+    layers: tuple[int, ...]
+    mix: LayerMix
+
+
+def resolve_layers(layers: tuple[int, ...] | None, num_layers: int) -> tuple[int, ...]:
+    """Requested layers (1-based or negative from the end; None = the last) as 1-based layers.
+
+    Raises:
+        ValidationFailed: empty, more than the model has, or a layer out of range.
+    """
+    n = num_layers
+    if layers is None:
+        return (n,)
+    if not layers:
+        raise ValidationFailed("layers is empty")
+    if len(layers) > n:
+        raise ValidationFailed(f"at most {n} layers, got {len(layers)}")
+    resolved = []
+    for layer in layers:
+        if not (1 <= layer <= n or -n <= layer <= -1):
+            raise ValidationFailed(f"layer {layer} is out of range: use 1..{n} or -{n}..-1")
+        resolved.append(layer if layer > 0 else n + 1 + layer)
+    return tuple(resolved)
+
+
+def resolve_embed(options: EmbedOptions, num_layers: int, has_pooler: bool) -> Resolved:
+    """The layers and layer mix of an /embed-like request.
+
+    Raises:
+        Unsupported: pooling "pooler" on a model without a pooler.
+        ValidationFailed: layers or weights that do not fit the model or each other.
+    """
+    if options.pooling == POOLER:
+        if not has_pooler:
+            raise Unsupported("this model has no pooler; use pooling cls or mean")
+        if options.layers not in (None, (num_layers,), (-1,)):
+            raise ValidationFailed("pooling 'pooler' reads the last layer only; leave out layers")
+        layers: tuple[int, ...] = (num_layers,)
+    else:
+        layers = resolve_layers(options.layers, num_layers)
+    return Resolved(layers, layer_mix(options.layer_combine, len(layers), options.layer_weights))
+
+
+def resolve_embed_all(options: EmbedAllOptions, num_layers: int) -> Resolved:
+    """The layers and layer mix of an /embed_all request (see :func:`resolve_embed`)."""
+    layers = resolve_layers(options.layers, num_layers)
+    return Resolved(layers, layer_mix(options.layer_combine, len(layers), options.layer_weights))
+
+
+def layer_mix(how: LayerCombine, layers: int, weights: tuple[float, ...] | None) -> LayerMix:
+    """Check that ``how`` and ``weights`` fit ``layers`` layers; normalise the weights to sum 1.
+
+    Raises:
+        ValidationFailed: weights given without ``weighted`` or missing with it, not one per layer,
+            negative, not finite or all zero; ``difference`` with other than two layers.
+    """
+    if how != "weighted":
+        if weights is not None:
+            raise ValidationFailed(
+                f"layer_weights go with layer_combine 'weighted' only (layer_combine is '{how}')"
+            )
+        if how == "difference" and layers != 2:
+            raise ValidationFailed(
+                f"layer_combine 'difference' takes exactly two layers (the first minus the second), "
+                f"got {layers}: send layers [a, b]"
+            )
+        return LayerMix(how)
+    if weights is None:
+        raise ValidationFailed(
+            f"layer_combine 'weighted' needs layer_weights: one weight per layer ({layers} here)"
+        )
+    if len(weights) != layers:
+        raise ValidationFailed(
+            f"layer_weights has {len(weights)} weights for {layers} layers: give one weight per layer, "
+            "in the order of layers"
+        )
+    for i, w in enumerate(weights):
+        if not math.isfinite(w):
+            raise ValidationFailed(f"layer_weights[{i}] is {w}: weights must be finite numbers ≥ 0")
+        if w < 0:
+            raise ValidationFailed(f"layer_weights[{i}] is {w}: weights must be ≥ 0")
+    peak = max(weights)
+    if peak == 0:
+        raise ValidationFailed(
+            "layer_weights are all 0: at least one must be positive (they are scaled to sum 1)"
+        )
+    scaled = [w / peak for w in weights]  # first to at most 1, so the sum cannot overflow
+    total = sum(scaled)
+    return LayerMix(how, tuple(w / total for w in scaled))
+
+
+def texts_of(inputs: str | list[str], max_inputs: int, max_chars: int) -> list[str]:
+    """The request's inputs as a list, checked against the per-request limits.
+
+    Raises:
+        EmptyInput: no inputs, or an empty one.
+        ValidationFailed: more than ``max_inputs`` inputs, or one over ``max_chars`` characters.
+    """
+    texts = [inputs] if isinstance(inputs, str) else list(inputs)
+    if not texts:
+        raise EmptyInput("inputs is empty")
+    if len(texts) > max_inputs:
+        raise ValidationFailed(f"{len(texts)} inputs in one request; the limit is {max_inputs}")
+    for i, text in enumerate(texts):
+        if not text:
+            raise EmptyInput(f"inputs[{i}] is empty")
+        if len(text) > max_chars:
+            raise ValidationFailed(f"inputs[{i}] has {len(text)} characters; the limit is {max_chars}")
+    return texts

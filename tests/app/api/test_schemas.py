@@ -1,0 +1,63 @@
+"""Request schemas: strict types, TEI's spellings, and the options they turn into."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from app.api.schemas import EmbedAllRequest, EmbedRequest, SimilarityRequest
+from app.options import EmbedAllOptions, EmbedOptions
+
+
+def test_embed_request_becomes_options() -> None:
+    body = EmbedRequest.model_validate(
+        {
+            "inputs": "你好",
+            "layers": [-1, 6],
+            "truncate": True,
+            "truncation_direction": "Left",
+            "pooling": "cls",
+        }
+    )
+    assert body.options(normalize=False) == EmbedOptions(
+        pooling="cls", layers=(-1, 6), long_text="truncate", truncation_direction="left", normalize=False
+    )
+
+
+def test_long_text_wins_over_truncate_and_defaults_to_error() -> None:
+    assert (
+        EmbedRequest.model_validate({"inputs": "x", "truncate": True, "long_text": "chunk"})
+        .options()
+        .long_text
+        == "chunk"
+    )
+    assert EmbedRequest.model_validate({"inputs": "x"}).options().long_text == "error"
+
+
+def test_embed_all_options() -> None:
+    body = EmbedAllRequest.model_validate({"inputs": ["x"], "special_tokens": True, "norms": True})
+    assert body.options() == EmbedAllOptions(special_tokens=True, norms=True)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"inputs": 1},  # strict: not a string
+        {"inputs": "x", "pooling": "max"},  # not a pooling mode
+        {"inputs": "x", "normalize": "true"},  # strict: not a boolean
+        {"inputs": "\ud800"},  # a lone surrogate no tokenizer can take
+        {"inputs": "x", "encoding": "int4"},
+    ],
+)
+def test_refused(payload: dict[str, object]) -> None:
+    with pytest.raises(ValidationError):
+        EmbedRequest.model_validate(payload)
+
+
+def test_similarity_takes_exactly_one_form() -> None:
+    SimilarityRequest.model_validate({"inputs": {"source_sentence": "a", "sentences": ["b"]}})
+    SimilarityRequest.model_validate({"pairs": [["a", "b"]]})
+    with pytest.raises(ValidationError, match="exactly one"):
+        SimilarityRequest.model_validate({})
+    with pytest.raises(ValidationError):
+        SimilarityRequest.model_validate({"pairs": [["a", "b", "c"]]})

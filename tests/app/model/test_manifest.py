@@ -1,0 +1,51 @@
+"""The manifest: read, versioned, and the files it lists verified."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from app.model.manifest import (
+    LAST_HIDDEN_STATE,
+    MANIFEST_NAME,
+    ManifestError,
+    layer_output_name,
+    load_manifest,
+    verify_files,
+)
+
+
+def test_layer_output_names() -> None:
+    assert layer_output_name(12, 12) == LAST_HIDDEN_STATE
+    assert layer_output_name(6, 12) == "hidden_state_6"
+    with pytest.raises(ValueError):
+        layer_output_name(13, 12)
+
+
+def test_missing_unreadable_and_other_versions_are_refused(tmp_path: Path, tiny_model_dir: Path) -> None:
+    with pytest.raises(ManifestError, match="export the model first"):
+        load_manifest(tmp_path)
+    (tmp_path / MANIFEST_NAME).write_text("{not json")
+    with pytest.raises(ManifestError, match="not readable JSON"):
+        load_manifest(tmp_path)
+    raw = json.loads((tiny_model_dir / MANIFEST_NAME).read_text())
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps({**raw, "schema_version": 99}))
+    with pytest.raises(ManifestError, match="schema_version 99"):
+        load_manifest(tmp_path)
+
+
+def test_verify_lists_every_bad_file(tmp_path: Path, tiny_model_dir: Path) -> None:
+    manifest = load_manifest(tiny_model_dir)
+    files = dict(manifest.tokenizer.files)
+    verify_files(tiny_model_dir, files)
+    folder = tmp_path / "copy"
+    shutil.copytree(tiny_model_dir, folder)
+    names = sorted(files)
+    (folder / names[0]).unlink()
+    (folder / names[1]).write_text("tampered")
+    with pytest.raises(ManifestError) as caught:
+        verify_files(folder, files)
+    assert f"{names[0]}: missing" in str(caught.value) and f"{names[1]}: sha256" in str(caught.value)

@@ -1,0 +1,20 @@
+"""The serving tokenizer: no truncation, no padding, and decoding like the pipeline."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def test_long_texts_are_not_truncated_and_nothing_is_padded(tiny_model: Any) -> None:
+    tokenizer = tiny_model.tokenizer
+    long, short = tokenizer.encode_batch(["好" * (tokenizer.max_length + 50), "你好"])
+    assert len(long.ids) == tokenizer.max_length + 52  # every token, [CLS] and [SEP] included
+    assert len(short.ids) == 4
+
+
+def test_special_tokens_are_optional_and_decode_round_trips(tiny_model: Any) -> None:
+    tokenizer = tiny_model.tokenizer
+    with_special, without = tokenizer.encode_batch(["北京"]), tokenizer.encode_batch(["北京"], False)
+    assert with_special[0].ids[1:-1] == without[0].ids
+    assert tokenizer.decode(with_special[0].ids).replace(" ", "") == "北京"
+    assert "[CLS]" in tokenizer.decode(with_special[0].ids, skip_special_tokens=False)
