@@ -10,7 +10,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 import numpy as np
 
-from app.engine.work import ItemResult
+from app.engine.work import Job
 
 T = TypeVar("T")
 S = TypeVar("S")
@@ -63,11 +63,11 @@ def ms(seconds: float) -> float:
     return seconds * 1000
 
 
-def timings_of(results: list[ItemResult], tokenization_ms: float) -> Timings:
-    """Queue time is the longest any item waited; inference time sums the batches the request used."""
-    batches = {r.batch_started: r.inference_s for r in results}
+def timings_of(jobs: list[Job], tokenization_ms: float) -> Timings:
+    """Queue time is the longest any sequence waited; inference time sums the batches the jobs used."""
+    batches = {started: seconds for job in jobs for started, seconds in job.batches.items()}
     return Timings(
-        queue_ms=ms(max((r.queued_s for r in results), default=0.0)),
+        queue_ms=ms(max((job.queued_s for job in jobs), default=0.0)),
         tokenization_ms=tokenization_ms,
         inference_ms=ms(sum(batches.values())),
     )

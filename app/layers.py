@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.engine.work import ItemResult
 from app.errors import InternalError
 from app.options import LayerMix
 
@@ -70,26 +69,23 @@ def top_k(probs: np.ndarray, k: int) -> tuple[list[int], list[float]]:
 
 def input_vectors(
     count: int,
-    owners: list[int],
-    weights: list[int],
-    results: list[ItemResult],
+    owners: np.ndarray | None,
+    weights: np.ndarray,
+    pooled: np.ndarray,
     mix: LayerMix,
     normalized: bool,
-) -> list[np.ndarray]:
-    """One vector for each of ``count`` inputs from the pooled results of their items (windows).
+) -> np.ndarray:
+    """[count, width]: one vector per input from the pooled vectors of its sequences (windows).
 
-    Item ``i`` belongs to input ``owners[i]`` and carries ``weights[i]`` tokens; an input's window
-    vectors are combined by ``mix`` and averaged weighted by tokens, then normalised if asked.
-
-    Raises:
-        InternalError: an item came back without its pooled vectors.
+    ``pooled`` is [sequences, layers, hidden]; sequence ``i`` belongs to input ``owners[i]`` (None: one
+    sequence per input, in order) and carries ``weights[i]`` tokens. An input's window vectors are
+    combined by ``mix`` and averaged weighted by tokens, then normalised if asked; all in whole-array
+    operations, whatever the number of inputs.
     """
-    per_input: list[list[np.ndarray]] = [[] for _ in range(count)]
-    tokens: list[list[int]] = [[] for _ in range(count)]
-    for owner, weight, result in zip(owners, weights, results, strict=True):
-        if result.vectors is None:
-            raise InternalError("an /embed item came back without its pooled vectors")
-        per_input[owner].append(combine_layers(result.vectors, mix))
-        tokens[owner].append(weight)
-    vectors = [weighted_average(v, w) for v, w in zip(per_input, tokens, strict=True)]
-    return [normalize(v) for v in vectors] if normalized else vectors
+    combined = combine_layers(pooled.transpose(1, 0, 2), mix)  # [sequences, width]
+    if owners is not None:
+        w = weights.astype(np.float32)
+        sums = np.zeros((count, combined.shape[-1]), dtype=np.float32)
+        np.add.at(sums, owners, combined * w[:, None])
+        combined = sums / np.bincount(owners, weights=w, minlength=count).astype(np.float32)[:, None]
+    return normalize_rows(combined) if normalized else combined

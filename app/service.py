@@ -23,7 +23,7 @@ from app.answers import Answer, Timings, TokenVectors, ms, timed, timings_of
 from app.cache import keys as cache_keys
 from app.cache.vectors import VectorCache
 from app.engine.engine import Engine
-from app.engine.work import ItemResult, Need, Ticket, WorkItem
+from app.engine.work import Job, Need, Sequence
 from app.errors import InternalError, NotReady, Unsupported, ValidationFailed
 from app.fill_mask import MAX_MASKS_PER_REQUEST
 from app.metrics import Metrics
@@ -40,16 +40,16 @@ _WARMUP_TEXTS = ("你好", "今天天气很好，我们去公园散步吧。", "
 
 @dataclass
 class _Prepared:
-    items: list[WorkItem]
-    owner: list[int]  # item index → input index
-    weights: list[int]  # item index → tokens it carries (for averaging windows)
+    sequences: list[np.ndarray]  # the ids of each sequence to run: inputs, or their windows
+    owners: np.ndarray | None  # sequence → input index; None when each input is one sequence
+    weights: np.ndarray  # sequence → tokens it carries (for averaging windows)
 
 
 @dataclass
 class _Computed:
     """What the engine computed for one request (cache misses only)."""
 
-    results: list[ItemResult] = field(default_factory=list)
+    jobs: list[Job] = field(default_factory=list)
     tokenization_ms: float = 0.0
     tokens: dict[str, int] = field(default_factory=dict)  # text → tokens, [CLS] and [SEP] included
 
@@ -126,18 +126,14 @@ class Service:
             ]
             width = len(resolved.layers) if resolved.mix.how == "concat" else 1
             token_rows.check_token_bound(sum(len(r) for r in rows), width, self.settings.max_embed_all_tokens)
-            ticket = Ticket()
             need = Need(layers=resolved.layers, tokens=True)
-            items = [
-                self._item(np.asarray(enc.ids, dtype=np.int64)[k], need, ticket)
-                for enc, k in zip(encodings, kept, strict=True)
-            ]
-            results = await self.engine.run(items, ticket)
+            ids = [np.asarray(enc.ids, dtype=np.int64)[k] for enc, k in zip(encodings, kept, strict=True)]
+            job = await self._run(ids, need)
         answer = [
-            token_rows.token_vectors(enc, k, r, result, resolved.mix, options)
-            for enc, k, r, result in zip(encodings, kept, rows, results, strict=True)
+            token_rows.token_vectors(enc, k, r, states, resolved.mix, options)
+            for enc, k, r, states in zip(encodings, kept, rows, job.token_states, strict=True)
         ]
-        return Answer(answer, timings_of(results, tokenization_ms))
+        return Answer(answer, timings_of([job], tokenization_ms))
 
     @timed
     async def embeddings(
@@ -190,8 +186,8 @@ class Service:
         info = self.model.manifest.tokenizer
         with self.engine.admit(len(texts)):
             encodings, tokenization_ms = await self._tokenize(texts)
-            ticket = Ticket()
-            items = []
+            sequences: list[np.ndarray] = []
+            needs: list[Need] = []
             masks = 0
             for i, enc in enumerate(encodings):
                 ids = np.asarray(enc.ids, dtype=np.int64)
@@ -207,18 +203,15 @@ class Service:
                         f"inputs[:{i + 1}] hold {masks} [MASK] tokens; the limit is {MAX_MASKS_PER_REQUEST} "
                         "per request"
                     )
-                items.append(self._item(ids, Need(mask_positions=positions), ticket))
-            results = await self.engine.run(items, ticket)
+                sequences.append(ids)
+                needs.append(Need(mask_positions=positions))
+            job = await self._run(sequences, needs)
         answer = []
-        for item, result in zip(items, results, strict=True):
-            if result.mask_probs is None:
-                raise InternalError("a fill-mask item came back without its mask probabilities")
-            answer.append(
-                fill_mask.predictions(
-                    self.model.tokenizer, item.ids, item.need.mask_positions, result.mask_probs, top_k
-                )
-            )
-        return Answer(answer, timings_of(results, tokenization_ms))
+        for ids, need, probs in zip(sequences, needs, job.mask_probs, strict=True):
+            if probs is None:
+                raise InternalError("a fill-mask sequence came back without its mask probabilities")
+            answer.append(fill_mask.predictions(self.model.tokenizer, ids, need.mask_positions, probs, top_k))
+        return Answer(answer, timings_of([job], tokenization_ms))
 
     @timed
     async def tokenize(self, inputs: str | list[str], add_special_tokens: bool) -> Answer[list[Any]]:
@@ -283,8 +276,7 @@ class Service:
                 ],
                 dtype=np.int64,
             )
-            ticket = Ticket()
-            await self.engine.run([self._item(ids, Need(mask_positions=(1,)), ticket)], ticket)
+            await self._run([ids], [Need(mask_positions=(1,))])
         self.ready = True
 
     # --- shared steps -----------------------------------------------------------------------------
@@ -308,37 +300,36 @@ class Service:
         self.metrics.tokenized(seconds)
         return encodings, ms(seconds)
 
-    def _item(self, ids: np.ndarray, need: Need, ticket: Ticket) -> WorkItem:
-        loop = asyncio.get_running_loop()
-        return WorkItem(ids=ids, need=need, ticket=ticket, loop=loop, future=loop.create_future())
+    async def _run(self, sequences: list[np.ndarray], need: Need | list[Need]) -> Job:
+        """Run ``sequences`` (token ids) as one job, each with ``need`` (or its own); the job's results."""
+        job = Job(asyncio.get_running_loop(), len(sequences))
+        needs = need if isinstance(need, list) else [need] * len(sequences)
+        enqueued = time.perf_counter()
+        work = [
+            Sequence(ids, n, job, i, enqueued)
+            for i, (ids, n) in enumerate(zip(sequences, needs, strict=True))
+        ]
+        return await self.engine.run(job, work)
 
-    def _prepare(
-        self,
-        encodings: list[TokenEncoding],
-        need: Need,
-        options: EmbedOptions,
-        ticket: Ticket,
-        indices: list[int] | None = None,
-    ) -> _Prepared:
-        """Work items for each input: itself, its truncation, or its windows.
+    def _prepare(self, ids: list[np.ndarray], options: EmbedOptions, indices: list[int]) -> _Prepared:
+        """The sequences each input runs as: itself, its truncation, or its windows.
 
-        ``indices`` are the inputs' positions in the request, for error messages (default 0, 1, …).
+        ``indices`` are the inputs' positions in the request, for error messages.
         """
-        info = self.model.manifest.tokenizer
         limit = self.model.tokenizer.max_length
-        prepared = _Prepared([], [], [])
-        for i, enc in enumerate(encodings):
-            ids = np.asarray(enc.ids, dtype=np.int64)
-            if len(ids) > limit and options.long_text == "error":
-                self._check_length(indices[i] if indices is not None else i, len(ids))
-            cut = windows(
-                ids, limit, options.long_text, options.truncation_direction, info.cls_id, info.sep_id
-            )
-            for window in cut:
-                prepared.items.append(self._item(window, need, ticket))
-                prepared.owner.append(i)
-                prepared.weights.append(max(len(window) - 2, 1))
-        return prepared
+        if all(len(x) <= limit for x in ids):  # the common case: one sequence per input, no loop below
+            return _Prepared(ids, None, np.ones(len(ids), dtype=np.int64))
+        info = self.model.manifest.tokenizer
+        sequences: list[np.ndarray] = []
+        owners: list[int] = []
+        for i, x in enumerate(ids):
+            if len(x) > limit and options.long_text == "error":
+                self._check_length(indices[i], len(x))
+            cut = windows(x, limit, options.long_text, options.truncation_direction, info.cls_id, info.sep_id)
+            sequences.extend(cut)
+            owners.extend([i] * len(cut))
+        weights = np.array([max(len(w) - 2, 1) for w in sequences], dtype=np.int64)
+        return _Prepared(sequences, np.array(owners, dtype=np.int64), weights)
 
     async def _vectors(
         self,
@@ -363,13 +354,17 @@ class Service:
         async def compute(todo: list[str]) -> list[np.ndarray]:
             encodings, tokenization_ms = await self._tokenize(todo)
             computed.tokenization_ms += tokenization_ms
-            computed.tokens.update((t, len(e.ids)) for t, e in zip(todo, encodings, strict=True))
-            ticket = Ticket()
-            prepared = self._prepare(encodings, need, options, ticket, [first[t] for t in todo])
-            results = await self.engine.run(prepared.items, ticket)
-            computed.results.extend(results)
-            return layers.input_vectors(
-                len(todo), prepared.owner, prepared.weights, results, resolved.mix, options.normalize
+            ids = [np.asarray(e.ids, dtype=np.int64) for e in encodings]
+            computed.tokens.update((t, len(x)) for t, x in zip(todo, ids, strict=True))
+            prepared = self._prepare(ids, options, [first[t] for t in todo])
+            job = await self._run(prepared.sequences, need)
+            computed.jobs.append(job)
+            if job.vectors is None:
+                raise InternalError("an /embed job came back without its pooled vectors")
+            return list(
+                layers.input_vectors(
+                    len(todo), prepared.owners, prepared.weights, job.vectors, resolved.mix, options.normalize
+                )
             )
 
         # Permits cover every input, cached or not: they bound the in-flight map and the queues behind it.
@@ -381,7 +376,7 @@ class Service:
             if count_tokens and (uncounted := [t for t in first if t not in computed.tokens]):
                 encodings, _ = await self._tokenize(uncounted)
                 computed.tokens.update((t, len(e.ids)) for t, e in zip(uncounted, encodings, strict=True))
-        return vectors, timings_of(computed.results, computed.tokenization_ms), computed.tokens
+        return vectors, timings_of(computed.jobs, computed.tokenization_ms), computed.tokens
 
     def _key_prefix(self, options: EmbedOptions, resolved: Resolved) -> str:
         """Everything besides the text that changes a vector: model, pooling, layers and the rest."""

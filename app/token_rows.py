@@ -7,7 +7,6 @@ from tokenizers import Encoding as TokenEncoding
 
 from app import layers
 from app.answers import TokenVectors
-from app.engine.work import ItemResult
 from app.errors import InternalError, ValidationFailed
 from app.options import Direction, EmbedAllOptions, LayerMix
 from app.windows import truncated_positions
@@ -51,18 +50,19 @@ def token_vectors(
     enc: TokenEncoding,
     kept: np.ndarray,
     rows: np.ndarray,
-    result: ItemResult,
+    states: np.ndarray | None,
     mix: LayerMix,
     options: EmbedAllOptions,
 ) -> TokenVectors:
-    """One input's answer on /embed_all: its ``rows`` combined, and described if asked.
+    """One input's answer on /embed_all: its ``rows`` of ``states`` [layers, tokens, hidden] combined,
+    and described if asked.
 
     Raises:
-        InternalError: the item came back without its token states.
+        InternalError: the sequence came back without its token states.
     """
-    if result.token_states is None:
-        raise InternalError("an /embed_all item came back without its token states")
-    vectors = layers.combine_layers(result.token_states[:, rows], mix)
+    if states is None:
+        raise InternalError("an /embed_all sequence came back without its token states")
+    vectors = layers.combine_layers(states[:, rows], mix)
     norms = layers.row_norms(vectors) if options.norms else None
     if options.normalize:
         vectors = layers.normalize_rows(vectors)

@@ -1,13 +1,16 @@
 """Stage 1, admission: a non-blocking permit per input, taken before any work is queued.
 
 The bound (``max_concurrent_inputs``) is also what bounds every queue behind it: nothing enters the
-tokenisation or batch queues without permits, so they can never hold more than the bound's worth.
+tokenisation or batch queues without permits, so they can never hold more than the bound's worth. With
+several workers the bound is the server's, not each worker's: their permits are counted in one shared
+ledger, so a request is refused only when the whole server is full.
 """
 
 from __future__ import annotations
 
 import threading
 from types import TracebackType
+from typing import Protocol
 
 from app.errors import Overloaded
 
@@ -34,16 +37,55 @@ class Permits:
         self.release()
 
 
-class Admission:
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
+class Ledger(Protocol):
+    """Where the permits in use are counted: one process, or every worker of one server."""
+
+    def try_take(self, count: int, limit: int) -> int | None:
+        """Add ``count`` if the total stays within ``limit``; the total before, or None if it would not."""
+        ...
+
+    def give_back(self, count: int) -> int:
+        """Subtract ``count``; the total after."""
+        ...
+
+    def total(self) -> int: ...
+
+
+class LocalLedger:
+    """Permits of one process, under a thread lock."""
+
+    def __init__(self) -> None:
         self._in_use = 0
         self._lock = threading.Lock()
+
+    def try_take(self, count: int, limit: int) -> int | None:
+        with self._lock:
+            before = self._in_use
+            if before + count > limit:
+                return None
+            self._in_use = before + count
+            return before
+
+    def give_back(self, count: int) -> int:
+        with self._lock:
+            self._in_use -= count
+            return self._in_use
+
+    def total(self) -> int:
+        return self._in_use
+
+
+class Admission:
+    def __init__(self, limit: int, ledger: Ledger | None = None) -> None:
+        """``ledger`` counts the permits in use; a :class:`LocalLedger` unless the server has several
+        workers, which share one (:class:`app.workers.SharedLedger`) so the limit is the server's."""
+        self.limit = limit
+        self.ledger: Ledger = ledger if ledger is not None else LocalLedger()
         self.rejected = 0  # requests refused, for /info and tests
 
     @property
     def in_use(self) -> int:
-        return self._in_use
+        return self.ledger.total()
 
     def try_acquire(self, count: int) -> Permits:
         """Take ``count`` permits at once or none.
@@ -53,17 +95,14 @@ class Admission:
         """
         if count < 1:
             raise ValueError(f"a request takes at least one permit, not {count}")
-        with self._lock:
-            if self._in_use + count > self.limit:
-                self.rejected += 1
-                raise Overloaded(
-                    f"{self._in_use} of {self.limit} inputs in flight; {count} more do not fit, retry later"
-                )
-            self._in_use += count
+        before = self.ledger.try_take(count, self.limit)
+        if before is None:
+            self.rejected += 1
+            raise Overloaded(
+                f"{self.ledger.total()} of {self.limit} inputs in flight; {count} more do not fit, retry later"
+            )
         return Permits(self, count)
 
     def _give_back(self, count: int) -> None:
-        with self._lock:
-            self._in_use -= count
-            if self._in_use < 0:
-                raise RuntimeError("admission released more permits than it gave out")
+        if self.ledger.give_back(count) < 0:
+            raise RuntimeError("admission released more permits than it gave out")

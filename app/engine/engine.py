@@ -13,22 +13,25 @@ from typing import Any
 
 from tokenizers import Encoding
 
-from app.engine.admission import Admission, Permits
+from app.engine.admission import Admission, Ledger, Permits
 from app.engine.batching import Batcher, run_assembler
 from app.engine.inference import Inference
 from app.engine.postprocess import PostProcessing
 from app.engine.tokenization import Tokenization
-from app.engine.work import ItemResult, Ticket, WorkItem
+from app.engine.work import Job, Sequence
 from app.metrics import Metrics
 from app.model.runtime import OnnxModel
 from app.settings import Settings
 
 
 class Engine:
-    def __init__(self, model: OnnxModel, settings: Settings, metrics: Metrics) -> None:
+    def __init__(
+        self, model: OnnxModel, settings: Settings, metrics: Metrics, ledger: Ledger | None = None
+    ) -> None:
+        """``ledger``: where admission counts permits, shared by the workers of one server (default: here)."""
         self.model = model
         self.metrics = metrics
-        self.admission = Admission(settings.max_concurrent_inputs)
+        self.admission = Admission(settings.max_concurrent_inputs, ledger)
         self.tokenization = Tokenization(model.tokenizer, capacity=settings.max_concurrent_inputs)
         # Each admitted input becomes at most this many windows (a token never spans less than a char).
         windows = math.ceil(settings.max_input_chars / max(model.tokenizer.max_length - 2, 1)) + 1
@@ -70,17 +73,18 @@ class Engine:
     async def tokenize(self, texts: list[str], add_special_tokens: bool = True) -> list[Encoding]:
         return await self.tokenization.encode(texts, add_special_tokens)
 
-    async def run(self, items: list[WorkItem], ticket: Ticket) -> list[ItemResult]:
-        """Queue ``items`` for batching and wait for their results, in order.
+    async def run(self, job: Job, sequences: list[Sequence]) -> Job:
+        """Queue ``job``'s ``sequences`` for batching and wait until all have run; the results are in
+        the job.
 
-        If the awaiting request is cancelled (its client left), its ticket is cancelled so that the
+        If the awaiting request is cancelled (its client left), the job is cancelled so that the
         assembler and the inference stage drop whatever of it has not run yet.
         """
-        self.batcher.submit(items)
+        self.batcher.submit(sequences)
         try:
-            return list(await asyncio.gather(*(item.future for item in items)))
+            return await job.future
         except asyncio.CancelledError:
-            ticket.cancel()
+            job.cancel()
             self.batcher.poke()
             raise
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from app.engine import pooling
 from app.engine.postprocess import FinishedBatch, PostProcessing
-from app.engine.work import WorkItem
+from app.engine.work import Sequence
 from app.errors import InternalError
 from app.metrics import Metrics
 from app.model.manifest import POOLER_OUTPUT
@@ -40,7 +40,7 @@ class Inference:
         self.metrics = metrics
         self.post = post
         self.stats = InferenceStats()
-        self._handoff: queue.Queue[list[WorkItem] | None] = queue.Queue(maxsize=1)
+        self._handoff: queue.Queue[list[Sequence] | None] = queue.Queue(maxsize=1)
         self._slot = threading.Semaphore(1)
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="zhembed-inference", daemon=True)
@@ -60,7 +60,7 @@ class Inference:
         self._slot.acquire()
         return not self._stopped
 
-    def deliver(self, batch: list[WorkItem]) -> None:
+    def deliver(self, batch: list[Sequence]) -> None:
         # Never blocks: the slot was taken by wait_for_slot.
         self._handoff.put_nowait(batch)
 
@@ -74,8 +74,8 @@ class Inference:
                 # Cutting costs microseconds; padding the arrays happens here, in run_batch, anyway.
                 self._slot.release()
 
-    def _run_one(self, batch: list[WorkItem]) -> None:
-        live = [item for item in batch if not item.ticket.cancelled]
+    def _run_one(self, batch: list[Sequence]) -> None:
+        live = [seq for seq in batch if not seq.job.cancelled]
         self.stats.dropped_cancelled += len(batch) - len(live)
         if not live:
             return
@@ -83,8 +83,9 @@ class Inference:
             finished = self.run_batch(live)
         except Exception as exc:  # a server fault: fail these requests loudly, keep serving
             log.exception("inference failed for a batch of %d", len(live))
-            for item in live:
-                item.fail(InternalError(f"inference failed: {type(exc).__name__}: {exc}"))
+            error = InternalError(f"inference failed: {type(exc).__name__}: {exc}")
+            for job in {id(seq.job): seq.job for seq in live}.values():
+                job.fail(error)
             return
         self.metrics.batch_ran(
             finished.finished_at - finished.started_at,
@@ -92,7 +93,7 @@ class Inference:
         )
         self.post.put(finished)
 
-    def run_batch(self, items: list[WorkItem]) -> FinishedBatch:
+    def run_batch(self, items: list[Sequence]) -> FinishedBatch:
         """Pad ``items`` into one batch, run the encoder (and the masked-LM head on masked positions)."""
         longest = max(item.length for item in items)
         input_ids = np.full((len(items), longest), self.model.manifest.tokenizer.pad_id, dtype=np.int64)
@@ -129,7 +130,7 @@ class Inference:
         self.stats.items += len(items)
         self.stats.busy_s += finished - started
         return FinishedBatch(
-            items=items,
+            sequences=items,
             attention_mask=attention_mask,
             outputs=outputs,
             mask_rows=mask_rows,

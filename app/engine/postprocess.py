@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from app.engine import pooling
-from app.engine.work import ItemResult, WorkItem
+from app.engine.work import Job, Need, Sequence
 from app.errors import InternalError
 from app.model.manifest import POOLER_OUTPUT
 
@@ -31,12 +31,12 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 @dataclass
 class FinishedBatch:
-    """What the inference stage hands over: the items, their padded mask and the fetched outputs."""
+    """What the inference stage hands over: the sequences, their padded mask and the fetched outputs."""
 
-    items: list[WorkItem]
+    sequences: list[Sequence]
     attention_mask: np.ndarray
     outputs: dict[str, np.ndarray]
-    # item index → rows of mask_probs_rows that belong to it
+    # sequence index → rows of mask_logits that belong to it
     mask_rows: dict[int, slice]
     mask_logits: np.ndarray | None
     output_names: dict[int, str]  # 1-based layer → encoder output name
@@ -44,9 +44,17 @@ class FinishedBatch:
     finished_at: float
 
 
-def split_batch(batch: FinishedBatch) -> list[ItemResult]:
-    """Turn one finished batch into one result per item: pooled vectors per requested layer and/or the
-    probability rows of its masked positions."""
+def split_batch(batch: FinishedBatch) -> list[tuple[Job, int]]:
+    """Write one finished batch's results into the jobs of its sequences.
+
+    Pooled vectors are computed once per (layer, pooling) for the whole batch and copied into each job
+    with one array assignment per (job, need), not per sequence; token rows (/embed_all) and mask
+    probabilities (fill-mask) are per sequence. Returns each job with how many of its sequences were
+    in this batch (the caller counts them done).
+
+    Raises:
+        InternalError: a sequence asked for masked positions but the batch ran no masked-LM head.
+    """
     pooled: dict[tuple[str, str], np.ndarray] = {}
 
     def pool(name: str, mode: str) -> np.ndarray:
@@ -56,41 +64,55 @@ def split_batch(batch: FinishedBatch) -> list[ItemResult]:
         return pooled[key]
 
     probs = softmax(batch.mask_logits) if batch.mask_logits is not None else None
-    results = []
-    for i, item in enumerate(batch.items):
-        vectors = None
-        need = item.need
+    inference_s = batch.finished_at - batch.started_at
+    # (job, need) → the batch rows and job slots of its sequences here
+    groups: dict[tuple[int, int], tuple[Job, Need, list[int], list[int]]] = {}
+    for row, seq in enumerate(batch.sequences):
+        group = groups.get((id(seq.job), id(seq.need)))
+        if group is None:
+            group = groups[(id(seq.job), id(seq.need))] = (seq.job, seq.need, [], [])
+        group[2].append(row)
+        group[3].append(seq.slot)
+    done: dict[int, tuple[Job, int]] = {}
+    for job, need, rows, slots in groups.values():
         if need.pooling == pooling.POOLER:
-            vectors = batch.outputs[POOLER_OUTPUT][i : i + 1].copy()
+            _store_vectors(job, slots, batch.outputs[POOLER_OUTPUT][rows][:, None, :])
         elif need.pooling is not None:
-            vectors = np.stack([pool(batch.output_names[layer], need.pooling)[i] for layer in need.layers])
-        token_states = None
+            names = [batch.output_names[layer] for layer in need.layers]
+            _store_vectors(job, slots, np.stack([pool(name, need.pooling)[rows] for name in names], axis=1))
         if need.tokens:
-            # Rows [0, length) are the item's own tokens; the rest of the padded row is never read.
-            token_states = np.stack(
-                [batch.outputs[batch.output_names[layer]][i, : item.length] for layer in need.layers]
-            )
-        mask_probs = None
-        if need.mask_positions:
-            if probs is None:
-                raise InternalError("an item asked for masked positions but the batch ran no MLM head")
-            mask_probs = probs[batch.mask_rows[i]]
-        results.append(
-            ItemResult(
-                vectors=vectors,
-                mask_probs=mask_probs,
-                queued_s=batch.started_at - item.enqueued_at,
-                inference_s=batch.finished_at - batch.started_at,
-                batch_started=batch.started_at,
-                batch_size=len(batch.items),
-                token_states=token_states,
-            )
-        )
-    return results
+            if not job.token_states:
+                job.token_states = [None] * job.count
+            for row, slot in zip(rows, slots, strict=True):
+                # Rows [0, length) are the sequence's own tokens; the rest of the padded row is never read.
+                length = batch.sequences[row].length
+                job.token_states[slot] = np.stack(
+                    [batch.outputs[batch.output_names[layer]][row, :length] for layer in need.layers]
+                )
+        for row, slot in zip(rows, slots, strict=True):
+            if batch.sequences[row].need.mask_positions:
+                if probs is None:
+                    raise InternalError("a sequence asked for masked positions but the batch ran no MLM head")
+                if not job.mask_probs:
+                    job.mask_probs = [None] * job.count
+                job.mask_probs[slot] = probs[batch.mask_rows[row]]
+        waited = batch.started_at - min(batch.sequences[row].enqueued_at for row in rows)
+        job.queued_s = max(job.queued_s, waited)
+        job.batches[batch.started_at] = inference_s
+        _, count = done.get(id(job), (job, 0))
+        done[id(job)] = (job, count + len(rows))
+    return list(done.values())
+
+
+def _store_vectors(job: Job, slots: list[int], vectors: np.ndarray) -> None:
+    """Copy ``vectors`` [n, layers, hidden] into the job's results at ``slots``."""
+    if job.vectors is None:
+        job.vectors = np.empty((job.count, *vectors.shape[1:]), dtype=np.float32)
+    job.vectors[slots] = vectors
 
 
 class PostProcessing:
-    """The post-processing thread: splits finished batches and resolves each item's future."""
+    """The post-processing thread: writes finished batches into their jobs and resolves finished jobs."""
 
     def __init__(self, capacity: int = 2) -> None:
         # Small bound: if this stage falls behind, the inference thread waits instead of piling up.
@@ -110,11 +132,12 @@ class PostProcessing:
     def _run(self) -> None:
         while (batch := self._batches.get()) is not None:
             try:
-                results = split_batch(batch)
+                done = split_batch(batch)
             except Exception as exc:  # a broken invariant: fail these requests loudly, keep serving
-                log.exception("post-processing failed for a batch of %d", len(batch.items))
-                for item in batch.items:
-                    item.fail(InternalError(f"post-processing failed: {exc}"))
+                log.exception("post-processing failed for a batch of %d", len(batch.sequences))
+                error = InternalError(f"post-processing failed: {exc}")
+                for job in {id(seq.job): seq.job for seq in batch.sequences}.values():
+                    job.fail(error)
                 continue
-            for item, result in zip(batch.items, results, strict=True):
-                item.resolve(result)
+            for job, count in done:
+                job.finish(count)

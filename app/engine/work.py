@@ -1,36 +1,29 @@
-"""What flows between the stages: a request's ticket, its work items and their results."""
+"""What flows between the stages: a request's job and its sequences.
+
+A :class:`Job` is one request's engine call: it is created on the event loop, carries the request's
+results as arrays, and is resolved ONCE, when its last sequence has been post-processed (one thread-safe
+wake-up of the event loop per request, not one per text). A :class:`Sequence` is one input, or one
+window of a long input; it knows its job and its row (``slot``) in the job's results. Both use
+``__slots__`` and plain attributes: every text of every request passes through here, and what runs per
+text is what a GPU waits on.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from app.engine.pooling import Pooling
 
 
-class Ticket:
-    """One request's shared state; cancelling it makes every stage drop the request's items."""
-
-    def __init__(self) -> None:
-        self._cancelled = threading.Event()
-
-    def cancel(self) -> None:
-        self._cancelled.set()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancelled.is_set()
-
-
 @dataclass(frozen=True)
 class Need:
-    """What one item needs from the encoder.
+    """What one sequence needs from the encoder.
 
-    ``layers`` are 1-based; ``pooling`` None means the item wants no pooled vectors (fill-mask).
+    ``layers`` are 1-based; ``pooling`` None means it wants no pooled vectors (fill-mask).
     ``tokens`` means it wants the full rows of its real tokens in each of ``layers`` (/embed_all).
     ``mask_positions`` are token positions to run the masked-LM head on.
     """
@@ -41,49 +34,82 @@ class Need:
     mask_positions: tuple[int, ...] = ()
 
 
-@dataclass
-class ItemResult:
-    # [len(layers), hidden] pooled vectors, one row per requested layer (pooler: one row).
-    vectors: np.ndarray | None
-    # one [vocab] float32 probability row per mask position.
-    mask_probs: np.ndarray | None
-    queued_s: float
-    inference_s: float
-    batch_started: float  # identifies the batch: a request's items may share one or span several
-    batch_size: int
-    # [len(layers), length, hidden]: every real token's state in each requested layer (Need.tokens);
-    # a copy, so it neither holds the batch's outputs alive nor carries any padding row.
-    token_states: np.ndarray | None = None
+class Job:
+    """One request's sequences in the engine, their results, and the future the request awaits.
 
+    Results (filled by the post-processing thread, read by the request once the future is done):
 
-@dataclass
-class WorkItem:
-    """One sequence (an input, or one window of a long input) on its way through the engine."""
+    - ``vectors``: [sequences, len(layers), hidden] pooled vectors (pooler: one "layer");
+    - ``token_states``: per sequence [len(layers), length, hidden], every real token's state (/embed_all);
+    - ``mask_probs``: per sequence one [vocab] probability row per mask position (fill-mask);
+    - ``queued_s``: the longest any sequence waited for its batch; ``batches``: the inference seconds of
+      each batch the job used, by the batch's start time.
 
-    ids: np.ndarray  # int64 [length], [CLS] … [SEP]
-    need: Need
-    ticket: Ticket
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[ItemResult]
-    enqueued_at: float = field(default_factory=time.perf_counter)
+    Cancelling (its client left) makes every stage drop its sequences that have not run yet.
+    """
 
-    @property
-    def length(self) -> int:
-        return int(self.ids.shape[0])
+    __slots__ = (
+        "batches",
+        "cancelled",
+        "count",
+        "future",
+        "loop",
+        "mask_probs",
+        "queued_s",
+        "remaining",
+        "token_states",
+        "vectors",
+    )
 
-    def resolve(self, result: ItemResult) -> None:
-        """Hand ``result`` to the awaiting coroutine; safe from any thread."""
-        self.loop.call_soon_threadsafe(_set_result, self.future, result)
+    def __init__(self, loop: asyncio.AbstractEventLoop, count: int) -> None:
+        self.loop = loop
+        self.future: asyncio.Future[Job] = loop.create_future()
+        self.count = count
+        self.remaining = count  # changed by the post-processing thread only
+        self.cancelled = False  # a plain store: read by the stage threads, set on the event loop
+        self.vectors: np.ndarray | None = None
+        self.token_states: list[np.ndarray | None] = []
+        self.mask_probs: list[np.ndarray | None] = []
+        self.queued_s = 0.0
+        self.batches: dict[float, float] = {}
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def finish(self, sequences: int) -> None:
+        """``sequences`` more of this job are done; wake the request when that was the last of them.
+
+        Called on the post-processing thread; safe because only that thread changes ``remaining``.
+        """
+        self.remaining -= sequences
+        if self.remaining == 0:
+            self.loop.call_soon_threadsafe(_set_result, self.future, self)
 
     def fail(self, exc: BaseException) -> None:
+        """Fail the request with ``exc`` (from any thread); later results are ignored."""
         self.loop.call_soon_threadsafe(_set_exception, self.future, exc)
 
 
-def _set_result(future: asyncio.Future[ItemResult], result: ItemResult) -> None:
+class Sequence:
+    """One input (or one window of a long input) on its way through the engine."""
+
+    __slots__ = ("due", "enqueued_at", "ids", "job", "length", "need", "slot")
+
+    def __init__(self, ids: np.ndarray, need: Need, job: Job, slot: int, enqueued_at: float = 0.0) -> None:
+        self.ids = ids  # int64 [length], [CLS] … [SEP]
+        self.length = int(ids.shape[0])
+        self.need = need
+        self.job = job
+        self.slot = slot  # its row in the job's results
+        self.enqueued_at = enqueued_at or time.perf_counter()
+        self.due = 0  # the batch count by which first-come-first-served would have run it
+
+
+def _set_result(future: asyncio.Future[Job], job: Job) -> None:
     if not future.done():
-        future.set_result(result)
+        future.set_result(job)
 
 
-def _set_exception(future: asyncio.Future[ItemResult], exc: BaseException) -> None:
+def _set_exception(future: asyncio.Future[Job], exc: BaseException) -> None:
     if not future.done():
         future.set_exception(exc)

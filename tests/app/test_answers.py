@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from app.answers import Answer, Timings, timed, timings_of
-from app.engine.work import ItemResult
+from app.engine.work import Job
 
 
 class _Endpoint:
@@ -22,13 +22,15 @@ def test_timed_sets_the_total_and_keeps_the_rest() -> None:
     assert answer.timings.total_ms >= 20.0
 
 
-def _result(batch_started: float, queued_s: float, inference_s: float) -> ItemResult:
-    return ItemResult(None, None, queued_s, inference_s, batch_started, 1)
+def _job(queued_s: float, batches: dict[float, float]) -> Job:
+    job = Job(asyncio.new_event_loop(), 1)
+    job.queued_s, job.batches = queued_s, batches
+    return job
 
 
 def test_inference_time_counts_each_batch_once_and_queue_time_is_the_longest_wait() -> None:
-    results = [_result(1.0, 0.002, 0.010), _result(1.0, 0.004, 0.010), _result(2.0, 0.001, 0.005)]
-    t = timings_of(results, tokenization_ms=3.0)
+    jobs = [_job(0.002, {1.0: 0.010}), _job(0.004, {1.0: 0.010, 2.0: 0.005})]
+    t = timings_of(jobs, tokenization_ms=3.0)
     assert abs(t.inference_ms - 15.0) < 1e-9
     assert abs(t.queue_ms - 4.0) < 1e-9
     assert t.tokenization_ms == 3.0

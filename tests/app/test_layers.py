@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from app import layers
-from app.engine.work import ItemResult
 from app.errors import InternalError
 from app.options import LayerMix, layer_mix
 
@@ -58,22 +57,20 @@ def test_rows_normalise() -> None:
     np.testing.assert_allclose(layers.normalize_rows(rows), [[0.6, 0.8], [0.0, 0.0]])
 
 
-def _result(vectors: np.ndarray | None) -> ItemResult:
-    return ItemResult(
-        vectors=vectors, mask_probs=None, queued_s=0, inference_s=0, batch_started=0, batch_size=1
-    )
-
-
 def test_input_vectors_average_an_inputs_windows_by_tokens() -> None:
-    a = np.array([[1.0, 0.0]], dtype=np.float32)  # one layer each
-    b = np.array([[0.0, 1.0]], dtype=np.float32)
-    c = np.array([[2.0, 2.0]], dtype=np.float32)
-    out = layers.input_vectors(
-        2, [0, 0, 1], [3, 1, 5], [_result(a), _result(b), _result(c)], LayerMix(), False
-    )
+    pooled = np.array([[[1.0, 0.0]], [[0.0, 1.0]], [[2.0, 2.0]]], dtype=np.float32)  # [seq, 1 layer, 2]
+    owners, weights = np.array([0, 0, 1]), np.array([3, 1, 5])
+    out = layers.input_vectors(2, owners, weights, pooled, LayerMix(), False)
     np.testing.assert_allclose(out[0], [0.75, 0.25])
     np.testing.assert_allclose(out[1], [2.0, 2.0])
-    normalized = layers.input_vectors(1, [0], [1], [_result(c)], LayerMix(), True)
+    normalized = layers.input_vectors(1, None, np.ones(1), pooled[2:], LayerMix(), True)
     assert abs(np.linalg.norm(normalized[0]) - 1) < 1e-6
-    with pytest.raises(InternalError):
-        layers.input_vectors(1, [0], [1], [_result(None)], LayerMix(), True)
+
+
+def test_input_vectors_combine_layers_for_every_input_at_once() -> None:
+    rng = np.random.default_rng(1)
+    pooled = rng.standard_normal((4, 2, 3)).astype(np.float32)  # [seq, layers, hidden]
+    concat = layers.input_vectors(4, None, np.ones(4), pooled, LayerMix("concat"), False)
+    np.testing.assert_array_equal(concat, pooled.reshape(4, 6))
+    diff = layers.input_vectors(4, None, np.ones(4), pooled, LayerMix("difference"), False)
+    np.testing.assert_array_equal(diff, pooled[:, 0] - pooled[:, 1])

@@ -7,7 +7,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.engine.work import ItemResult
 from app.errors import InternalError, ValidationFailed
 from app.options import EmbedAllOptions, LayerMix
 from app.token_rows import check_token_bound, kept_positions, returned_rows, token_vectors
@@ -38,16 +37,15 @@ def test_token_vectors_combine_normalise_and_describe(tiny_model: Any) -> None:
     kept = np.arange(4)
     rows = np.array([1, 2])
     states = np.arange(2 * 4 * 2, dtype=np.float32).reshape(2, 4, 2) + 1  # [layers, tokens, hidden]
-    result = ItemResult(None, None, 0, 0, 0, 1, token_states=states)
     options = EmbedAllOptions(normalize=True, return_tokens=True, norms=True)
-    answer = token_vectors(enc, kept, rows, result, LayerMix("concat"), options)
+    answer = token_vectors(enc, kept, rows, states, LayerMix("concat"), options)
     raw = np.concatenate([states[0, 1:3], states[1, 1:3]], axis=-1)
     assert answer.norms is not None
     np.testing.assert_allclose(answer.norms, np.linalg.norm(raw, axis=-1), rtol=1e-6)
     np.testing.assert_allclose(np.linalg.norm(answer.vectors, axis=-1), [1, 1], rtol=1e-6)
     assert answer.tokens is not None and [t["text"] for t in answer.tokens] == ["你", "好"]
     assert answer.tokens[0]["start"] == 0 and answer.tokens[1]["stop"] == 2
-    bare = token_vectors(enc, kept, rows, result, LayerMix("mean"), EmbedAllOptions())
+    bare = token_vectors(enc, kept, rows, states, LayerMix("mean"), EmbedAllOptions())
     assert bare.tokens is None and bare.norms is None
     with pytest.raises(InternalError):
-        token_vectors(enc, kept, rows, ItemResult(None, None, 0, 0, 0, 1), LayerMix(), options)
+        token_vectors(enc, kept, rows, None, LayerMix(), options)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from app.engine.engine import Engine
-from app.engine.work import Need, Ticket, WorkItem
+from app.engine.work import Job, Need, Sequence
 from app.metrics import Metrics
 from app.settings import Settings
 from tests.app.conftest import Running, TorchReference, cosine, serving
@@ -157,22 +157,20 @@ def test_batching_does_not_change_any_token_vector(tiny_model: Any, tiny_setting
     longer = [np.array([101, *([791] * n), 102], dtype=np.int64) for n in (40, 90)]
     need = Need(layers=(1, 3), tokens=True)
 
-    async def run(sequences: list[np.ndarray]) -> list[Any]:
-        loop = asyncio.get_running_loop()
-        ticket = Ticket()
-        items = [WorkItem(s, need, ticket, loop, loop.create_future()) for s in sequences]
-        return await engine.run(items, ticket)
+    async def run(sequences: list[np.ndarray]) -> Job:
+        job = Job(asyncio.get_running_loop(), len(sequences))
+        return await engine.run(job, [Sequence(s, need, job, i) for i, s in enumerate(sequences)])
 
     try:
-        (alone,) = asyncio.run(run([short]))
+        alone = asyncio.run(run([short]))
         together = asyncio.run(run([longer[0], short, longer[1]]))
     finally:
         engine.stop()
-    assert len({r.batch_started for r in together}) == 1 and together[1].batch_size == 3
-    for result, ids in zip(together, [longer[0], short, longer[1]], strict=True):
-        assert result.token_states.shape == (2, len(ids), 64)  # only the item's own rows
-    assert alone.batch_size == 1
-    np.testing.assert_allclose(together[1].token_states, alone.token_states, rtol=1e-5, atol=1e-5)
+    assert len(together.batches) == 1 and engine.batcher.stats.largest_batch == 3  # one batch of 3
+    for states, ids in zip(together.token_states, [longer[0], short, longer[1]], strict=True):
+        assert states is not None and states.shape == (2, len(ids), 64)  # only the sequence's own rows
+    assert len(alone.batches) == 1 and alone.count == 1
+    np.testing.assert_allclose(together.token_states[1], alone.token_states[0], rtol=1e-5, atol=1e-5)
 
 
 def test_norms_are_taken_before_normalize(client: httpx.Client) -> None:

@@ -9,19 +9,18 @@ import time
 import numpy as np
 
 from app.engine.batching import MAX_PASSED_OVER, Batcher
-from app.engine.work import Need, Ticket, WorkItem
+from app.engine.work import Job, Need, Sequence
 from app.metrics import Metrics
 
 LOOP = asyncio.new_event_loop()
 
 
-def item(length: int, ticket: Ticket | None = None, age_s: float = 1.0) -> WorkItem:
-    return WorkItem(
-        ids=np.zeros(length, dtype=np.int64),
-        need=Need(layers=(1,), pooling="cls"),
-        ticket=ticket or Ticket(),
-        loop=LOOP,
-        future=LOOP.create_future(),
+def item(length: int, job: Job | None = None, age_s: float = 1.0) -> Sequence:
+    return Sequence(
+        np.zeros(length, dtype=np.int64),
+        Need(layers=(1,), pooling="cls"),
+        job or Job(LOOP, 1),
+        0,
         enqueued_at=time.perf_counter() - age_s,  # old enough that no wait applies unless asked
     )
 
@@ -80,7 +79,7 @@ def test_cancelled_items_are_dropped_before_a_batch_forms() -> None:
     batcher = Batcher(
         max_batch_tokens=10_000, max_batch_size=8, max_wait_ms=0, capacity=10, metrics=Metrics()
     )
-    gone = Ticket()
+    gone = Job(LOOP, 2)
     batcher.submit([item(5, gone), item(5), item(5, gone)])
     gone.cancel()
     batch = batcher.next_batch()

@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 
 from app.engine.engine import Engine
-from app.engine.work import Need, Ticket, WorkItem
+from app.engine.work import Job, Need, Sequence
 from app.metrics import Metrics
 from app.settings import Settings
 from tests.app.conftest import Running
@@ -66,12 +66,11 @@ def test_200_concurrent_requests_equal_each_sent_alone(server: Running) -> None:
     assert after["inputs_in_flight"] == 0
 
 
-def item(engine: Engine, length: int, ticket: Ticket) -> WorkItem:
-    loop = asyncio.get_running_loop()
-    ids = np.array([101] + [791] * (length - 2) + [102], dtype=np.int64)
-    return WorkItem(
-        ids=ids, need=Need(layers=(3,), pooling="cls"), ticket=ticket, loop=loop, future=loop.create_future()
-    )
+def job_of(lengths: list[int]) -> tuple[Job, list[Sequence]]:
+    job = Job(asyncio.get_running_loop(), len(lengths))
+    need = Need(layers=(3,), pooling="cls")
+    ids = [np.array([101] + [791] * (n - 2) + [102], dtype=np.int64) for n in lengths]
+    return job, [Sequence(x, need, job, i) for i, x in enumerate(ids)]
 
 
 def test_cancelled_requests_are_dropped_before_inference(tiny_model: Any, tiny_settings: Settings) -> None:
@@ -82,8 +81,8 @@ def test_cancelled_requests_are_dropped_before_inference(tiny_model: Any, tiny_s
     engine.inference.start()
 
     async def main() -> None:
-        gone = Ticket()
-        task = asyncio.ensure_future(engine.run([item(engine, n, gone) for n in (5, 9, 12)], gone))
+        gone, sequences = job_of([5, 9, 12])
+        task = asyncio.ensure_future(engine.run(gone, sequences))
         await asyncio.sleep(0)  # the items are queued
         assert engine.batcher.depth == 3
         task.cancel()
@@ -91,9 +90,8 @@ def test_cancelled_requests_are_dropped_before_inference(tiny_model: Any, tiny_s
             await task
         assert gone.cancelled
         engine._assembler.start()
-        stays = Ticket()
-        results = await engine.run([item(engine, 7, stays)], stays)
-        assert len(results) == 1 and results[0].vectors is not None
+        stays = await engine.run(*job_of([7]))
+        assert stays.vectors is not None and stays.vectors.shape[0] == 1
 
     try:
         asyncio.run(main())

@@ -9,18 +9,16 @@ import numpy as np
 
 from app.engine.inference import Inference
 from app.engine.postprocess import PostProcessing, split_batch
-from app.engine.work import Need, Ticket, WorkItem
+from app.engine.work import Job, Need, Sequence
 from app.metrics import Metrics
 from app.model.manifest import POOLER_OUTPUT
 
 
-def _items(loop: asyncio.AbstractEventLoop, needs: list[Need], lengths: list[int]) -> list[WorkItem]:
-    ticket = Ticket()
+def _items(loop: asyncio.AbstractEventLoop, needs: list[Need], lengths: list[int]) -> list[Sequence]:
+    job = Job(loop, len(needs))
     return [
-        WorkItem(
-            np.array([101, *range(670, 668 + n), 102], np.int64), need, ticket, loop, loop.create_future()
-        )
-        for need, n in zip(needs, lengths, strict=True)
+        Sequence(np.array([101, *range(670, 668 + n), 102], np.int64), need, job, i)
+        for i, (need, n) in enumerate(zip(needs, lengths, strict=True))
     ]
 
 
@@ -35,11 +33,11 @@ def test_a_batch_pads_fetches_only_what_is_needed_and_splits_back(tiny_model: An
     assert finished.attention_mask.tolist() == [[1, 1, 1, 0, 0, 0], [1] * 6]
     assert set(finished.outputs) == {tiny_model.output_name(1), POOLER_OUTPUT}
     assert finished.mask_logits is None
-    results = split_batch(finished)
-    assert results[0].vectors is not None and results[0].vectors.shape == (1, tiny_model.hidden_size)
-    np.testing.assert_array_equal(results[0].vectors[0], finished.outputs[tiny_model.output_name(1)][0, 0])
-    assert results[1].vectors is not None
-    np.testing.assert_array_equal(results[1].vectors[0], finished.outputs[POOLER_OUTPUT][1])
+    ((job, done),) = split_batch(finished)
+    assert done == 2 and job.vectors is not None and job.vectors.shape == (2, 1, tiny_model.hidden_size)
+    np.testing.assert_array_equal(job.vectors[0, 0], finished.outputs[tiny_model.output_name(1)][0, 0])
+    np.testing.assert_array_equal(job.vectors[1, 0], finished.outputs[POOLER_OUTPUT][1])
+    assert job.batches == {finished.started_at: finished.finished_at - finished.started_at}
     assert inference.stats.batches == 1 and inference.stats.items == 2
 
 
@@ -52,9 +50,10 @@ def test_masked_positions_run_the_head_on_the_last_layer(tiny_model: Any) -> Non
     finally:
         loop.close()
     assert finished.mask_logits is not None and finished.mask_logits.shape[0] == 2
-    results = split_batch(finished)
-    assert results[0].mask_probs is not None
-    np.testing.assert_allclose(results[0].mask_probs.sum(axis=-1), [1, 1], rtol=1e-5)
-    states = results[1].token_states
+    ((job, _),) = split_batch(finished)
+    probs = job.mask_probs[0]
+    assert probs is not None
+    np.testing.assert_allclose(probs.sum(axis=-1), [1, 1], rtol=1e-5)
+    states = job.token_states[1]
     assert finished.attention_mask.shape == (2, 4)
     assert states is not None and states.shape == (1, 3, tiny_model.hidden_size)  # no padding row

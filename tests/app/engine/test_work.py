@@ -1,4 +1,4 @@
-"""Work items: tickets cancel, results reach the awaiting coroutine from any thread."""
+"""Jobs and sequences: one wake-up per job, cancellation, failure from any thread."""
 
 from __future__ import annotations
 
@@ -8,36 +8,42 @@ import threading
 import numpy as np
 import pytest
 
-from app.engine.work import ItemResult, Need, Ticket, WorkItem
+from app.engine.work import Job, Need, Sequence
 
 
-def _result() -> ItemResult:
-    return ItemResult(np.zeros((1, 2), np.float32), None, 0.0, 0.0, 0.0, 1)
+def test_a_job_resolves_once_its_last_sequence_is_done() -> None:
+    async def scenario() -> Job:
+        job = Job(asyncio.get_running_loop(), 3)
+        threading.Thread(target=job.finish, args=(2,)).start()
+        await asyncio.sleep(0.05)
+        assert not job.future.done()  # one sequence is still out
+        threading.Thread(target=job.finish, args=(1,)).start()
+        return await asyncio.wait_for(job.future, 5)
+
+    job = asyncio.run(scenario())
+    assert job.remaining == 0
 
 
-def test_a_ticket_cancels_once_for_all() -> None:
-    ticket = Ticket()
-    assert not ticket.cancelled
-    ticket.cancel()
-    ticket.cancel()
-    assert ticket.cancelled
-
-
-def test_resolve_and_fail_from_another_thread() -> None:
-    async def scenario() -> tuple[ItemResult, BaseException | None]:
-        loop = asyncio.get_running_loop()
-        ok = WorkItem(np.arange(4), Need(layers=(1,)), Ticket(), loop, loop.create_future())
-        bad = WorkItem(np.arange(3), Need(layers=(1,)), Ticket(), loop, loop.create_future())
-        assert ok.length == 4
-        result = _result()
-        threading.Thread(target=ok.resolve, args=(result,)).start()
-        threading.Thread(target=bad.fail, args=(RuntimeError("boom"),)).start()
-        got = await ok.future
+def test_failure_from_another_thread_and_late_results_are_ignored() -> None:
+    async def scenario() -> None:
+        job = Job(asyncio.get_running_loop(), 1)
+        threading.Thread(target=job.fail, args=(RuntimeError("boom"),)).start()
         with pytest.raises(RuntimeError, match="boom"):
-            await bad.future
-        ok.resolve(_result())  # a second answer is ignored, not an InvalidStateError
+            await job.future
+        job.finish(1)  # a late result after the failure is ignored, not an InvalidStateError
         await asyncio.sleep(0.01)
-        return got, None
 
-    got, _ = asyncio.run(scenario())
-    assert got.batch_size == 1
+    asyncio.run(scenario())
+
+
+def test_a_sequence_knows_its_job_slot_and_length() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        job = Job(loop, 2)
+        seq = Sequence(np.arange(5), Need(layers=(1,)), job, 1)
+        assert (seq.length, seq.slot, seq.job) == (5, 1, job) and seq.enqueued_at > 0
+        assert not job.cancelled
+        job.cancel()
+        assert seq.job.cancelled
+    finally:
+        loop.close()
