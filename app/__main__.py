@@ -1,63 +1,21 @@
-"""``python -m app``: load the model (refusing to start with one clear message if it cannot), then serve
-with uvicorn on uvloop and httptools, and shut down gracefully on SIGTERM or SIGINT.
-
-Shutdown: the signal begins the drain (:mod:`app.api.drain`: readiness false, new requests 503,
-accepted ones go on); after ``shutdown_drain_s`` the listener closes, the requests still in flight get
-the rest of ``shutdown_grace_s`` to finish, the lifespan stops the engine, and the process exits 0.
-A second signal stops waiting for the drain.
+"""``python -m app``: check the model (refusing to start with one clear message if it cannot), then serve
+it from one process or from ``--workers`` processes behind the one port (:mod:`app.workers`), and shut
+down gracefully on SIGTERM or SIGINT (:mod:`app.server`).
 """
 
 from __future__ import annotations
 
 import logging
-import signal
 import sys
-from types import FrameType
 
-import uvicorn
-
-from app.api.drain import Drain
+from app import workers
 from app.main import create_app
 from app.model.manifest import ManifestError
-from app.model.runtime import load_model
+from app.model.runtime import check_model, load_model
+from app.server import http_server
 from app.settings import Settings, SettingsError
 
 log = logging.getLogger("app")
-
-
-class DrainingServer(uvicorn.Server):
-    """uvicorn's server with a drain before its own graceful shutdown.
-
-    uvicorn alone closes the listener on SIGTERM at once, and after its shutdown re-raises the signal,
-    so the process dies by it (exit 143) rather than exiting 0; this class does neither.
-    """
-
-    def __init__(self, config: uvicorn.Config, drain: Drain, drain_s: float) -> None:
-        super().__init__(config)
-        self.drain = drain
-        self.drain_s = drain_s
-        self._announced = False
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        # Runs in a signal handler: only plain stores here, the logging happens in on_tick.
-        if self.drain.draining:
-            # A second signal skips the rest of the drain; a third Ctrl-C stops waiting for requests too.
-            if self.should_exit and sig == signal.SIGINT:
-                self.force_exit = True
-            self.should_exit = True
-            return
-        self.drain.begin()
-
-    async def on_tick(self, counter: int) -> bool:
-        if self.drain.draining and not self._announced:
-            self._announced = True
-            log.info(
-                "draining: /ready and new requests answer 503 for %.1f s, then the listener closes",
-                self.drain_s,
-            )
-        if self.drain.draining and self.drain.elapsed() >= self.drain_s:
-            self.should_exit = True
-        return await super().on_tick(counter)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,25 +25,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         settings.api_key_values()  # an unreadable keys file stops us before the model loads
+        count = workers.resolve_count(settings)
+        if count > 1:
+            folder, _, _ = check_model(settings)  # exported once, verified once, before any worker starts
+            return workers.serve(settings.model_copy(update={"model": str(folder)}), count)
         model = load_model(settings)
     except (ManifestError, SettingsError) as exc:
         print(f"zhembed: cannot start: {exc}", file=sys.stderr)
         return 2
-    app = create_app(settings, model)
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        loop="uvloop",
-        http="httptools",
-        log_level=settings.log_level,
-        access_log=False,
-        timeout_keep_alive=settings.keep_alive_s,
-        # What is left of the grace period once the drain is over: the requests in flight get that long.
-        timeout_graceful_shutdown=max(int(settings.shutdown_grace_s - settings.shutdown_drain_s), 1),
-    )
-    server = DrainingServer(config, app.state.drain, settings.shutdown_drain_s)
-    server.run()
+    http_server(create_app(settings, model), settings).run()
     log.info("stopped")
     return 0
 

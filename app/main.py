@@ -35,29 +35,33 @@ from app.metrics import Metrics
 from app.model.runtime import OnnxModel, load_model
 from app.service import Service
 from app.settings import Settings
+from app.workers import Cluster
 
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: Settings | None = None, model: OnnxModel | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None, model: OnnxModel | None = None, cluster: Cluster | None = None
+) -> FastAPI:
     """The service as an ASGI app.
 
     Args:
         settings: the frozen settings; ``Settings()`` (environment only) when omitted.
         model: an already loaded model (``python -m app`` loads it first to fail fast); loaded in the
             lifespan when omitted.
+        cluster: the server this app is one worker of (:mod:`app.workers`); None for a single process.
 
     Raises:
         SettingsError: the API keys setting cannot be used (checked here, before anything serves).
     """
     settings = settings or Settings()
-    metrics = Metrics()
+    metrics = Metrics(cluster.shared.metrics_dir if cluster is not None else None)
     keys = settings.api_key_values()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loaded = model if model is not None else await asyncio.to_thread(load_model, settings)
-        engine = Engine(loaded, settings, metrics)
+        engine = Engine(loaded, settings, metrics, cluster.ledger if cluster is not None else None)
         engine.start()
         cache = _build_cache(settings, metrics)
         service = Service(settings, loaded, engine, cache, metrics)
@@ -70,11 +74,16 @@ def create_app(settings: Settings | None = None, model: OnnxModel | None = None)
             cache_bytes=lambda: cache.memory.bytes if cache.memory is not None else 0,
         )
         app.state.service = service
-        warm = asyncio.create_task(_warm(service, settings.warmup))
+        warm = asyncio.create_task(_warm(service, settings.warmup, metrics, cluster))
+        pushing = asyncio.create_task(_push_gauges(metrics)) if cluster is not None else None
         try:
             yield
         finally:
             warm.cancel()
+            if pushing is not None:
+                pushing.cancel()
+            if cluster is not None:
+                cluster.set_ready(False)
             if cache.shared is not None:
                 await cache.shared.aclose()
             engine.stop()
@@ -87,6 +96,7 @@ def create_app(settings: Settings | None = None, model: OnnxModel | None = None)
         **_without_native_telemetry(),
     )
     app.state.metrics = metrics
+    app.state.cluster = cluster
     # Begun by `python -m app` on SIGTERM; the middleware reads it on every request.
     app.state.drain = drain = Drain()
     install_error_handlers(app)
@@ -131,8 +141,18 @@ def _build_cache(settings: Settings, metrics: Metrics) -> VectorCache:
     return VectorCache(memory, shared, metrics)
 
 
-async def _warm(service: Service, warmup: bool) -> None:
+async def _warm(service: Service, warmup: bool, metrics: Metrics, cluster: Cluster | None) -> None:
     if warmup:
         await service.warmup()
     service.ready = True
+    metrics.ready(True)
+    if cluster is not None:
+        cluster.set_ready(True)
     log.info("ready")
+
+
+async def _push_gauges(metrics: Metrics) -> None:
+    """With several workers, gauges are pushed (see :meth:`Metrics.refresh`): twice a second."""
+    while True:
+        metrics.refresh()
+        await asyncio.sleep(0.5)

@@ -1,7 +1,11 @@
 """Prometheus metrics: every name, label and bucket declared once, here, under the ``zhembed_`` prefix.
 
 Each app owns a :class:`Metrics` with its own ``CollectorRegistry`` (not the process-global one), so
-tests can build many apps in one process. The stages report through the small methods below and never
+tests can build many apps in one process. With several workers (:mod:`app.workers`) the samples live in
+prometheus-client's multiprocess files and a scrape of any worker reads every worker's; gauges then say
+how they combine (``livesum``: queue depth, cache bytes, ready workers; ``livemax``: the server-wide
+inputs in flight, which every worker reports, and the model) and are pushed by :meth:`Metrics.refresh`
+twice a second instead of being read at scrape time. The stages report through the small methods below and never
 touch prometheus objects themselves. Dashboards and the autoscaler read these names: renaming one is a
 breaking change.
 """
@@ -12,6 +16,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.multiprocess import MultiProcessCollector
 
 PREFIX = "zhembed_"
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -44,7 +49,11 @@ TIERS = ("memory", "redis")
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, multiprocess_dir: str | None = None) -> None:
+        """``multiprocess_dir``: the directory of a server with several workers (prometheus-client must
+        have been imported with ``PROMETHEUS_MULTIPROC_DIR`` naming it); None for one process."""
+        self.multiprocess_dir = multiprocess_dir
+        self._watched: dict[Gauge, Callable[[], float]] = {}
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
@@ -95,9 +104,23 @@ class Metrics:
             "Padding tokens the encoder computed; padding share = padding / computed.",
             registry=r,
         )
-        self.queue_depth = Gauge(PREFIX + "queue_depth", "Inputs waiting in the batch queue.", registry=r)
+        self.queue_depth = Gauge(
+            PREFIX + "queue_depth",
+            "Inputs waiting in the batch queue.",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self.inputs_in_flight = Gauge(
-            PREFIX + "inputs_in_flight", "Inputs admitted and not yet answered.", registry=r
+            PREFIX + "inputs_in_flight",
+            "Inputs admitted and not yet answered (across every worker).",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.workers_ready = Gauge(
+            PREFIX + "workers_ready",
+            "Worker processes that are warmed up and serving.",
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.cache_hits = Counter(PREFIX + "cache_hits", "Vector cache hits, by tier.", ["tier"], registry=r)
         self.cache_misses = Counter(
@@ -109,7 +132,12 @@ class Metrics:
             ["tier"],
             registry=r,
         )
-        self.cache_bytes = Gauge(PREFIX + "cache_bytes", "Bytes held by the in-process cache.", registry=r)
+        self.cache_bytes = Gauge(
+            PREFIX + "cache_bytes",
+            "Bytes held by the in-process caches.",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self.failures = Counter(
             PREFIX + "failures", "Requests answered with an error, by error type.", ["reason"], registry=r
         )
@@ -118,6 +146,7 @@ class Metrics:
             "The loaded model (always 1).",
             ["model", "variant", "provider", "weights"],
             registry=r,
+            multiprocess_mode="livemax",
         )
         for tier in TIERS:  # so every series exists from the first scrape
             self.cache_hits.labels(tier)
@@ -163,14 +192,32 @@ class Metrics:
         in_flight: Callable[[], float],
         cache_bytes: Callable[[], float],
     ) -> None:
-        """Gauges read at scrape time from the engine and the cache."""
-        self.queue_depth.set_function(queue_depth)
-        self.inputs_in_flight.set_function(in_flight)
-        self.cache_bytes.set_function(cache_bytes)
+        """Gauges read from the engine and the cache: at scrape time, or by :meth:`refresh` with workers."""
+        self._watched = {
+            self.queue_depth: queue_depth,
+            self.inputs_in_flight: in_flight,
+            self.cache_bytes: cache_bytes,
+        }
+        if self.multiprocess_dir is None:
+            for gauge, read in self._watched.items():
+                gauge.set_function(read)
+
+    def refresh(self) -> None:
+        """Push the watched values into their gauges (multiprocess mode, where a scrape cannot call them)."""
+        for gauge, read in self._watched.items():
+            gauge.set(read())
+
+    def ready(self, ready: bool) -> None:
+        self.workers_ready.set(int(ready))
 
     def set_model(self, model: str, variant: str, provider: str, weights: str) -> None:
-        self.model_info.clear()
+        if self.multiprocess_dir is None:  # (one model per process: nothing to clear with workers)
+            self.model_info.clear()
         self.model_info.labels(model, variant, provider, weights).set(1)
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        if self.multiprocess_dir is None:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=self.multiprocess_dir)
+        return generate_latest(registry)

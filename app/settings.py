@@ -59,6 +59,16 @@ class Settings(BaseSettings):
 
     # --- server --------------------------------------------------------------------------------------
     host: str = Field(default="0.0.0.0", description="Address to listen on.")
+    # Each worker is a whole service (its own session, tokeniser and event loop) on one shared listening
+    # socket: the Python around a batch then runs on several cores while the GPU computes. On CPU the
+    # cores belong to ONNX Runtime, so auto is 1 there.
+    workers: int = Field(
+        default=0,
+        ge=0,
+        le=64,
+        description="Worker processes behind the one port; 0 = auto: 4 with CUDA, 1 on CPU. With several, "
+        "admission permits, readiness and /metrics span all of them; each has its own in-process cache.",
+    )
     port: int = Field(default=8080, ge=1, le=65535, description="Port to listen on.")
     log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level.")
     # Kubernetes: keep drain + grace under terminationGracePeriodSeconds minus the preStop sleep.

@@ -3,6 +3,7 @@ exceptions and become HTTP through :mod:`app.api.errors`; each route's OpenAPI e
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Any
 
 import orjson
@@ -27,6 +28,7 @@ from app.errors import EmptyInput, NotReady, Unsupported
 from app.metrics import CONTENT_TYPE, Metrics
 from app.options import FloatEncoding
 from app.service import Service, Timings, TokenVectors
+from app.workers import Cluster
 
 router = APIRouter()
 
@@ -121,10 +123,13 @@ async def health() -> Response:
 
 
 @router.get("/ready", responses=openapi_responses(NotReady))
-async def ready(service: ServiceDep) -> Response:
-    """Readiness: the model is loaded and warmed up."""
+async def ready(request: Request, service: ServiceDep) -> Response:
+    """Readiness: the model is loaded and warmed up (in every worker, when there are several)."""
     if not service.ready:
         raise NotReady("the model is still warming up")
+    cluster: Cluster | None = request.app.state.cluster
+    if cluster is not None and not cluster.all_ready():
+        raise NotReady(f"{sum(cluster.shared.ready[:])} of {cluster.size} workers are ready")
     return json_response({"ready": True})
 
 
@@ -136,6 +141,9 @@ async def metrics(request: Request) -> Response:
 
 
 @router.get("/info")
-async def info(service: ServiceDep) -> Response:
-    """The model, variant, provider, limits, batching settings and engine counters."""
-    return json_response(service.info())
+async def info(request: Request, service: ServiceDep) -> Response:
+    """The model, variant, provider, limits, batching settings and engine counters (of the worker that
+    answers, when there are several: ``worker`` says which)."""
+    cluster: Cluster | None = request.app.state.cluster
+    worker = {"index": cluster.index, "of": cluster.size} if cluster is not None else {"index": 0, "of": 1}
+    return json_response({**service.info(), "worker": {**worker, "pid": os.getpid()}})

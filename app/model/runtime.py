@@ -167,8 +167,14 @@ def return_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def load_model(settings: Settings) -> OnnxModel:
-    """Resolve, verify and load the model the settings name.
+def check_model(settings: Settings) -> tuple[Path, Manifest, Choice]:
+    """Resolve (exporting on first use) and verify the model the settings name, without loading it.
+
+    ``python -m app`` with several workers calls this once before they start, so a hub model is
+    exported once and a broken one stops the server with one message.
+
+    Returns:
+        The model folder, its manifest and the variant and providers chosen.
 
     Raises:
         ManifestError: the model is missing, corrupt, or cannot run with these settings; one message.
@@ -186,6 +192,16 @@ def load_model(settings: Settings) -> OnnxModel:
     if "tokenizer.json" not in files:
         raise ManifestError(f"the manifest in {folder} does not list tokenizer.json")
     verify_files(folder, files)
+    return folder, manifest, choice
+
+
+def load_model(settings: Settings) -> OnnxModel:
+    """Resolve, verify and load the model the settings name.
+
+    Raises:
+        ManifestError: the model is missing, corrupt, or cannot run with these settings; one message.
+    """
+    folder, manifest, choice = check_model(settings)
     try:
         model = OnnxModel(folder, manifest, choice, settings.intra_op_threads)
     # InvalidProtobuf: a graph whose bytes are not ONNX at all (its sha256 may still match a bad export).

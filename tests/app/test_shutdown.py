@@ -1,7 +1,8 @@
 """Graceful shutdown of ``python -m app``: on SIGTERM readiness turns false, new requests get 503, requests
 already accepted finish, and the process exits 0 within the grace period.
 
-Every request of a stream sent across the signal ends one of three ways: answered (200), refused with
+With one worker and with two (the supervisor forwards the signal; each worker drains alike), every
+request of a stream sent across the signal ends one of three ways: answered (200), refused with
 503 while draining, or refused by the OS once the listener has closed (a connect error, or a reset of a
 connection the kernel had queued but the server never accepted: either way nothing was started, so a
 client may safely retry elsewhere). Anything else — a reset during the drain, a timeout — is a lost or
@@ -44,11 +45,13 @@ class Subprocess:
         return self.proc.stdout.read()
 
 
-@pytest.fixture()
-def app_process(tiny_model_dir: Path) -> Iterator[Subprocess]:
+@pytest.fixture(params=[1, 2], ids=["1 worker", "2 workers"])
+def app_process(tiny_model_dir: Path, request: pytest.FixtureRequest) -> Iterator[Subprocess]:
+    """``python -m app`` serving the tiny model, in one process or as two workers behind one port."""
     port = free_port()
     env = {
         **os.environ,
+        "ZHEMBED_WORKERS": str(request.param),
         "ZHEMBED_MODEL": str(tiny_model_dir),
         "ZHEMBED_VARIANT": "fp32",
         "ZHEMBED_HOST": "127.0.0.1",

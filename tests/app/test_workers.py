@@ -1,0 +1,213 @@
+"""Several workers behind one port: one admission budget, readiness of all, one /metrics, drain, faults."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from app import workers
+from app.engine.admission import Admission
+from app.errors import Overloaded
+from app.settings import Settings
+from tests.app.conftest import free_port, wait_until
+
+
+def _hold(permits: Any, index: int, count: int, held: Any, release: Any) -> None:
+    """In another process: take ``count`` permits as worker ``index``, hold them until told."""
+    admission = Admission(10, workers.SharedLedger(permits, index))
+    with admission.try_acquire(count):
+        held.set()
+        release.wait(30)
+
+
+def test_the_permit_budget_is_the_servers_not_each_workers() -> None:
+    ctx = mp.get_context("spawn")
+    permits = ctx.Array("q", 2)
+    held, release = ctx.Event(), ctx.Event()
+    other = ctx.Process(target=_hold, args=(permits, 1, 7, held, release))
+    other.start()
+    try:
+        assert held.wait(60)
+        mine = Admission(10, workers.SharedLedger(permits, 0))
+        assert mine.in_use == 7
+        with pytest.raises(Overloaded, match="7 of 10 inputs in flight"):
+            mine.try_acquire(4)
+        with mine.try_acquire(3):
+            assert mine.in_use == 10
+        release.set()
+        other.join(30)
+        assert mine.in_use == 0 and list(permits[:]) == [0, 0]
+    finally:
+        release.set()
+        other.join(30)
+
+
+def test_readiness_needs_every_worker() -> None:
+    ctx = mp.get_context("spawn")
+    shared = workers.Shared(ctx.Array("q", 2), ctx.Array("b", 2), "/nonexistent")
+    first, second = workers.Cluster(shared, 0), workers.Cluster(shared, 1)
+    first.set_ready(True)
+    assert not first.all_ready() and not second.all_ready()
+    second.set_ready(True)
+    assert first.all_ready()
+
+
+def test_worker_count_auto_is_one_on_cpu_and_four_on_cuda() -> None:
+    assert workers.resolve_count(Settings(workers=3)) == 3
+    assert workers.resolve_count(Settings(providers="CPUExecutionProvider")) == 1
+    cuda = Settings(providers="CUDAExecutionProvider,CPUExecutionProvider")
+    assert workers.resolve_count(cuda) == workers.AUTO_CUDA_WORKERS
+
+
+# --- a real server with two workers -------------------------------------------------------------------
+
+
+class Server:
+    def __init__(self, proc: subprocess.Popen[str], port: int) -> None:
+        self.proc = proc
+        self.url = f"http://127.0.0.1:{port}"
+
+
+def start(model: Path, port: int, **env: str) -> subprocess.Popen[str]:
+    variables = {
+        **os.environ,
+        "ZHEMBED_MODEL": str(model),
+        "ZHEMBED_VARIANT": "fp32",
+        "ZHEMBED_HOST": "127.0.0.1",
+        "ZHEMBED_PORT": str(port),
+        "ZHEMBED_WORKERS": "2",
+        "ZHEMBED_CACHE_BYTES": "0",
+        **env,
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "app"],
+        env=variables,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def ready(url: str) -> bool:
+    try:
+        return httpx.get(url + "/ready", timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def two_workers(tiny_model_dir: Path) -> Iterator[Server]:
+    port = free_port()
+    proc = start(
+        tiny_model_dir, port, ZHEMBED_MAX_CONCURRENT_INPUTS="64", ZHEMBED_MAX_INPUTS_PER_REQUEST="16"
+    )
+    server = Server(proc, port)
+    try:
+        wait_until(lambda: ready(server.url) or proc.poll() is not None, seconds=120, every=0.1)
+        assert proc.poll() is None, proc.communicate()[0]
+        yield server
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def scrape(url: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", timeout=10).text
+    out: dict[str, float] = Counter()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "zhembed_requests_total" and sample.labels.get("route") == "/embed":
+                out[f"embed_{sample.labels['status']}"] += sample.value
+            elif sample.name in ("zhembed_workers_ready", "zhembed_inputs_in_flight"):
+                out[sample.name] = sample.value
+    return out
+
+
+@pytest.mark.slow
+def test_both_workers_serve_and_one_scrape_counts_them_all(two_workers: Server) -> None:
+    before = scrape(two_workers.url)
+    served_by: set[int] = set()
+    for i in range(40):
+        with httpx.Client(base_url=two_workers.url, timeout=30) as client:  # a fresh connection each time
+            assert client.post("/embed", json={"inputs": [f"第{i}句"]}).status_code == 200
+            served_by.add(client.get("/info").json()["worker"]["pid"])
+    after = scrape(two_workers.url)
+    assert after["embed_200"] - before.get("embed_200", 0) == 40  # whichever worker answered each
+    assert after["zhembed_workers_ready"] == 2
+    assert len(served_by) == 2, served_by
+
+
+@pytest.mark.slow
+def test_past_the_servers_budget_only_200_or_429_and_nothing_leaks(two_workers: Server) -> None:
+    async def flood() -> Counter[int]:
+        limits = httpx.Limits(max_connections=64)
+        async with httpx.AsyncClient(base_url=two_workers.url, timeout=60, limits=limits) as client:
+            bodies = [{"inputs": [f"请求{i}的第{j}句话" * 8 for j in range(16)]} for i in range(48)]
+            responses = await asyncio.gather(*(client.post("/embed", json=b) for b in bodies))
+        for r in responses:
+            if r.status_code == 429:
+                assert r.headers["retry-after"] == "1" and r.json()["error_type"] == "overloaded"
+        return Counter(r.status_code for r in responses)
+
+    statuses = asyncio.run(flood())
+    assert set(statuses) <= {200, 429}, statuses
+    assert statuses[200] >= 4, statuses  # the budget admits four such requests at a time
+    wait_until(lambda: scrape(two_workers.url).get("zhembed_inputs_in_flight") == 0, every=0.6)
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_replaced_and_the_server_keeps_serving(tiny_model_dir: Path) -> None:
+    port = free_port()
+    proc = start(tiny_model_dir, port, ZHEMBED_WARMUP="false")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: ready(url) or proc.poll() is not None, seconds=120, every=0.1)
+        victim = httpx.get(url + "/info", timeout=10).json()["worker"]["pid"]
+        time.sleep(workers.MIN_UPTIME_S)  # past the start-up window, where a death stops the server
+        os.kill(victim, signal.SIGKILL)
+        statuses = Counter()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (statuses[200] >= 20 and ready(url)):
+            with httpx.Client(base_url=url, timeout=30) as client:
+                statuses[client.post("/embed", json={"inputs": "还在吗"}).status_code] += 1
+        assert set(statuses) == {200}, statuses
+        assert ready(url)
+        pids = {httpx.get(url + "/info", timeout=10).json()["worker"]["pid"] for _ in range(30)}
+        assert victim not in pids
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, output
+    assert "starting another" in output, output
+
+
+def test_a_damaged_model_stops_the_server_before_any_worker_starts(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    (folder / "encoder.fp32.onnx").unlink()
+    proc = start(folder, free_port())
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2, output
+    lines = [line for line in output.strip().splitlines() if line.startswith("zhembed")]
+    assert len(lines) == 1 and "encoder.fp32.onnx: missing" in lines[0], output
