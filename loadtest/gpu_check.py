@@ -30,7 +30,7 @@ import numpy as np
 import onnxruntime as ort
 import orjson
 
-from loadtest.flops import BertShape, synthetic_feed
+from loadtest.flops import BertShape, session_options, synthetic_feed
 from loadtest.loadgen import run_cell
 from loadtest.server import HOST, ServiceProcess
 
@@ -39,7 +39,7 @@ TEXT_CHARS = {32: "北京是中国的首都，也是一座历史悠久的城市�
 
 
 def _session(path: Path, provider: str) -> ort.InferenceSession:
-    session = ort.InferenceSession(str(path), providers=[provider])
+    session = ort.InferenceSession(str(path), session_options(provider=provider), providers=[provider])
     if session.get_providers()[0] != provider:
         raise SystemExit(f"the session fell back to {session.get_providers()} instead of {provider}")
     return session
