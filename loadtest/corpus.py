@@ -1,10 +1,13 @@
-"""The benchmark corpus (``data/corpus_zh.txt``, one sentence a line) and its token lengths."""
+"""The benchmark corpus (``data/corpus_zh.txt``, one sentence a line), its token lengths, and request
+bodies made from it."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import numpy as np
+import orjson
 from tokenizers import Tokenizer
 
 CORPUS = Path(__file__).parent / "data" / "corpus_zh.txt"
@@ -21,3 +24,22 @@ def token_ids(model_dir: Path, texts: list[str], max_length: int = 512) -> list[
     tokenizer.no_padding()
     tokenizer.enable_truncation(max_length)
     return [np.asarray(e.ids, dtype=np.int64) for e in tokenizer.encode_batch(texts)]
+
+
+def request_bodies(corpus: list[str], per_request: int, seed: int = 0) -> list[bytes]:
+    """``/embed`` bodies of ``per_request`` texts each covering the corpus once, shuffled by ``seed``.
+
+    One text per request is sent as a string, more as a list; the last body wraps around to the start.
+    """
+    texts = corpus[:]
+    random.Random(seed).shuffle(texts)
+    if per_request == 1:
+        return [orjson.dumps({"inputs": t}) for t in texts]
+    ring = texts + texts[:per_request]
+    return [orjson.dumps({"inputs": ring[i : i + per_request]}) for i in range(0, len(texts), per_request)]
+
+
+def unique_texts(corpus: list[str], start: int, count: int) -> list[str]:
+    """Texts ``start`` … ``start + count - 1`` of an endless sequence of distinct texts: corpus sentences
+    with their number in front, so that neither de-duplication nor a cache can serve one from another."""
+    return [f"{n:07d} {corpus[n % len(corpus)]}" for n in range(start, start + count)]

@@ -10,8 +10,8 @@ The count (multiply-add = 2 FLOP) of one sequence of ``L`` tokens through ``N`` 
 Embeddings, LayerNorm, GELU and softmax are left out (well under 1% at these sizes). "Useful" FLOP/s
 counts each sentence at its own length; "computed" counts the padded batch shape.
 
-The peak is one large GEMM of the same precision run by ONNX Runtime with the same session options as the
-service: fp32 ``MatMul`` and int8 ``MatMulInteger`` (uint8 activations × int8 weights, as the int8
+The peak is one large GEMM of the same precision run by ONNX Runtime with the service's own session options
+(``app.model.runtime.session_options``): fp32 ``MatMul`` and int8 ``MatMulInteger`` (uint8 activations × int8 weights, as the int8
 graph runs them), shaped like BERT's feed-forward on a batch of tokens.
 """
 
@@ -23,6 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
+
+from app.model.runtime import CPU
+from app.model.runtime import session_options as service_session_options
 
 
 @dataclass(frozen=True)
@@ -40,12 +43,10 @@ class BertShape:
         return batch * self.flops(length)
 
 
-def session_options(threads: int = 0) -> ort.SessionOptions:
-    """The service's session options (app/model/runtime.py), so ceilings compare like with like."""
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+def session_options(threads: int = 0, provider: str = CPU) -> ort.SessionOptions:
+    """The service's session options (``app.model.runtime.session_options``, not a copy, so ceilings
+    measure the service's set-up), with ONNX Runtime's warnings off."""
+    options = service_session_options(provider, threads)
     options.log_severity_level = 3
     return options
 
@@ -70,9 +71,7 @@ def _gemm_model(precision: str, k: int, n: int) -> bytes:
 
 def gemm_peak(precision: str, m: int = 512, k: int = 768, n: int = 3072, seconds: float = 1.5) -> float:
     """Best observed FLOP/s of one ``[m, k] × [k, n]`` GEMM (``precision``: fp32 or int8)."""
-    session = ort.InferenceSession(
-        _gemm_model(precision, k, n), session_options(), providers=["CPUExecutionProvider"]
-    )
+    session = ort.InferenceSession(_gemm_model(precision, k, n), session_options(), providers=[CPU])
     rng = np.random.default_rng(1)
     x: np.ndarray
     if precision == "fp32":

@@ -8,8 +8,8 @@ the fp16 variant (``loadtest/gpu_check.sh`` does both). Prints, for sequence 32 
 
 - raw: the fp16 encoder on CUDAExecutionProvider at batch 32..256, sentences/s and achieved TFLOP/s
   (``loadtest.flops.BertShape.flops``) against ``--peak-tflops`` (H200 dense fp16 tensor cores: 989);
-- service: ``python -m app`` with ``ZHEMBED_VARIANT=fp16`` on CUDA, 128 concurrent clients sending 16
-  texts of that length per request, sentences/s and p50/p99.
+- service: ``python -m app`` with ``ZHEMBED_VARIANT=fp16`` on CUDA, 128 concurrent clients (``--clients``)
+  sending 16 texts of that length per request, sentences/s and p50/p99.
 
 Also validates fp16 on CUDA against the fp32 graph (pooled cosine on the same inputs), since the export
 stage validated it on whatever provider the exporting machine had. ``--provider CPUExecutionProvider``
@@ -30,7 +30,7 @@ import numpy as np
 import onnxruntime as ort
 import orjson
 
-from loadtest.flops import BertShape, synthetic_feed
+from loadtest.flops import BertShape, session_options, synthetic_feed
 from loadtest.loadgen import run_cell
 from loadtest.server import HOST, ServiceProcess
 
@@ -39,7 +39,7 @@ TEXT_CHARS = {32: "北京是中国的首都，也是一座历史悠久的城市�
 
 
 def _session(path: Path, provider: str) -> ort.InferenceSession:
-    session = ort.InferenceSession(str(path), providers=[provider])
+    session = ort.InferenceSession(str(path), session_options(provider=provider), providers=[provider])
     if session.get_providers()[0] != provider:
         raise SystemExit(f"the session fell back to {session.get_providers()} instead of {provider}")
     return session
@@ -71,7 +71,7 @@ def raw(model: Path, manifest: dict, shape: BertShape, peak: float, seconds: flo
             print(f"{seq:>5}{batch:>7}{rate:>13.0f}{tflops:>10.1f}{100 * tflops / peak:>8.1f}")
 
 
-def service(model: Path, seconds: float, provider: str) -> bool:
+def service(model: Path, seconds: float, provider: str, clients: int = 128) -> bool:
     """The service cells; False when one had errors or answered nothing."""
     env = {
         "ZHEMBED_MODEL": str(model),
@@ -95,7 +95,7 @@ def service(model: Path, seconds: float, provider: str) -> bool:
                 inputs = [f"{n}.{i}{text}" for i in range(16)]
                 return orjson.dumps({"inputs": inputs, "long_text": "truncate"}), 16
 
-            cell = asyncio.run(run_cell(HOST, svc.port, "/embed", body, 128, seconds, 3.0))
+            cell = asyncio.run(run_cell(HOST, svc.port, "/embed", body, clients, seconds, 3.0))
             print(
                 f"service seq≈{seq}: {cell.sentences_per_s:.0f} sentences/s, p50 {cell.percentile(50):.1f} ms, "
                 f"p99 {cell.percentile(99):.1f} ms, errors {cell.errors}"
@@ -110,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, default=Path("models/bert-base-chinese-twin"))
     parser.add_argument("--peak-tflops", type=float, default=989.0)
     parser.add_argument("--seconds", type=float, default=3.0)
+    # The CPU smoke run wants fewer: its cell must outlast ~3 requests or its rate is noise (bench.py).
+    parser.add_argument("--clients", type=int, default=128, help="concurrent clients of the service cells")
     parser.add_argument("--provider", default=CUDA, help="execution provider (default: %(default)s)")
     args = parser.parse_args(argv)
     if args.provider not in ort.get_available_providers():
@@ -122,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     cosine = parity(args.model, manifest, args.provider)
     print(f"fp16 on {args.provider} vs fp32 on CPU, pooled cosine min: {cosine:.6f}")
     raw(args.model, manifest, shape, args.peak_tflops, args.seconds, args.provider)
-    return 0 if service(args.model, args.seconds * 3, args.provider) else 1
+    return 0 if service(args.model, args.seconds * 3, args.provider, args.clients) else 1
 
 
 if __name__ == "__main__":

@@ -57,6 +57,11 @@ class CellResult:
         return self.client_cpu_s / self.wall_s if self.wall_s else 0.0
 
 
+def cycle(bodies: list[Body], texts: int) -> BodyFactory:
+    """A factory that sends ``bodies`` round and round, each carrying ``texts`` texts."""
+    return lambda n: (bodies[n % len(bodies)], texts)
+
+
 class HttpError(RuntimeError):
     pass
 

@@ -29,8 +29,8 @@ from pathlib import Path
 import uvloop
 
 from loadtest import loadgen
-from loadtest.bench import HIT_SET, RESULTS, _bodies, _cycle
-from loadtest.corpus import load_corpus
+from loadtest.bench import HIT_SET, RESULTS
+from loadtest.corpus import load_corpus, request_bodies
 from loadtest.server import HOST, ServiceProcess
 
 
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     stacks = RESULTS / f"pyspy-{stamp}.txt"
     corpus = load_corpus()[:HIT_SET] if args.cache_hits else load_corpus()
-    make = _cycle(_bodies(corpus, args.texts), args.texts)
+    make = loadgen.cycle(request_bodies(corpus, args.texts), args.texts)
     with ServiceProcess("app", env, RESULTS / "logs" / "pyspy-service.log") as svc:
         uvloop.run(loadgen.run_cell(HOST, svc.port, "/embed", make, args.concurrency, 2.0, 0.0))  # warm
         sample = ["-p", str(svc.pid), "-d", str(int(args.seconds)), "-r", str(args.rate)]

@@ -6,7 +6,8 @@ against.
 
 The grid times the encoder at batch 1, 8, 32 × sequence 16, 32, 128 and prints sentences/s per variant
 and the int8/fp32 ratio. Variants are interleaved within each cell (short rounds, alternating) so that a
-machine that slows down mid-run slows every variant alike. Sessions use the service's options.
+machine that slows down mid-run slows every variant alike. Sessions use the service's options
+(``app.model.runtime.session_options``, through ``loadtest.flops.session_options``).
 """
 
 from __future__ import annotations

@@ -11,11 +11,63 @@ import sys
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from loadtest.loadgen import get_json
 
 HOST = "127.0.0.1"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _stat(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the command name (field 3, the state, first)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def descendants(pid: int) -> list[int]:
+    """The live processes below ``pid`` (children, their children, …), from each process's parent id."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int(_stat(int(entry.name))[1])
+        except (OSError, IndexError, ValueError):  # it ended while we looked
+            continue
+        children.setdefault(parent, []).append(int(entry.name))
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of ``pid`` and all its live descendants, all their threads, plus what their
+    ended children had used (cutime + cstime), so a worker that ends between two readings still counts."""
+    ticks = 0
+    for p in (pid, *descendants(pid)):
+        try:
+            fields = _stat(p)
+        except OSError:  # a descendant ended between the listing and here
+            if p == pid:
+                raise
+            continue
+        ticks += sum(int(fields[i]) for i in (11, 12, 13, 14))  # utime, stime, cutime, cstime
+    return ticks / CLOCK_TICKS
+
+
+def parse_exposition(text: str) -> dict[str, float]:
+    """Prometheus text exposition → ``{"name{labels}": value}`` (comments skipped)."""
+    series: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        series[name] = float(value)
+    return series
 
 
 def free_port() -> int:
@@ -79,10 +131,35 @@ class ServiceProcess:
                 return int(line.split()[1]) * 1024
         raise RuntimeError(f"no VmRSS in /proc/{self.pid}/status")
 
+    def peak_rss_bytes(self) -> int:
+        """The most resident memory so far (VmHWM of /proc/PID/status)."""
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+        return 0
+
     def cpu_seconds(self) -> float:
-        """User + system CPU time of the server so far (all its threads)."""
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+        """User + system CPU time of the server so far: all its threads and all its worker processes."""
+        return tree_cpu_seconds(self.pid)
+
+    def engine_stats(self) -> dict[str, Any]:
+        """The engine's counters (``/info``'s ``stats``: batches, tokens, …).
+
+        Raises:
+            RuntimeError: /info did not answer 200 with a JSON object.
+        """
+        status, info = asyncio.run(get_json(HOST, self.port, "/info"))
+        if status != 200 or not isinstance(info, dict):
+            raise RuntimeError(f"/info answered {status}")
+        stats = info.get("stats", {})
+        return stats if isinstance(stats, dict) else {}
+
+    def metrics(self) -> dict[str, float] | None:
+        """``/metrics`` as ``{"name{labels}": value}``; None when it does not answer 200 with text."""
+        status, payload = asyncio.run(get_json(HOST, self.port, "/metrics"))
+        if status != 200 or not isinstance(payload, str):
+            return None
+        return parse_exposition(payload)
 
     def __enter__(self) -> ServiceProcess:
         try:

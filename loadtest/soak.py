@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import random
 import sys
 import time
 from collections.abc import Iterator
@@ -33,10 +32,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-import orjson
 
 from loadtest import loadgen
-from loadtest.corpus import load_corpus
+from loadtest.corpus import load_corpus, request_bodies
+from loadtest.quick_model import quick_model
 from loadtest.server import HOST, ServiceProcess
 
 RSS_GROWTH_TARGET = 0.05
@@ -76,16 +75,6 @@ class SoakReport:
         return self.errors == 0 and self.rss_growth < RSS_GROWTH_TARGET
 
 
-def _bodies(texts_per_request: int, seed: int) -> list[bytes]:
-    corpus = load_corpus()
-    random.Random(seed).shuffle(corpus)
-    ring = corpus + corpus[:texts_per_request]
-    return [
-        orjson.dumps({"inputs": ring[i : i + texts_per_request]})
-        for i in range(0, len(corpus), texts_per_request)
-    ]
-
-
 def measure_capacity(
     svc: ServiceProcess, bodies: list[bytes], texts: int, concurrency: int, seconds: float
 ) -> float:
@@ -95,7 +84,7 @@ def measure_capacity(
             HOST,
             svc.port,
             "/embed",
-            lambda n: (bodies[n % len(bodies)], texts),
+            loadgen.cycle(bodies, texts),
             concurrency=concurrency,
             duration_s=seconds,
             warmup_s=min(5.0, seconds / 2),
@@ -185,7 +174,7 @@ async def _soak(
 
 
 def run(args: argparse.Namespace, model: Path) -> SoakReport:
-    bodies = _bodies(args.texts, args.seed)
+    bodies = request_bodies(load_corpus(), args.texts, args.seed)
     env = {
         "ZHEMBED_MODEL": str(model),
         "ZHEMBED_VARIANT": args.variant,
@@ -256,9 +245,7 @@ def _model(args: argparse.Namespace) -> Iterator[Path]:
     if not args.quick:
         yield args.model
         return
-    from loadtest.bench import _quick_model
-
-    with _quick_model() as (model, _source):
+    with quick_model() as (model, _source):
         yield model
 
 

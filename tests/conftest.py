@@ -23,16 +23,20 @@ TINY_CONFIG: dict[str, object] = {
 }
 
 
-def make_tiny_source(folder: Path, seed: int = 7) -> Path:
-    """A Hugging Face folder with weights: BertForPreTraining (pooler + MLM head), real vocab."""
+def make_tiny_source(folder: Path, seed: int = 7, config: dict[str, object] | None = None) -> Path:
+    """A Hugging Face folder with weights: BertForPreTraining (pooler + MLM head), real vocab.
+
+    ``config`` replaces ``TINY_CONFIG`` (e.g. ``{**TINY_CONFIG, "num_hidden_layers": 4}``).
+    """
     import torch
     from transformers import BertConfig, BertForPreTraining
 
     from export.source import bert_base_chinese_vocab, write_source_folder
 
-    write_source_folder(folder, TINY_CONFIG, bert_base_chinese_vocab())
+    config = TINY_CONFIG if config is None else config
+    write_source_folder(folder, config, bert_base_chinese_vocab())
     torch.manual_seed(seed)
-    model = BertForPreTraining(BertConfig.from_dict(TINY_CONFIG)).eval()
+    model = BertForPreTraining(BertConfig.from_dict(config)).eval()
     model.save_pretrained(folder)
     return folder
 

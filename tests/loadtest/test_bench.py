@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.bench import _http_row
 from loadtest.loadgen import CellResult
+from loadtest.table import http_row
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPECTED = [
@@ -69,8 +69,8 @@ def _cell(latency_ms: float, wall_s: float, requests: int = 10) -> CellResult:
 
 
 def test_a_row_whose_requests_outlast_a_third_of_the_window_is_marked_unreliable() -> None:
-    slow = _http_row("service", "service c=8 x16", _cell(latency_ms=4000, wall_s=10), 1.0)
-    fast = _http_row("service", "service c=8 x1", _cell(latency_ms=200, wall_s=10), 1.0)
-    none = _http_row("naive", "naive c=32 x16", _cell(latency_ms=0, wall_s=10, requests=0), 1.0)
+    slow = http_row("service", "service c=8 x16", _cell(latency_ms=4000, wall_s=10), 1.0)
+    fast = http_row("service", "service c=8 x1", _cell(latency_ms=200, wall_s=10), 1.0)
+    none = http_row("naive", "naive c=32 x16", _cell(latency_ms=0, wall_s=10, requests=0), 1.0)
     assert "UNRELIABLE" in slow.note and "UNRELIABLE" not in fast.note
     assert "no request ended" in none.note

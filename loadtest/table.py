@@ -1,0 +1,212 @@
+"""The rows of ``loadtest.bench``'s table: what a row holds, how it prints, the columns derived from other
+rows (vs naive, % of peak), the issue's targets, and the closing summary."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from loadtest.flops import BertShape
+from loadtest.loadgen import CellResult
+
+
+@dataclass
+class Row:
+    """One line of the table."""
+
+    kind: str  # raw | service | naive | cache
+    label: str
+    sentences_per_s: float | None
+    requests_per_s: float | None
+    p50_ms: float | None
+    p90_ms: float | None
+    p99_ms: float | None
+    errors: int | None
+    useful_gflops: float | None = None
+    peak_share: float | None = None
+    vs_raw: float | None = None
+    vs_naive: float | None = None
+    client_cores: float | None = None
+    server_cores: float | None = None
+    note: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# A closed-loop cell counts the requests that end in its window. When a request takes a good part of the
+# window, which ones end inside it depends on phase (length-grouped batches finish many requests at once),
+# so the rate is noise; such rows say so rather than report it as a measurement.
+MIN_WINDOW_PER_P50 = 3.0
+
+
+def reliability_warning(r: CellResult) -> str | None:
+    """Why the cell's rate is not a measurement, or None when it is."""
+    if not r.latencies_ms and not r.errors:
+        return "UNRELIABLE rate: no request ended in the window (longer --duration)"
+    if r.latencies_ms and r.percentile(50) * MIN_WINDOW_PER_P50 > r.wall_s * 1000:
+        return f"UNRELIABLE rate: window {r.wall_s:.0f} s < {MIN_WINDOW_PER_P50:.0f}x p50 (longer --duration)"
+    return None
+
+
+def http_row(kind: str, label: str, r: CellResult, server_cores: float, note: str = "") -> Row:
+    """The row of one HTTP load cell; its note names the first error and says when the rate is noise."""
+    if r.first_error:
+        note = (note + "; " if note else "") + f"first error: {r.first_error[:120]}"
+    warning = reliability_warning(r)
+    if warning:
+        note = (note + "; " if note else "") + warning
+    return Row(
+        kind=kind,
+        label=label,
+        sentences_per_s=r.sentences_per_s,
+        requests_per_s=r.requests_per_s,
+        p50_ms=r.percentile(50),
+        p90_ms=r.percentile(90),
+        p99_ms=r.percentile(99),
+        errors=r.errors,
+        client_cores=r.client_cores,
+        server_cores=server_cores,
+        note=note,
+        extra={"status_counts": {str(k): v for k, v in r.status_counts.items()}},
+    )
+
+
+def na_row(kind: str, label: str, why: str) -> Row:
+    """A row that could not be measured, and why."""
+    return Row(kind, label, None, None, None, None, None, None, note=why)
+
+
+HEADER = (
+    f"{'row':<28} {'sent/s':>9} {'req/s':>9} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'err':>5} "
+    f"{'GFLOP/s':>8} {'%peak':>6} {'svc/raw':>7} {'svc/nv':>7} {'cli cpu':>7} {'srv cpu':>7}  note"
+)
+
+
+def cell(value: float | None, fmt: str, width: int) -> str:
+    """``value`` formatted to ``width``, or a right-aligned dash when it is None or NaN."""
+    return f"{value:{width}{fmt}}" if value is not None and value == value else f"{'-':>{width}}"
+
+
+def format_row(r: Row) -> str:
+    """One printed line of the table."""
+    if r.sentences_per_s is None:
+        return f"{r.label:<28} {r.note}"
+    return (
+        f"{r.label:<28} {cell(r.sentences_per_s, '.1f', 9)} {cell(r.requests_per_s, '.1f', 9)} "
+        f"{cell(r.p50_ms, '.1f', 8)} {cell(r.p90_ms, '.1f', 8)} {cell(r.p99_ms, '.1f', 8)} "
+        f"{cell(r.errors, 'd', 5)} {cell(r.useful_gflops, '.1f', 8)} "
+        f"{cell(None if r.peak_share is None else r.peak_share * 100, '.0f', 6)} "
+        f"{cell(r.vs_raw, '.2f', 7)} {cell(r.vs_naive, '.1f', 7)} {cell(r.client_cores, '.2f', 7)} "
+        f"{cell(r.server_cores, '.2f', 7)}  {r.note}"
+    )
+
+
+def link_naive(rows: list[Row], peaks: dict[str, float], service_variant: str) -> None:
+    """Fill the service rows' service/naive ratio (same cell of the naive service) and % of peak."""
+    naive = {r.label.removeprefix("naive "): r for r in rows if r.kind == "naive"}
+    for r in rows:
+        if r.kind == "service":
+            twin = naive.get(r.label.removeprefix("service "))
+            if twin is not None and twin.sentences_per_s:
+                r.vs_naive = (r.sentences_per_s or 0) / twin.sentences_per_s
+        if r.kind == "service" and r.useful_gflops is not None:
+            r.peak_share = r.useful_gflops * 1e9 / peaks[service_variant]
+
+
+def naive_flops(rows: list[Row], ids: list[np.ndarray], shape: BertShape, peaks: dict[str, float]) -> None:
+    """Fill the naive rows' useful GFLOP/s and % of the fp32 peak."""
+    per_sentence = float(np.mean([shape.flops(len(x)) for x in ids]))
+    for r in rows:
+        if r.kind == "naive" and r.sentences_per_s is not None:
+            r.useful_gflops = r.sentences_per_s * per_sentence / 1e9
+            r.peak_share = r.useful_gflops * 1e9 / peaks["fp32"]
+
+
+def targets(rows: list[Row], facts: dict[str, Any], variant: str) -> list[str]:
+    """Issue 5's targets, each with its measured value."""
+    by = {r.label: r for r in rows}
+    out: list[str] = []
+
+    def say(name: str, ok: bool | None, detail: str) -> None:
+        mark = "n/a " if ok is None else ("PASS" if ok else "MISS")
+        out.append(f"  [{mark}] {name}: {detail}")
+
+    svc32 = by.get("service c=32 x1")
+    if svc32 and svc32.vs_raw is not None:
+        say("c=32 x1 >= 0.90 x raw ceiling", svc32.vs_raw >= 0.9, f"{svc32.vs_raw:.2f}")
+    svc1 = by.get("service c=1 x1")
+    raw1 = next(
+        (
+            r
+            for r in rows
+            if r.kind == "raw" and r.extra.get("variant") == variant and r.extra.get("batch_size") == 1
+        ),
+        None,
+    )
+    if svc1 and raw1 and svc1.p50_ms is not None and raw1.p50_ms is not None:
+        limit = 1.15 * raw1.p50_ms + 1
+        say(
+            "c=1 p50 <= 1.15 x raw single + 1 ms",
+            svc1.p50_ms <= limit,
+            f"{svc1.p50_ms:.1f} ms vs {limit:.1f} ms",
+        )
+    if svc32 and svc32.vs_naive is not None:
+        say("c=32 >= 10 x naive", svc32.vs_naive >= 10, f"{svc32.vs_naive:.1f}x")
+    if svc32 and svc32.extra.get("padding_share") is not None:
+        share = svc32.extra["padding_share"]
+        say("padding <= 10% at c=32", share <= 0.10, f"{share:.1%}")
+    hit = next((r for r in rows if r.label.startswith("cache 100%")), None)
+    if hit is not None:
+        rps = hit.requests_per_s
+        say(
+            "100%-hit >= 2000 req/s",
+            None if rps is None else rps >= 2000,
+            hit.note if rps is None else f"{rps:.0f}",
+        )
+    if "rss_steady" in facts and "model_bytes" in facts:
+        limit = 1.5 * facts["model_bytes"] + facts.get("cache_budget", 0)
+        say(
+            "RSS <= 1.5 x model + cache budget",
+            facts["rss_steady"] <= limit,
+            f"{facts['rss_steady'] / 2**20:.0f} MiB vs {limit / 2**20:.0f} MiB "
+            f"(model {facts['model_bytes'] / 2**20:.0f} MiB, service started with cache off)",
+        )
+    return out
+
+
+def summary(
+    rows: list[Row],
+    facts: dict[str, Any],
+    peaks: dict[str, float],
+    shape: BertShape,
+    service_variant: str,
+    cache_bytes: int,
+    seconds: float,
+) -> list[str]:
+    """The closing block: every row again, the GEMM peaks, the FLOP formula, memory, and the targets."""
+    cache_facts = facts.get("cache", {})
+    out = [
+        "",
+        "=" * len(HEADER),
+        f"{len(rows)} rows; measured on a shared machine; {seconds:.0f} s",
+        HEADER,
+        *(format_row(r) for r in rows),
+        "",
+        f"GEMM peak (one [512x768]x[768x3072] MatMul in ONNX Runtime): fp32 {peaks['fp32'] / 1e9:.1f} GFLOP/s, "
+        f"int8 MatMulInteger {peaks['int8'] / 1e9:.1f} GOP/s; %peak uses the row's precision (naive: fp32).",
+        "FLOPs per sentence of L tokens: 2*L*N*(4H^2 + 2HI) + 4*N*L^2*H + 2H^2 (useful: each sentence at its "
+        f"own length); N={shape.layers}, H={shape.hidden}, I={shape.intermediate}.",
+        f"Service RSS: {facts['rss_after_start'] / 2**20:.0f} MiB after start, {facts['rss_steady'] / 2**20:.0f} MiB "
+        f"steady (peak {facts['pid_status_vmhwm'] / 2**20:.0f} MiB); {service_variant} graphs "
+        f"{facts['model_bytes'] / 2**20:.0f} MiB; cache off in the service rows"
+        + (
+            f"; with a {cache_bytes / 2**20:.0f} MiB cache budget: "
+            f"{cache_facts['rss_steady'] / 2**20:.0f} MiB after the cache rows"
+            if "rss_steady" in cache_facts
+            else ""
+        ),
+        "Targets (issue 5):",
+        *targets(rows, facts, service_variant),
+    ]
+    return out

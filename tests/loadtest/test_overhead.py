@@ -1,0 +1,68 @@
+"""``python -m loadtest.overhead --quick`` runs end to end on the tiny model, and its numbers hang together.
+No timing thresholds: the targets live in the benchmark's PASS/MISS lines, not here."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from app.settings import Settings
+from loadtest.corpus import load_corpus
+from loadtest.overhead import distinct_bodies, parse_cells
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow  # exports a 4-layer tiny model and starts the service: ~35 s on 2 cores
+def test_quick_overhead_measures_each_cell_and_splits_the_server_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "overhead.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "loadtest.overhead", "--quick", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert [c["label"] for c in report["cells"]] == ["8x32", "32x1"]
+    max_batch = Settings.model_fields["max_batch_size"].default
+    for c in report["cells"]:
+        assert c["errors"] == 0 and c["requests"] > 0, c
+        assert c["status_counts"] == {"200": c["requests"]}, c
+        # The service computed at least what the client saw answered inside the measured window.
+        assert c["computed"] >= c["requests"] * c["texts"], c
+        assert 1 <= c["mean_batch"] <= max_batch, c
+        assert 0 < c["session_run_s"] <= c["server_cpu_s"], c
+        assert c["outside_us_per_sentence"] >= 0, c
+        assert c["cpu_us_per_sentence"] == pytest.approx(
+            c["session_run_us_per_sentence"] + c["outside_us_per_sentence"]
+        )
+    assert len(report["raw"]["sentences_per_s"]) == 2 and min(report["raw"]["sentences_per_s"]) > 0
+    assert re.search(r"\[(PASS|MISS)\] CPU outside Session.run <= 40 us/sentence at 8x32: \d+ us", run.stdout)
+    assert re.search(r"\[(PASS|MISS)\] CPU outside Session.run <= 250 us/request at 32x1: \d+ us", run.stdout)
+    assert "[n/a ] 256x32 sentences/s >= 0.9 x 8x32" in run.stdout
+
+
+def test_every_request_carries_texts_never_sent_before() -> None:
+    corpus = load_corpus()
+    make = distinct_bodies(corpus, texts=32, start=0)
+    texts: list[str] = []
+    for n in range(2 * len(corpus) // 32 + 3):  # past the corpus's end, twice
+        body, count = make(n)
+        inputs = orjson.loads(body)["inputs"]
+        assert count == len(inputs) == 32
+        texts.extend(inputs)
+    assert len(set(texts)) == len(texts)
+    single, count = distinct_bodies(corpus, texts=1, start=5)(0)
+    assert count == 1 and isinstance(orjson.loads(single)["inputs"], str)
+
+
+def test_cells_parse_as_clients_by_texts() -> None:
+    assert parse_cells("8x32, 256x1") == [(8, 32), (256, 1)]
