@@ -29,6 +29,7 @@ A worker that exits on its own (a crash) is replaced; the supervisor exits 0 whe
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import multiprocessing as mp
 import os
@@ -59,6 +60,7 @@ METRICS_DIR_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
 # A worker that dies sooner than this after its start is not replaced (it would only die again: a model
 # it cannot load, a port it cannot use); the server stops instead.
 MIN_UPTIME_S = 10.0
+PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 def resolve_count(settings: Settings) -> int:
@@ -186,7 +188,7 @@ def _start(
     ctx: Any, settings: Settings, listener: socket.socket, index: int, shared: Shared
 ) -> tuple[BaseProcess, float]:
     proc: BaseProcess = ctx.Process(
-        target=_worker, args=(settings, listener, index, shared), name=f"zhembed-worker-{index}"
+        target=_worker, args=(settings, listener, index, shared, os.getpid()), name=f"zhembed-worker-{index}"
     )
     proc.start()
     return proc, time.monotonic()
@@ -203,10 +205,20 @@ def _forget(shared: Shared, index: int, proc: BaseProcess) -> None:
         multiprocess.mark_process_dead(proc.pid, shared.metrics_dir)
 
 
-def _worker(settings: Settings, listener: socket.socket, index: int, shared: Shared) -> None:
+def _die_with(supervisor: int) -> None:
+    """Have the kernel send SIGTERM (a drain) to this worker if the supervisor dies, even by SIGKILL, so
+    no worker is left serving on its own (Linux; elsewhere a no-op)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != supervisor:  # it died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _worker(settings: Settings, listener: socket.socket, index: int, shared: Shared, supervisor: int) -> None:
     """One worker process: load the model, serve on the shared socket, drain on the forwarded signal."""
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)  # a terminal's Ctrl-C goes to the supervisor, which forwards it once
+    _die_with(supervisor)
     logging.basicConfig(
         level=settings.log_level.upper(),
         format=f"%(asctime)s %(levelname)s %(name)s[worker {index}]: %(message)s",

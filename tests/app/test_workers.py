@@ -211,3 +211,29 @@ def test_a_damaged_model_stops_the_server_before_any_worker_starts(
     assert proc.returncode == 2, output
     lines = [line for line in output.strip().splitlines() if line.startswith("zhembed")]
     assert len(lines) == 1 and "encoder.fp32.onnx: missing" in lines[0], output
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+@pytest.mark.slow
+def test_no_worker_outlives_a_killed_supervisor(tiny_model_dir: Path) -> None:
+    port = free_port()
+    proc = start(tiny_model_dir, port, ZHEMBED_WARMUP="false")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: ready(url) or proc.poll() is not None, seconds=120, every=0.1)
+        pids = {int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()}
+        pids = {p for p in pids if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()}
+        assert len(pids) == 2, pids
+        proc.kill()  # SIGKILL: the supervisor cannot forward anything
+        proc.wait(10)
+        wait_until(lambda: not any(_alive(p) for p in pids), seconds=60, every=0.1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
