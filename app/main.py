@@ -5,7 +5,7 @@ Redis writer, and warms up in the background: /health answers at once, /ready an
 warm-up is done.
 
 Middleware, outermost first: request metrics → draining (after SIGTERM: 503, see :mod:`app.api.drain`) →
-API keys (before the body is read) → body-size limit.
+API keys (before the body is read) → body-size limit → the data routes' fast path (:mod:`app.api.fast`).
 """
 
 from __future__ import annotations
@@ -25,9 +25,11 @@ from app.api.auth import OPS_PATHS, ApiKeyMiddleware
 from app.api.body_limit import BodyLimitMiddleware
 from app.api.drain import Drain, DrainMiddleware
 from app.api.errors import install_error_handlers
+from app.api.fast import FastPath
+from app.api.openai_routes import FAST_ROUTES as OPENAI_FAST_ROUTES
 from app.api.openai_routes import router as openai_router
 from app.api.request_metrics import RequestMetricsMiddleware
-from app.api.routes import router
+from app.api.routes import FAST_ROUTES, router
 from app.cache.memory import MemoryLRU
 from app.cache.vectors import VectorCache
 from app.engine.engine import Engine
@@ -102,6 +104,7 @@ def create_app(
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(openai_router)
+    app.add_middleware(FastPath, routes={**FAST_ROUTES, **OPENAI_FAST_ROUTES})  # innermost
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     if keys:
         open_paths = frozenset() if settings.auth_ops_routes else OPS_PATHS

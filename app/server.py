@@ -66,6 +66,9 @@ def http_server(app: FastAPI, settings: Settings) -> DrainingServer:
         http="httptools",
         log_level=settings.log_level,
         access_log=False,
+        # Nothing here reads the client's address, and rewriting it from X-Forwarded-For cost 2.6% of the
+        # event loop under load (py-spy, 64 clients × 32 texts).
+        proxy_headers=False,
         timeout_keep_alive=settings.keep_alive_s,
         # What is left of the grace period once the drain is over: the requests in flight get that long.
         timeout_graceful_shutdown=max(int(settings.shutdown_grace_s - settings.shutdown_drain_s), 1),

@@ -18,23 +18,35 @@ from app.errors import ClientGone
 T = TypeVar("T")
 
 
-async def _wait_for_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Await ``work``; if the client disconnects first, cancel it and raise :class:`ClientGone`."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    """Await ``work`` in this task; if the client disconnects first, cancel it and raise :class:`ClientGone`.
+
+    One watcher task per request, and the work runs in the request's own task (not a task of its own
+    raced with ``asyncio.wait``): each extra task and wait costs the event loop, on every request.
+    """
+    current = asyncio.current_task()
+    if current is None:
+        raise RuntimeError("unless_disconnected must run inside a task")
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        gone = True
+        current.cancel()
+
+    watcher = asyncio.ensure_future(watch())
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        result = await work
+    except asyncio.CancelledError:
+        if gone:
+            current.uncancel()
+            raise ClientGone("client disconnected") from None
+        raise
     finally:
-        if not task.done():
-            task.cancel()
         watcher.cancel()
-    if task.cancelled() or not task.done():
+    if gone and current.cancelling():  # it left just as the work finished: nobody reads the answer
+        current.uncancel()
         raise ClientGone("client disconnected")
-    return task.result()
+    return result

@@ -11,7 +11,7 @@ handlers, :func:`send_error` (for the ASGI middleware below FastAPI) and every r
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -171,9 +171,11 @@ _JSON_KINDS: dict[type, str] = {
 }
 
 
-def _validation_message(exc: RequestValidationError) -> str:
+def validation_message(errors: Sequence[Any]) -> str:
+    """One message for a request's validation errors (pydantic's, with ``body`` first in each location),
+    in the service's words rather than pydantic's."""
     parts: list[str] = []
-    for err in exc.errors()[:10]:
+    for err in list(errors)[:10]:
         if err.get("type") == "json_invalid":
             where = err.get("loc", ("body", "?"))[-1]
             detail = err.get("ctx", {}).get("error", "")
@@ -233,7 +235,7 @@ async def _on_service_error(request: Request, exc: Exception) -> Response:
 async def _on_validation_error(request: Request, exc: Exception) -> Response:
     if not isinstance(exc, RequestValidationError):
         raise TypeError(f"the validation handler got {type(exc).__name__}")
-    return error_response(ValidationFailed(_validation_message(exc)), request)
+    return error_response(ValidationFailed(validation_message(exc.errors())), request)
 
 
 async def _on_http_error(request: Request, exc: Exception) -> Response:
@@ -244,9 +246,14 @@ async def _on_http_error(request: Request, exc: Exception) -> Response:
         raise TypeError(f"HTTP {exc.status_code} ({exc.detail}) has no row in ERROR_TABLE")
     message = str(exc.detail)
     if exc.status_code == 400:
-        # Bytes that are not UTF-8, an integer too long to convert, nesting past the parser's depth.
-        message = f"{message}: it must be UTF-8 JSON that Python's json module can read"
+        message = unreadable_body_message(message)
     return error_response(cls(message), request)
+
+
+def unreadable_body_message(detail: str) -> str:
+    """A body no JSON parser could read: bytes that are not UTF-8, an integer too long to convert,
+    nesting past the parser's depth."""
+    return f"{detail}: it must be UTF-8 JSON that Python's json module can read"
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> Response:

@@ -13,6 +13,7 @@ from starlette.responses import Response
 from app.api.disconnect import unless_disconnected
 from app.api.encoding import encode_rows, encode_vector
 from app.api.errors import openapi_responses
+from app.api.fast import FastRoutes
 from app.api.schemas import (
     EmbedAllRequest,
     EmbedAllResponse,
@@ -110,7 +111,7 @@ async def fill_mask(body: FillMaskRequest, request: Request, service: ServiceDep
 
 
 @router.post("/tokenize", response_model=TokenizeResponse, responses=openapi_responses(EmptyInput))
-async def tokenize(body: TokenizeRequest, service: ServiceDep) -> Response:
+async def tokenize(body: TokenizeRequest, request: Request, service: ServiceDep) -> Response:
     """Tokens with ids and character offsets, per input."""
     answer = await service.tokenize(body.inputs, body.add_special_tokens)
     return json_response(answer.value, answer.timings)
@@ -147,3 +148,14 @@ async def info(request: Request, service: ServiceDep) -> Response:
     cluster: Cluster | None = request.app.state.cluster
     worker = {"index": cluster.index, "of": cluster.size} if cluster is not None else {"index": 0, "of": 1}
     return json_response({**service.info(), "worker": {**worker, "pid": os.getpid()}})
+
+
+# The POST routes the fast path serves (app.api.fast): each with its request model, called as (body,
+# request, service). The routes above stay the API's declaration and serve every other method.
+FAST_ROUTES: FastRoutes = {
+    "/embed": (EmbedRequest, embed),
+    "/embed_all": (EmbedAllRequest, embed_all),
+    "/similarity": (SimilarityRequest, similarity),
+    "/fill-mask": (FillMaskRequest, fill_mask),
+    "/tokenize": (TokenizeRequest, tokenize),
+}
