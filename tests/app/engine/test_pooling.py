@@ -24,7 +24,7 @@ def test_pool_dispatches_by_mode_and_refuses_an_unknown_one() -> None:
     np.testing.assert_array_equal(pooling.pool("cls", hidden, mask), hidden[:, 0])
     np.testing.assert_allclose(pooling.pool("mean", hidden, mask)[1], hidden[1, 0])
     with pytest.raises(KeyError):
-        pooling.pool("max", hidden, mask)  # not silently treated as mean
+        pooling.pool("no-such-mode", hidden, mask)  # not silently treated as mean
 
 
 def test_every_mode_is_described_and_computed() -> None:
