@@ -185,7 +185,7 @@ class Service:
         texts = self._texts(inputs)
         info = self.model.manifest.tokenizer
         with self.engine.admit(len(texts)):
-            encodings, tokenization_ms = await self._tokenize(texts)
+            encodings, tokenization_ms = await self._tokenize(texts, offsets=False)
             sequences: list[np.ndarray] = []
             needs: list[Need] = []
             masks = 0
@@ -292,10 +292,11 @@ class Service:
         check_length(index, tokens, self.model.tokenizer.max_length, remedy)
 
     async def _tokenize(
-        self, texts: list[str], add_special_tokens: bool = True
+        self, texts: list[str], add_special_tokens: bool = True, offsets: bool = True
     ) -> tuple[list[TokenEncoding], float]:
+        """Encodings of ``texts`` and the milliseconds it took; ``offsets=False`` when no span is read."""
         started = time.perf_counter()
-        encodings = await self.engine.tokenize(texts, add_special_tokens)
+        encodings = await self.engine.tokenize(texts, add_special_tokens, offsets)
         seconds = time.perf_counter() - started
         self.metrics.tokenized(seconds)
         return encodings, ms(seconds)
@@ -352,7 +353,7 @@ class Service:
         computed = _Computed()
 
         async def compute(todo: list[str]) -> list[np.ndarray]:
-            encodings, tokenization_ms = await self._tokenize(todo)
+            encodings, tokenization_ms = await self._tokenize(todo, offsets=False)
             computed.tokenization_ms += tokenization_ms
             ids = [np.asarray(e.ids, dtype=np.int64) for e in encodings]
             computed.tokens.update((t, len(x)) for t, x in zip(todo, ids, strict=True))
@@ -374,7 +375,7 @@ class Service:
             else:
                 vectors = await compute(texts)
             if count_tokens and (uncounted := [t for t in first if t not in computed.tokens]):
-                encodings, _ = await self._tokenize(uncounted)
+                encodings, _ = await self._tokenize(uncounted, offsets=False)
                 computed.tokens.update((t, len(e.ids)) for t, e in zip(uncounted, encodings, strict=True))
         return vectors, timings_of(computed.jobs, computed.tokenization_ms), computed.tokens
 

@@ -70,8 +70,10 @@ class Engine:
         """Take a permit per input or raise :class:`~app.errors.Overloaded`, before any work is queued."""
         return self.admission.try_acquire(inputs)
 
-    async def tokenize(self, texts: list[str], add_special_tokens: bool = True) -> list[Encoding]:
-        return await self.tokenization.encode(texts, add_special_tokens)
+    async def tokenize(
+        self, texts: list[str], add_special_tokens: bool = True, offsets: bool = True
+    ) -> list[Encoding]:
+        return await self.tokenization.encode(texts, add_special_tokens, offsets)
 
     async def run(self, job: Job, sequences: list[Sequence]) -> Job:
         """Queue ``job``'s ``sequences`` for batching and wait until all have run; the results are in
@@ -103,4 +105,5 @@ class Engine:
             "dropped_cancelled": b.dropped_cancelled + i.dropped_cancelled,
             "inference_busy_s": round(i.busy_s, 3),
             "tokenizer_calls": self.tokenization.calls,
+            "tokenized_inline": self.tokenization.inline_calls,
         }

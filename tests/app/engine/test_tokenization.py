@@ -1,16 +1,18 @@
-"""Tokenisation: one thread, many requests per encode_batch call, each gets its own encodings back."""
+"""Tokenisation: one thread, many requests per encode_batch call, each gets its own encodings back; a
+few short texts are encoded on the event loop."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-from app.engine.tokenization import Tokenization
+from app.engine.tokenization import INLINE_CHARS, Tokenization
 
 
 def test_requests_share_calls_and_get_their_own_encodings(tiny_model: Any) -> None:
     stage = Tokenization(tiny_model.tokenizer, capacity=100)
-    texts = [[f"第{i}句话", "你好"] for i in range(30)]
+    texts = [[f"第{i}句话" * 30, "你好" * 70] for i in range(30)]  # each request over INLINE_CHARS
+    assert all(sum(map(len, t)) > INLINE_CHARS for t in texts)
 
     async def main() -> list[Any]:
         return await asyncio.gather(*(stage.encode(t) for t in texts))
@@ -24,3 +26,22 @@ def test_requests_share_calls_and_get_their_own_encodings(tiny_model: Any) -> No
     for got, want in zip(results, direct, strict=True):
         assert [e.ids for e in got] == [e.ids for e in want]
     assert stage.texts == 60 and stage.calls < 30
+
+
+def test_a_few_short_texts_are_encoded_on_the_event_loop(tiny_model: Any) -> None:
+    stage = Tokenization(tiny_model.tokenizer, capacity=100)  # never started: the thread cannot answer
+
+    async def main() -> list[Any]:
+        return await asyncio.wait_for(stage.encode(["你好", "北京"]), 5)
+
+    got = asyncio.run(main())
+    assert [e.ids for e in got] == [e.ids for e in tiny_model.tokenizer.encode_batch(["你好", "北京"])]
+    assert stage.inline_calls == 1 and stage.calls == 0
+
+
+def test_without_offsets_the_ids_are_the_same(tiny_model: Any) -> None:
+    texts = ["北京是中国的首都，也是一座历史悠久的城市。", "Hello, 世界! 123"]
+    fast = tiny_model.tokenizer.encode_batch(texts, offsets=False)
+    full = tiny_model.tokenizer.encode_batch(texts)
+    assert [e.ids for e in fast] == [e.ids for e in full]
+    assert [e.special_tokens_mask for e in fast] == [e.special_tokens_mask for e in full]
