@@ -108,24 +108,29 @@ def ready(url: str) -> bool:
         return False
 
 
+def start_ready(model: Path, **env: str) -> Server:
+    """Two workers serving ``model``, once ``/ready`` says so."""
+    port = free_port()
+    server = Server(start(model, port, **env), port)
+    wait_until(lambda: ready(server.url) or server.proc.poll() is not None, seconds=120, every=0.1)
+    assert server.proc.poll() is None, server.proc.communicate()[0]
+    return server
+
+
 @pytest.fixture(scope="module")
 def two_workers(tiny_model_dir: Path) -> Iterator[Server]:
-    port = free_port()
-    proc = start(
-        tiny_model_dir, port, ZHEMBED_MAX_CONCURRENT_INPUTS="64", ZHEMBED_MAX_INPUTS_PER_REQUEST="16"
+    server = start_ready(
+        tiny_model_dir, ZHEMBED_MAX_CONCURRENT_INPUTS="64", ZHEMBED_MAX_INPUTS_PER_REQUEST="16"
     )
-    server = Server(proc, port)
     try:
-        wait_until(lambda: ready(server.url) or proc.poll() is not None, seconds=120, every=0.1)
-        assert proc.poll() is None, proc.communicate()[0]
         yield server
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+        if server.proc.poll() is None:
+            server.proc.send_signal(signal.SIGTERM)
             try:
-                proc.wait(30)
+                server.proc.wait(30)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                server.proc.kill()
 
 
 def scrape(url: str) -> dict[str, float]:
@@ -176,11 +181,9 @@ def test_past_the_servers_budget_only_200_or_429_and_nothing_leaks(two_workers: 
 
 @pytest.mark.slow
 def test_a_killed_worker_is_replaced_and_the_server_keeps_serving(tiny_model_dir: Path) -> None:
-    port = free_port()
-    proc = start(tiny_model_dir, port, ZHEMBED_WARMUP="false")
-    url = f"http://127.0.0.1:{port}"
+    server = start_ready(tiny_model_dir, ZHEMBED_WARMUP="false")
+    proc, url = server.proc, server.url
     try:
-        wait_until(lambda: ready(url) or proc.poll() is not None, seconds=120, every=0.1)
         victim = httpx.get(url + "/info", timeout=10).json()["worker"]["pid"]
         time.sleep(workers.MIN_UPTIME_S)  # past the start-up window, where a death stops the server
         os.kill(victim, signal.SIGKILL)
@@ -223,11 +226,8 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.slow
 def test_no_worker_outlives_a_killed_supervisor(tiny_model_dir: Path) -> None:
-    port = free_port()
-    proc = start(tiny_model_dir, port, ZHEMBED_WARMUP="false")
-    url = f"http://127.0.0.1:{port}"
+    proc = start_ready(tiny_model_dir, ZHEMBED_WARMUP="false").proc
     try:
-        wait_until(lambda: ready(url) or proc.poll() is not None, seconds=120, every=0.1)
         pids = {int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()}
         pids = {p for p in pids if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()}
         assert len(pids) == 2, pids
