@@ -47,8 +47,10 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -263,56 +265,88 @@ def format_cell(c: Cell) -> str:
     )
 
 
-def targets(main: dict[str, Cell], ceiling: float) -> list[str]:
-    """The issue's GPU targets, each with its measured value; ``main`` holds the main cells by label."""
+def targets(main: dict[str, Cell], clients: int, ceiling: float) -> list[str]:
+    """The issue's GPU targets, each with its measured value; ``main`` holds the main cells by label (a
+    missing one, from a service that did not start, makes its targets n/a)."""
     out: list[str] = []
-    many = next(c for c in main.values() if c.texts == 32 and c.encoding == "float")
-    single = next(c for c in main.values() if c.texts == 1 and c.clients == many.clients)
-    one = main["1x1"]
 
-    def say(name: str, ok: bool, detail: str, c: Cell) -> None:
-        bound = c.client_cores >= CLIENT_BOUND_CORES
-        note = f" (client at {c.client_cores:.2f} cores: it may be the limit)" if bound else ""
-        out.append(f"  [{'PASS' if ok else 'MISS'}] {name}: {detail}{note}")
+    def say(name: str, label: str, test: Callable[[Cell], tuple[bool, str]]) -> None:
+        c = main.get(label)
+        if c is None:
+            out.append(f"  [n/a ] {name}: not measured")
+            return
+        ok, detail = test(c)
+        if c.client_cores >= CLIENT_BOUND_CORES:
+            detail += f" (client at {c.client_cores:.2f} cores: it may be the limit)"
+        out.append(f"  [{'PASS' if ok else 'MISS'}] {name}: {detail}")
 
-    rate = many.sentences_per_s
+    many, single = f"{clients}x32", f"{clients}x1"
     say(
-        f"{many.label} >= {MIN_SENTENCES_X32:,.0f} sentences/s",
-        rate >= MIN_SENTENCES_X32,
-        f"{rate:,.0f}",
+        f"{many} >= {MIN_SENTENCES_X32:,.0f} sentences/s",
         many,
+        lambda c: (c.sentences_per_s >= MIN_SENTENCES_X32, f"{c.sentences_per_s:,.0f}"),
     )
     say(
-        f"{many.label} >= {MIN_RAW_SHARE_X32} x raw ceiling",
-        rate >= MIN_RAW_SHARE_X32 * ceiling,
-        f"{rate / ceiling:.2f} ({rate:,.0f} / {ceiling:,.0f})",
+        f"{many} >= {MIN_RAW_SHARE_X32} x raw ceiling",
         many,
+        lambda c: (
+            c.sentences_per_s >= MIN_RAW_SHARE_X32 * ceiling,
+            f"{c.sentences_per_s / ceiling:.2f} ({c.sentences_per_s:,.0f} / {ceiling:,.0f})",
+        ),
     )
     say(
-        f"{many.label} p99 <= {MAX_P99_MS_X32:.0f} ms",
-        many.p99_ms <= MAX_P99_MS_X32,
-        f"{many.p99_ms:.0f} ms",
+        f"{many} p99 <= {MAX_P99_MS_X32:.0f} ms",
         many,
+        lambda c: (c.p99_ms <= MAX_P99_MS_X32, f"{c.p99_ms:.0f} ms"),
     )
     say(
-        f"{single.label} >= {MIN_REQUESTS_X1:,.0f} requests/s",
-        single.requests_per_s >= MIN_REQUESTS_X1,
-        f"{single.requests_per_s:,.0f}",
+        f"{single} >= {MIN_REQUESTS_X1:,.0f} requests/s",
         single,
+        lambda c: (c.requests_per_s >= MIN_REQUESTS_X1, f"{c.requests_per_s:,.0f}"),
     )
-    say(f"1x1 p50 <= {MAX_P50_MS_1X1:g} ms", one.p50_ms <= MAX_P50_MS_1X1, f"{one.p50_ms:.2f} ms", one)
-    say(f"1x1 p99 <= {MAX_P99_MS_1X1:g} ms", one.p99_ms <= MAX_P99_MS_1X1, f"{one.p99_ms:.2f} ms", one)
+    say(
+        f"1x1 p50 <= {MAX_P50_MS_1X1:g} ms",
+        "1x1",
+        lambda c: (c.p50_ms <= MAX_P50_MS_1X1, f"{c.p50_ms:.2f} ms"),
+    )
+    say(
+        f"1x1 p99 <= {MAX_P99_MS_1X1:g} ms",
+        "1x1",
+        lambda c: (c.p99_ms <= MAX_P99_MS_1X1, f"{c.p99_ms:.2f} ms"),
+    )
     return out
 
 
-def service_cells(
-    args: argparse.Namespace, model: Path
-) -> tuple[list[Cell], dict[int, Cell], dict[str, Cell]]:
-    """Every service cell, one service start per worker count, the main count first.
+@dataclass
+class Measured:
+    """What the service cells gave: every cell in the order run, the main ones by label, the CLIENTS × 32
+    cell by worker count, and the worker counts whose service did not start."""
 
-    Returns:
-        All cells in the order run; the CLIENTS × 32 cell by worker count; the main cells by label.
-    """
+    cells: list[Cell] = field(default_factory=list)
+    main: dict[str, Cell] = field(default_factory=dict)
+    by_workers: dict[int, Cell] = field(default_factory=dict)
+    not_started: list[int] = field(default_factory=list)
+
+
+def _started(svc: ServiceProcess, workers: int) -> bool:
+    """Start the service; False, with the end of its log printed, when it did not get ready."""
+    t0 = time.perf_counter()
+    try:
+        svc.start()
+    except BaseException as exc:
+        svc.stop()
+        if not isinstance(exc, RuntimeError):
+            raise
+        lines = svc.log.read_text(errors="replace").splitlines()[-15:] if svc.log.exists() else []
+        print(f"-- ZHEMBED_WORKERS={workers}: did not start: {exc}", *lines, sep="\n    ", flush=True)
+        return False
+    print(f"-- ZHEMBED_WORKERS={workers}, ready in {time.perf_counter() - t0:.1f} s", flush=True)
+    return True
+
+
+def service_cells(args: argparse.Namespace, model: Path) -> Measured:
+    """Every service cell, one service start per worker count, the main count first. A service that does
+    not start is reported with its log's end, and the run goes on to the next count."""
     corpus = load_corpus()
     many = Spec(args.clients, 32)
     main_specs = [many, Spec(args.clients, 32, "base64"), Spec(args.clients, 1), Spec(1, 1)]
@@ -328,41 +362,49 @@ def service_cells(
         f"distinct corpus texts; cells {args.seconds:g} s (+{args.warmup:g} s warm-up)"
     )
     print(HEADER, flush=True)
-    cells: list[Cell] = []
-    by_workers: dict[int, Cell] = {}
-    main: dict[str, Cell] = {}
+    got = Measured()
     start = 0
     for workers in dict.fromkeys([args.main_workers, *args.workers]):
         log = RESULTS / "logs" / f"gpu-service-w{workers}.log"
-        with ServiceProcess("app", {**env, "ZHEMBED_WORKERS": str(workers)}, log) as svc:
+        svc = ServiceProcess("app", {**env, "ZHEMBED_WORKERS": str(workers)}, log)
+        if not _started(svc, workers):
+            got.not_started.append(workers)
+            continue
+        try:
             for spec in main_specs if workers == args.main_workers else [many]:
                 c = measure(svc, corpus, spec, workers, start, args.seconds, args.warmup)
                 start += 10_000_000  # each cell's texts are new to the service too
-                cells.append(c)
+                got.cells.append(c)
                 print(format_cell(c), flush=True)
                 if workers == args.main_workers:
-                    main[c.label] = c
+                    got.main[c.label] = c
                 if spec == many:
-                    by_workers[workers] = c
-    return cells, by_workers, main
+                    got.by_workers[workers] = c
+        finally:
+            svc.stop()
+    return got
 
 
-def run(args: argparse.Namespace) -> tuple[dict, bool]:
-    """The whole check; the JSON report and whether every cell answered without errors."""
+def run(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
+    """The whole check; the JSON report, and True when every service started and every cell answered
+    without errors on the number of workers asked for."""
     started = time.perf_counter()
     manifest = json.loads((args.model / "manifest.json").read_text())
     config = manifest["config"]
     shape = BertShape(config["num_layers"], config["hidden_size"], config["intermediate_size"])
-    print(f"zhembed gpu_check: {args.model} ({config['num_layers']} layers, hidden {config['hidden_size']})")
+    print(
+        f"zhembed gpu_check: {args.model} ({config['num_layers']} layers, hidden {config['hidden_size']}); "
+        f"onnxruntime {ort.__version__}, {args.provider}"
+    )
     cosine = parity(args.model, manifest, args.provider)
     print(f"fp16 on {args.provider} vs fp32 on CPU, pooled cosine min: {cosine:.6f}")
     rates = raw(args.model, manifest, shape, args.peak_tflops, args.raw_seconds, args.provider)
     ceiling = rates[CEILING]
-    cells, by_workers, main = service_cells(args, args.model)
-    scaling = ", ".join(f"{w}: {c.sentences_per_s:,.0f}" for w, c in sorted(by_workers.items()))
-    print(f"{args.clients}x32 sentences/s by workers: {scaling}")
+    got = service_cells(args, args.model)
+    scaling = ", ".join(f"{w}: {c.sentences_per_s:,.0f}" for w, c in sorted(got.by_workers.items()))
+    print(f"{args.clients}x32 sentences/s by workers: {scaling or 'none'}")
     print(f"raw ceiling (batch {CEILING[0]}, sequence {CEILING[1]}): {ceiling:,.0f} sentences/s")
-    verdicts = targets(main, ceiling)
+    verdicts = targets(got.main, args.clients, ceiling)
     target_note = "" if args.provider == CUDA else f"; on {args.provider} they mean nothing"
     print(f"Targets (issue 13, GPU: an H200{target_note}):", *verdicts, sep="\n")
     total = time.perf_counter() - started
@@ -370,13 +412,15 @@ def run(args: argparse.Namespace) -> tuple[dict, bool]:
     report = {
         "model": str(args.model),
         "provider": args.provider,
+        "onnxruntime": ort.__version__,
         "parity_cosine_min": cosine,
         "raw": [{"batch": b, "seq": s, "sentences_per_s": r} for (b, s), r in rates.items()],
         "raw_ceiling": {"batch": CEILING[0], "seq": CEILING[1], "sentences_per_s": ceiling},
         "service_env": SERVICE_ENV,
         "seconds": args.seconds,
         "warmup_s": args.warmup,
-        "cells": [asdict(c) for c in cells],
+        "cells": [asdict(c) for c in got.cells],
+        "not_started": got.not_started,
         "targets": verdicts,
         "total_s": total,
     }
@@ -384,11 +428,10 @@ def run(args: argparse.Namespace) -> tuple[dict, bool]:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1, default=float))
     print(f"JSON: {out}")
-    bad = [f"{c.label} ({c.workers} workers)" for c in cells if c.failed]
+    bad = [f"{c.label} ({c.workers} workers)" for c in got.cells if c.failed]
+    bad += [f"the service with {w} workers did not start" for w in got.not_started]
     if bad:
-        print(
-            f"cells with errors, no answers or the wrong number of workers: {', '.join(bad)}", file=sys.stderr
-        )
+        print(f"failed: {'; '.join(bad)}", file=sys.stderr)
     return report, not bad
 
 

@@ -35,7 +35,7 @@ JSON=loadtest/results/gpu-check-$(date +%Y%m%d-%H%M%S).json
 status=0
 $PY -m loadtest.gpu_check --model "$MODEL" --out "$JSON" "$@" || status=$?
 
-echo "gpu_check.sh: ${SECONDS} s (twin export ${exported} s, check $((SECONDS - exported)) s)"
+echo "gpu_check.sh: ${SECONDS} s (set-up and twin export ${exported} s, check $((SECONDS - exported)) s)"
 if compgen -G "$STASH/parts/part*" >/dev/null; then
   first=$(stat -c %Y "$STASH"/parts/part* | sort -n | head -1)
   echo "since the first upload was stashed: $(($(date +%s) - first)) s"
