@@ -135,15 +135,15 @@ def distinct_bodies(corpus: list[str], texts: int, start: int) -> loadgen.BodyFa
     return make
 
 
-def _answered_vectors(payload: bytes, _texts: int) -> bool:
+def answered_vectors(payload: bytes, _texts: int) -> bool:
     return payload[:1] == b"["  # cheap: the client shares the cores with the server
 
 
-def _delta(after: dict[str, float], before: dict[str, float], name: str) -> float:
+def delta(after: dict[str, float], before: dict[str, float], name: str) -> float:
     return after.get(name, 0.0) - before.get(name, 0.0)
 
 
-def _scrape(svc: ServiceProcess) -> dict[str, float]:
+def scrape(svc: ServiceProcess) -> dict[str, float]:
     series = svc.metrics()
     if series is None or INFERENCE_SUM not in series or BATCH_SUM not in series:
         raise RuntimeError(f"/metrics has no {INFERENCE_SUM} / {BATCH_SUM}")
@@ -160,16 +160,16 @@ def measure_cell(
     warmup: float,
 ) -> Cell:
     """One cell; server CPU and the service's counters are read right before and right after it."""
-    before = _scrape(svc)
+    before = scrape(svc)
     cpu0, t0 = svc.cpu_seconds(), time.perf_counter()
     make = distinct_bodies(corpus, texts, start)
     result = uvloop.run(
-        loadgen.run_cell(HOST, svc.port, "/embed", make, clients, duration, warmup, check=_answered_vectors)
+        loadgen.run_cell(HOST, svc.port, "/embed", make, clients, duration, warmup, check=answered_vectors)
     )
     cpu1, t1 = svc.cpu_seconds(), time.perf_counter()
-    after = _scrape(svc)
-    batches = _delta(after, before, BATCH_COUNT)
-    computed = _delta(after, before, BATCH_SUM)
+    after = scrape(svc)
+    batches = delta(after, before, BATCH_COUNT)
+    computed = delta(after, before, BATCH_SUM)
     return Cell(
         clients=clients,
         texts=texts,
@@ -184,7 +184,7 @@ def measure_cell(
         mean_batch=computed / batches if batches else float("nan"),
         computed=computed,
         server_cpu_s=cpu1 - cpu0,
-        session_run_s=_delta(after, before, INFERENCE_SUM),
+        session_run_s=delta(after, before, INFERENCE_SUM),
         wall_s=t1 - t0,
         client_cores=result.client_cores,
         note=reliability_warning(result) or "",
