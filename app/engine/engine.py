@@ -105,5 +105,4 @@ class Engine:
             "dropped_cancelled": b.dropped_cancelled + i.dropped_cancelled,
             "inference_busy_s": round(i.busy_s, 3),
             "tokenizer_calls": self.tokenization.calls,
-            "tokenized_inline": self.tokenization.inline_calls,
         }
