@@ -44,20 +44,24 @@ CPU = "CPUExecutionProvider"
 VNNI_FLAGS = ("avx512_vnni", "avx_vnni")
 
 
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    """This CPU's feature flags; none where ``cpuinfo`` cannot be read (not Linux)."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return set()
+    return next(
+        (set(line.split(":", 1)[1].split()) for line in text.splitlines() if line.startswith("flags")), set()
+    )
+
+
 def cpu_has_vnni(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
     """Whether this CPU has VNNI, which an int8 graph with 256 activation levels needs to compute right.
 
     The export asks it to choose the graph's level count; the service, to refuse a graph it cannot run.
-    No readable cpuinfo (not Linux) counts as no VNNI: the safe answer for both.
+    No readable cpuinfo counts as no VNNI: the safe answer for both.
     """
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return False
-    flags = next(
-        (line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []
-    )
-    return any(flag in flags for flag in VNNI_FLAGS)
+    return not cpu_flags(cpuinfo).isdisjoint(VNNI_FLAGS)
 
 
 def check_cpu(graph: GraphFile, has_vnni: bool) -> None:

@@ -24,7 +24,7 @@ def _row(output: str, name: str) -> list[float]:
 @pytest.mark.slow  # exports all-MiniLM-L6-v2 and two int8 graphs of it: ~40 s on 2 cores
 def test_quick_comparison_shows_precision_batch_independence_and_speed() -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "loadtest.int8_recipes", "--quick", "--threads", "1"],
+        [sys.executable, "-m", "loadtest.int8_recipes", "--quick", "--profile", "--threads", "1"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -41,3 +41,4 @@ def test_quick_comparison_shows_precision_batch_independence_and_speed() -> None
     for name in ("fp32", "per_token (default)", "dynamic"):
         rates = _row(speed, name)
         assert len(rates) == 8 and all(r > 0 for r in rates[0::2]), (name, rates)
+    assert "MatMulIntegerToFloat" in out[out.index("kernel time per op type") :]
