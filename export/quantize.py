@@ -10,8 +10,8 @@ batch tensor. Two things follow, both bad for an embedding service:
 Here every token row gets its own scale and zero point (asymmetric, 128 or 256 levels: see ``LEVELS_VNNI``),
 weights get one symmetric int8 scale per output channel, and the product runs as
 ``MatMulIntegerToFloat`` (uint8 × int8 → int32, weight scales applied on the way out) on the CPU's
-integer units (VNNI/AMX where present). A token's
-result depends on that token alone. The word-embedding table is stored int8 with one scale per row.
+integer units (VNNI/AMX where present), which also takes out each row's zero point (``_zero_point_rows``):
+after it, one Mul by the row scales. A token's result depends on that token alone. The word-embedding table is stored int8 with one scale per row.
 
 Per-token scales still suffer from BERT's few outlier channels, so first each MatMul's input channels are
 smoothed (SmoothQuant, Xiao et al. 2023): ``x·W = (x / s)·(s·W)`` with ``s_j = max|x_j|^α / max|W_j|^(1-α)``,
