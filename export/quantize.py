@@ -7,11 +7,11 @@ batch tensor. Two things follow, both bad for an embedding service:
   texts lose precision: all-MiniLM-L6-v2's mean-pooled cosine to fp32 drops to 0.85 (0.97 per-channel);
 - a text's vector depends on which other texts share its batch, so batching and the cache disagree.
 
-Here every token row gets its own scale and zero point (asymmetric, 128 levels: see ``ACT_LEVELS``),
+Here every token row gets its own scale and zero point (asymmetric, 128 or 256 levels: see ``LEVELS_VNNI``),
 weights get one symmetric int8 scale per output channel, and the product runs as
 ``MatMulIntegerToFloat`` (uint8 × int8 → int32, weight scales applied on the way out) on the CPU's
-integer units (VNNI/AMX where present). A token's
-result depends on that token alone. The word-embedding table is stored int8 with one scale per row.
+integer units (VNNI/AMX where present), which also takes out each row's zero point (``_zero_point_rows``):
+after it, one Mul by the row scales. A token's result depends on that token alone. The word-embedding table is stored int8 with one scale per row.
 
 Per-token scales still suffer from BERT's few outlier channels, so first each MatMul's input channels are
 smoothed (SmoothQuant, Xiao et al. 2023): ``x·W = (x / s)·(s·W)`` with ``s_j = max|x_j|^α / max|W_j|^(1-α)``,
@@ -22,6 +22,7 @@ the worst mean-pooled cosine from 0.97 (per-token alone) to 0.994.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,12 +33,23 @@ from onnx import TensorProto, helper, numpy_helper
 # Guards the per-token scale of an all-zero row (scale 0 would make 0/0 = NaN).
 EPS = 1e-12
 QMAX = 127.0
-# Activation rows use 128 levels (uint8 0..127), not 256. x86 CPUs without VNNI (AVX2, plain AVX-512)
-# multiply u8 x s8 with VPMADDUBSW, which adds adjacent products into a saturating int16: with 8-bit
-# activations and 8-bit weights 2 x 255 x 127 overflows and MatMulInteger is silently wrong (60% of the
-# outputs of a random [64, 48] x [48, 64] product, measured on an AVX2 EPYC). 2 x 127 x 127 fits, so the
-# GEMM is exact everywhere; on all-MiniLM-L6-v2 the worst cosine to PyTorch went from 0.9948 to 0.9965.
-ACT_LEVELS = 127.0
+# Activation levels. x86 CPUs without VNNI (AVX2, plain AVX-512) multiply u8 x s8 with VPMADDUBSW, which
+# adds adjacent products into a saturating int16: with 256 levels and 8-bit weights 2 x 255 x 127 overflows
+# and MatMulInteger is silently wrong (60% of the outputs of a random [64, 48] x [48, 64] product, measured
+# on an AVX2 EPYC). 2 x 127 x 127 fits, so 128 levels are exact everywhere. VNNI (VPDPBUSD) accumulates
+# u8 x s8 in int32 and is exact with all 256; a graph made with 256 is only for such CPUs (the manifest
+# says so and app/model/runtime.py refuses it elsewhere).
+LEVELS_ANY_CPU = 128
+LEVELS_VNNI = 256
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """One tensor quantised by rows, as every GEMM that reads it takes it (``_Rewriter._quantize_rows``)."""
+
+    q: str  # uint8 [..., width + pieces]: the rows, then `pieces` copies of the row's zero point
+    scale: str  # float [..., 1]
+    pieces: int
 
 
 def _per_channel(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -46,37 +58,70 @@ def _per_channel(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q, scale.astype(np.float32)
 
 
+def _zero_point_rows(colsum: np.ndarray, pieces: int) -> np.ndarray:
+    """``pieces`` int8 rows that add up to ``-colsum`` column by column, each entry within ±QMAX.
+
+    Appended under the weights, they meet ``pieces`` copies of the row's zero point appended to the
+    activation rows, so the GEMM itself computes Σ_k x_q·w - zp·Σ_k w: the zero point costs no pass over
+    the output. Every pair a u8×s8 instruction adds stays within 2 x 127 x 127 (exact without VNNI).
+    """
+    target = -colsum.astype(np.int64)
+    base, rest = np.divmod(target, pieces)  # rest in [0, pieces): that many pieces get base + 1
+    rows = np.repeat(base[None, :], pieces, axis=0) + (np.arange(pieces)[:, None] < rest[None, :])
+    if np.abs(rows).max(initial=0) > QMAX:
+        raise ValueError(f"{pieces} pieces cannot hold a column sum of {np.abs(target).max()}")
+    return rows.astype(np.int8)
+
+
 class _Rewriter:
-    def __init__(self, model: onnx.ModelProto) -> None:
+    def __init__(self, model: onnx.ModelProto, levels: int) -> None:
         self.model = model
         self.graph = model.graph
         self.inits = {i.name: i for i in self.graph.initializer}
         self.new_inits: list[onnx.TensorProto] = []
         self.count = 0
-        # Input tensor -> its int8 rows and scales, so readers of one tensor quantise it once.
-        self.quantized: dict[str, tuple[str, str, str]] = {}
+        # Input tensor -> its quantised rows, so readers of one tensor (Q, K, V) quantise it once.
+        self.quantized: dict[str, _Rows] = {}
+        self.weights = {
+            n.output[0]: _per_channel(numpy_helper.to_array(self.inits[n.input[1]]))
+            for n in self.graph.node
+            if n.op_type == "MatMul" and self._quantizable(n.input[1])
+        }
+        # Zero-point pieces per input tensor: enough for the largest column sum of any weight reading it.
+        self.pieces: dict[str, int] = {}
+        for node in self.graph.node:
+            if node.output[0] in self.weights:
+                q = self.weights[node.output[0]][0]
+                need = int(np.ceil(np.abs(q.astype(np.int64).sum(axis=0)).max() / QMAX))
+                self.pieces[node.input[0]] = max(self.pieces.get(node.input[0], 1), need)
         opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
         self.axes_as_input = opset >= 18
         self._const("zq.eps", np.array(EPS, dtype=np.float32))
         self._const("zq.zerof", np.array(0.0, dtype=np.float32))
-        self._const("zq.levels", np.array(ACT_LEVELS, dtype=np.float32))
+        self._const("zq.levels", np.array(levels - 1, dtype=np.float32))
         self._const("zq.one", np.array(1.0, dtype=np.float32))
         self._const("zq.flat", np.array([-1], dtype=np.int64))
         if self.axes_as_input:
             self._const("zq.axes", np.array([-1], dtype=np.int64))
 
+    def _quantizable(self, name: str) -> bool:
+        weight = self.inits.get(name)
+        return weight is not None and len(weight.dims) == 2 and weight.data_type == TensorProto.FLOAT
+
     def _const(self, name: str, value: np.ndarray) -> str:
         self.new_inits.append(numpy_helper.from_array(value, name))
         return name
 
-    def _quantize_rows(self, x: str, prefix: str, width: int) -> tuple[list[onnx.NodeProto], str, str, str]:
-        """Nodes that turn float ``x`` [..., width] into uint8 rows, each with its own scale and zero point.
+    def _quantize_rows(self, x: str, prefix: str, width: int) -> tuple[list[onnx.NodeProto], _Rows]:
+        """Nodes that turn float ``x`` [..., width] into uint8 rows, each with its own scale and zero point,
+        followed by ``pieces`` copies of that zero point (``_zero_point_rows`` says why).
 
         Asymmetric, so a one-sided row (GELU's output is >= -0.17) uses all the levels, not half of them.
         The scale and zero point come from two row reductions; the rows are then quantised by one per-axis
         ``QuantizeLinear`` over ``x`` seen as [rows, width] (round half to even, saturating: the same bytes
         as Div, Round, Add, Clip and Cast, in one pass instead of five: 2.9x faster on [512, 3072]).
         """
+        pieces = self.pieces[x]
         n = lambda op, ins, out, **kw: helper.make_node(op, ins, [f"{prefix}.{out}"], **kw)  # noqa: E731
         p = lambda name: f"{prefix}.{name}"  # noqa: E731
         if self.axes_as_input:
@@ -85,7 +130,9 @@ class _Rewriter:
         else:
             reduce_max = n("ReduceMax", [x], "max", axes=[-1], keepdims=1)
             reduce_min = n("ReduceMin", [x], "min", axes=[-1], keepdims=1)
-        rows_shape = self._const(f"{prefix}.rows_shape", np.array([-1, width], dtype=np.int64))
+        rows_shape = self._const(p("rows_shape"), np.array([-1, width], dtype=np.int64))
+        wide = self._const(p("wide"), np.array([width + pieces], dtype=np.int64))
+        repeat = self._const(p("repeat"), np.array([1, pieces], dtype=np.int64))
         nodes = [
             reduce_max,
             reduce_min,
@@ -97,47 +144,44 @@ class _Rewriter:
             n("Div", [p("rangec"), "zq.levels"], "scale"),
             n("Div", [p("lo"), p("scale")], "lo_q"),
             n("Neg", [p("lo_q")], "zp_raw"),
-            n("Round", [p("zp_raw")], "zp"),  # in [0, ACT_LEVELS]: lo <= 0 <= hi
+            n("Round", [p("zp_raw")], "zp"),  # in [0, levels - 1]: lo <= 0 <= hi
             n("Cast", [p("zp")], "zp_u8", to=TensorProto.UINT8),
             n("Reshape", [p("scale"), "zq.flat"], "scale_rows"),
             n("Reshape", [p("zp_u8"), "zq.flat"], "zp_rows"),
-            n("Shape", [x], "shape"),
             n("Reshape", [x, rows_shape], "x_rows"),
             n("QuantizeLinear", [p("x_rows"), p("scale_rows"), p("zp_rows")], "q_rows", axis=0),
-            n("Reshape", [p("q_rows"), p("shape")], "q"),
+            n("Reshape", [p("zp_u8"), self._const(p("col"), np.array([-1, 1], dtype=np.int64))], "zp_col"),
+            n("Expand", [p("zp_col"), repeat], "zp_rep"),
+            n("Concat", [p("q_rows"), p("zp_rep")], "q_wide", axis=1),
+            n("Shape", [x], "lead", end=-1),
+            n("Concat", [p("lead"), wide], "wide_shape", axis=0),
+            n("Reshape", [p("q_wide"), p("wide_shape")], "q"),
         ]
-        return nodes, p("q"), p("scale"), p("zp")
+        return nodes, _Rows(p("q"), p("scale"), pieces)
 
     def matmul(self, node: onnx.NodeProto) -> list[onnx.NodeProto] | None:
-        weight = self.inits.get(node.input[1])
-        if weight is None or len(weight.dims) != 2 or weight.data_type != TensorProto.FLOAT:
+        if node.output[0] not in self.weights:
             return None
-        q, w_scale = _per_channel(numpy_helper.to_array(weight))
+        q, w_scale = self.weights[node.output[0]]
         prefix = f"zq{self.count}"
         self.count += 1
-        wq = self._const(f"{prefix}.w", q)
-        ws = self._const(f"{prefix}.wscale", w_scale)
-        # Σ_k (x_q - zp)·w = Σ_k x_q·w - zp·Σ_k w. MatMulIntegerToFloat applies the weight scales in the
-        # GEMM's output stage; the per-row zero point (which it cannot take: its A zero point is one per
-        # tensor) is taken out after it, in three passes over the output instead of five.
-        colsum = self._const(f"{prefix}.colsum_scaled", q.astype(np.float32).sum(axis=0) * w_scale)
         nodes: list[onnx.NodeProto] = []
         if node.input[0] in self.quantized:
-            xq, scale, zp = self.quantized[node.input[0]]
+            rows = self.quantized[node.input[0]]
         else:
-            nodes, xq, scale, zp = self._quantize_rows(node.input[0], prefix, q.shape[0])
-            self.quantized[node.input[0]] = (xq, scale, zp)
-        p = lambda name: f"{prefix}.{name}"  # noqa: E731
-        nodes += [
-            helper.make_node(
-                "MatMulIntegerToFloat", [xq, wq, "zq.one", ws], [p("product")], domain="com.microsoft"
-            ),
-            helper.make_node("Mul", [p("product"), scale], [p("rs")]),
-            helper.make_node("Mul", [zp, scale], [p("zp_scaled")]),  # [..., 1]: one number per row
-            helper.make_node("Mul", [p("zp_scaled"), colsum], [p("corr")]),
-            helper.make_node("Sub", [p("rs"), p("corr")], [node.output[0]]),
-        ]
-        return nodes
+            nodes, rows = self._quantize_rows(node.input[0], prefix, q.shape[0])
+            self.quantized[node.input[0]] = rows
+        # y = scale·(Σ_k (x_q - zp)·w): MatMulIntegerToFloat takes the zero point inside the GEMM (its
+        # extra rows) and applies the weight scales in its output stage; the row scale is one Mul. The
+        # bias Add after it stays, for ONNX Runtime to fuse into BiasGelu or SkipLayerNormalization.
+        wide = np.concatenate([q, _zero_point_rows(q.astype(np.int64).sum(axis=0), rows.pieces)])
+        wq = self._const(f"{prefix}.w", wide)
+        ws = self._const(f"{prefix}.wscale", w_scale)
+        product = f"{prefix}.product"
+        gemm = helper.make_node(
+            "MatMulIntegerToFloat", [rows.q, wq, "zq.one", ws], [product], domain="com.microsoft"
+        )
+        return [*nodes, gemm, helper.make_node("Mul", [product, rows.scale], [node.output[0]])]
 
     def gather(self, node: onnx.NodeProto) -> list[onnx.NodeProto] | None:
         table = self.inits.get(node.input[0])
@@ -280,13 +324,18 @@ def smooth(model: onnx.ModelProto, absmax: dict[str, np.ndarray], alpha: float) 
 
 
 def quantize_per_token(
-    src: Path, dst: Path, absmax: dict[str, np.ndarray] | None = None, alpha: float = 0.5
+    src: Path,
+    dst: Path,
+    absmax: dict[str, np.ndarray] | None = None,
+    alpha: float = 0.5,
+    levels: int = LEVELS_ANY_CPU,
 ) -> int:
     """Rewrite every constant-weight MatMul (and the word-embedding Gather) of ``src`` into int8.
 
     Args:
         absmax: calibration maxima from ``calibrate``; when given, inputs are smoothed first.
         alpha: SmoothQuant's migration strength (0: all in activations, 1: all in weights).
+        levels: activation levels per row: ``LEVELS_ANY_CPU``, or ``LEVELS_VNNI`` for CPUs with VNNI only.
 
     Returns:
         How many nodes were quantised.
@@ -294,7 +343,7 @@ def quantize_per_token(
     model = gemm_to_matmul(onnx.load(str(src)))
     if absmax:
         smooth(model, absmax, alpha)
-    count = _Rewriter(model).run()
+    count = _Rewriter(model, levels).run()
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     onnx.checker.check_model(model)

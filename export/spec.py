@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from app.model.manifest import Variant
+from app.model.manifest import ANY_CPU, VNNI, Variant
+from app.model.runtime import cpu_has_vnni
 
 DEFAULT_OPSET = 17
 DEFAULT_MODEL = "bert-base-chinese"
@@ -38,6 +39,18 @@ class Int8Recipe:
     fused: bool = False
     # dynamic: one weight scale per output channel instead of per tensor.
     per_channel: bool = False
+    # per_token: the CPUs the graph is for. "vnni": 256 activation levels, exact only with VNNI; "any": 128,
+    # exact on every x86-64 (export/quantize.py, LEVELS_VNNI); "auto": "vnni" when the exporting CPU has it.
+    cpu: Literal["auto", "vnni", "any"] = "auto"
+
+    def target_cpu(self) -> str:
+        """``VNNI`` or ``ANY_CPU``: "auto" resolved on the CPU this runs on."""
+        if self.cpu == "auto":
+            return VNNI if cpu_has_vnni() else ANY_CPU
+        return VNNI if self.cpu == "vnni" else ANY_CPU
+
+    def act_levels(self) -> int:
+        return 256 if self.target_cpu() == VNNI else 128
 
     def describe(self) -> dict[str, str | bool | int]:
         if self.method == "per_token":
@@ -45,10 +58,13 @@ class Int8Recipe:
                 "method": self.method,
                 "alpha_pct": round(self.alpha * 100),
                 "weights": "per_channel",
+                "act_levels": self.act_levels(),
+                "cpu": self.target_cpu(),
                 # The graph rewrite's version: 2 quantises rows with one per-axis QuantizeLinear, into
-                # 128 levels (exact on CPUs without VNNI; export/quantize.py, ACT_LEVELS); 3 runs the
-                # GEMMs as MatMulIntegerToFloat.
-                "rewrite": 3,
+                # 128 levels (exact on CPUs without VNNI; export/quantize.py, LEVELS_VNNI); 3 runs the
+                # GEMMs as MatMulIntegerToFloat; 4 takes the zero point out inside the GEMM and leaves the
+                # bias Add to ONNX Runtime's fusions, and chooses 256 levels for VNNI CPUs.
+                "rewrite": 4,
             }
         return {"method": self.method, "fused": self.fused, "per_channel": self.per_channel}
 

@@ -74,7 +74,8 @@ def to_int8(
         calibration: feeds for ``src`` whose activation maxima set the smoothing (``per_token`` only).
     """
     if recipe.method == "per_token":
-        quantize.quantize_per_token(src, dst, quantize.calibrate(src, calibration), recipe.alpha)
+        absmax = quantize.calibrate(src, calibration)
+        quantize.quantize_per_token(src, dst, absmax, recipe.alpha, recipe.act_levels())
         return {"tool": "export.quantize", "weight_type": "QInt8", **recipe.describe()}
     with tempfile.TemporaryDirectory(dir=dst.parent) as tmp:
         model_input = src

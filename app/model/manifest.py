@@ -17,6 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 
+# The CPU an int8 graph was exported for (its recipe's "cpu"): any x86-64, or only CPUs with VNNI.
+ANY_CPU = "any"
+VNNI = "vnni"
+
 Variant = Literal["fp32", "fp16", "int8"]
 VARIANTS: tuple[Variant, ...] = ("fp32", "fp16", "int8")
 GraphName = Literal["encoder", "mlm_head"]
@@ -57,6 +61,11 @@ class GraphFile(_Frozen):
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
     recipe: dict[str, str | bool | int] = Field(default_factory=dict, description="How it was made.")
+
+    @property
+    def cpu(self) -> str:
+        """The CPUs this graph computes right on: ``VNNI`` or ``ANY_CPU`` (also for graphs that predate it)."""
+        return str(self.recipe.get("cpu", ANY_CPU))
 
 
 class Source(_Frozen):

@@ -22,6 +22,8 @@ from app.model.manifest import (
     MLM_INPUT,
     MLM_OUTPUT,
     POOLER_OUTPUT,
+    VNNI,
+    GraphFile,
     Manifest,
     ManifestError,
     Variant,
@@ -36,6 +38,44 @@ log = logging.getLogger(__name__)
 
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
+
+
+# /proc/cpuinfo flags of an integer dot product that accumulates u8 x s8 in int32 (VPDPBUSD).
+VNNI_FLAGS = ("avx512_vnni", "avx_vnni")
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    """This CPU's feature flags; none where ``cpuinfo`` cannot be read (not Linux)."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return set()
+    return next(
+        (set(line.split(":", 1)[1].split()) for line in text.splitlines() if line.startswith("flags")), set()
+    )
+
+
+def cpu_has_vnni(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether this CPU has VNNI, which an int8 graph with 256 activation levels needs to compute right.
+
+    The export asks it to choose the graph's level count; the service, to refuse a graph it cannot run.
+    No readable cpuinfo counts as no VNNI: the safe answer for both.
+    """
+    return not cpu_flags(cpuinfo).isdisjoint(VNNI_FLAGS)
+
+
+def check_cpu(graph: GraphFile, has_vnni: bool) -> None:
+    """Refuse a graph exported for VNNI on a CPU without it: its integer GEMMs would saturate, silently.
+
+    Raises:
+        ManifestError: one line that says so and how to fix it.
+    """
+    if graph.cpu == VNNI and not has_vnni:
+        raise ManifestError(
+            f"{graph.file} was exported for CPUs with VNNI ({graph.recipe.get('act_levels')} activation "
+            f"levels) and would compute wrong vectors on this CPU, which has none of {', '.join(VNNI_FLAGS)}: "
+            "export the model on this machine or one like it"
+        )
 
 
 @dataclass(frozen=True)
@@ -191,6 +231,9 @@ def check_model(settings: Settings) -> tuple[Path, Manifest, Choice]:
             files[entry.file] = entry.sha256
     if "tokenizer.json" not in files:
         raise ManifestError(f"the manifest in {folder} does not list tokenizer.json")
+    for per_variant in manifest.graphs.values():
+        if choice.variant in per_variant:
+            check_cpu(per_variant[choice.variant], cpu_has_vnni())
     verify_files(folder, files)
     return folder, manifest, choice
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import onnx
 import pytest
 
-from app.model.manifest import VARIANTS, load_manifest, sha256_file, verify_files
+from app.model.manifest import ANY_CPU, VARIANTS, VNNI, load_manifest, sha256_file, verify_files
+from app.model.runtime import cpu_has_vnni
 from export import graphs, variants
 from export.pipeline import ExportOptions, run_export
 from export.spec import THRESHOLDS, Threshold
@@ -82,6 +83,11 @@ def test_int8_has_integer_weights_and_fp16_half_weights(tiny_model_dir: Path) ->
     int8 = onnx.load(str(tiny_model_dir / manifest.graphs["encoder"]["int8"].file))
     assert any(init.data_type == onnx.TensorProto.INT8 for init in int8.graph.initializer)
     assert manifest.graphs["encoder"]["int8"].recipe["weight_type"] == "QInt8"
+    # The CPU the int8 graph is for, and its activation levels, as this machine's CPU chose them.
+    for graph in manifest.graphs.values():
+        recipe = graph["int8"].recipe
+        assert recipe["cpu"] == (VNNI if cpu_has_vnni() else ANY_CPU) == graph["int8"].cpu
+        assert recipe["act_levels"] == (256 if cpu_has_vnni() else 128)
     fp16 = onnx.load(str(tiny_model_dir / manifest.graphs["encoder"]["fp16"].file))
     assert any(init.data_type == onnx.TensorProto.FLOAT16 for init in fp16.graph.initializer)
     assert manifest.graphs["encoder"]["fp16"].provider == "CUDAExecutionProvider"

@@ -2,32 +2,36 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper, save
 
-from export.quantize import ACT_LEVELS, quantize_per_token
+from app.model.manifest import ANY_CPU, VNNI
+from app.model.runtime import cpu_has_vnni
+from export import spec
+from export.quantize import LEVELS_ANY_CPU, LEVELS_VNNI, _zero_point_rows, quantize_per_token
+from export.spec import Int8Recipe
 
 K, N = 48, 24
 
 
-def _reference(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+def _reference(x: np.ndarray, weight: np.ndarray, top: int = LEVELS_ANY_CPU - 1) -> np.ndarray:
     """Per-row asymmetric activations, per-column symmetric int8 weights, exact integer product."""
     w_scale = np.maximum(np.abs(weight).max(axis=0), 1e-12) / 127
     wq = np.clip(np.rint(weight / w_scale), -127, 127)
     hi = np.maximum(x.max(axis=-1, keepdims=True), 0)
     lo = np.minimum(x.min(axis=-1, keepdims=True), 0)
-    scale = np.maximum(hi - lo, 1e-12) / ACT_LEVELS
+    scale = np.maximum(hi - lo, 1e-12) / top
     zp = np.rint(-lo / scale)
-    xq = np.clip(np.rint(x / scale) + zp, 0, ACT_LEVELS)
+    xq = np.clip(np.rint(x / scale) + zp, 0, top)
     return ((xq - zp) @ wq) * scale * w_scale
 
 
-@pytest.fixture(scope="module")
-def session(tmp_path_factory: pytest.TempPathFactory) -> tuple[ort.InferenceSession, np.ndarray]:
-    weight = np.random.default_rng(1).standard_normal((K, N)).astype(np.float32)
+def _one_matmul(weight: np.ndarray) -> onnx.ModelProto:
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w"], ["y"])],
         "one_matmul",
@@ -35,9 +39,15 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> tuple[ort.InferenceSess
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", N])],
         [numpy_helper.from_array(weight, "w")],
     )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory: pytest.TempPathFactory) -> tuple[ort.InferenceSession, np.ndarray]:
+    weight = np.random.default_rng(1).standard_normal((K, N)).astype(np.float32)
     folder = tmp_path_factory.mktemp("quantize")
     src, dst = folder / "fp32.onnx", folder / "int8.onnx"
-    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(src))
+    save(_one_matmul(weight), str(src))
     assert quantize_per_token(src, dst) == 1
     ops = [n.op_type for n in onnx.load(str(dst)).graph.node]
     assert "MatMul" not in ops and {"QuantizeLinear", "MatMulIntegerToFloat"} <= set(ops)
@@ -65,3 +75,42 @@ def test_a_rows_result_does_not_depend_on_its_batch(session: tuple[ort.Inference
     (y_alone,) = sess.run(["y"], {"x": alone})
     (y_batched,) = sess.run(["y"], {"x": np.concatenate([alone, loud])})
     np.testing.assert_array_equal(y_alone[0], y_batched[0])
+
+
+def test_zero_point_rows_add_up_to_minus_the_column_sums() -> None:
+    colsum = np.array([0, 1, -1, 127 * 5, -127 * 5, 3001, -2999])
+    rows = _zero_point_rows(colsum, 24)
+    assert rows.dtype == np.int8 and rows.shape == (24, 7)
+    np.testing.assert_array_equal(rows.astype(np.int64).sum(axis=0), -colsum)
+    assert np.abs(rows.astype(np.int64)).max() <= 127
+    with pytest.raises(ValueError, match="cannot hold"):
+        _zero_point_rows(np.array([127 * 3 + 1]), 3)
+
+
+@pytest.mark.parametrize(("cpu", "levels", "target"), [("any", 128, ANY_CPU), ("vnni", 256, VNNI)])
+def test_the_recipe_records_levels_and_cpu(cpu: str, levels: int, target: str) -> None:
+    recipe = Int8Recipe(cpu=cpu)  # type: ignore[arg-type]
+    assert recipe.act_levels() == levels
+    assert recipe.describe()["act_levels"] == levels and recipe.describe()["cpu"] == target
+
+
+@pytest.mark.parametrize(("has_vnni", "levels"), [(False, 128), (True, 256)])
+def test_auto_chooses_the_levels_by_the_exporting_cpu(
+    monkeypatch: pytest.MonkeyPatch, has_vnni: bool, levels: int
+) -> None:
+    monkeypatch.setattr(spec, "cpu_has_vnni", lambda: has_vnni)
+    assert Int8Recipe(cpu="auto").act_levels() == levels
+    # A change of target changes the fingerprint: an export made elsewhere is redone here.
+    assert Int8Recipe(cpu="auto").describe() != Int8Recipe(cpu="any" if has_vnni else "vnni").describe()
+
+
+@pytest.mark.skipif(not cpu_has_vnni(), reason="256 levels are only exact on CPUs with VNNI")
+def test_256_levels_are_exact_on_vnni(tmp_path: Path) -> None:
+    weight = np.random.default_rng(1).standard_normal((K, N)).astype(np.float32)
+    src, dst = tmp_path / "fp32.onnx", tmp_path / "int8.onnx"
+    save(_one_matmul(weight), str(src))
+    quantize_per_token(src, dst, levels=LEVELS_VNNI)
+    x = np.random.default_rng(2).standard_normal((3, 5, K)).astype(np.float32) * 4
+    (y,) = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"]).run(["y"], {"x": x})
+    expected = _reference(x.astype(np.float64), weight, LEVELS_VNNI - 1)
+    np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)
