@@ -25,11 +25,10 @@ from app.api.auth import OPS_PATHS, ApiKeyMiddleware
 from app.api.body_limit import BodyLimitMiddleware
 from app.api.drain import Drain, DrainMiddleware
 from app.api.errors import install_error_handlers
-from app.api.fast import FastPath
-from app.api.openai_routes import FAST_ROUTES as OPENAI_FAST_ROUTES
+from app.api.fast import FastPath, fast_routes
 from app.api.openai_routes import router as openai_router
 from app.api.request_metrics import RequestMetricsMiddleware
-from app.api.routes import FAST_ROUTES, router
+from app.api.routes import router
 from app.cache.memory import MemoryLRU
 from app.cache.vectors import VectorCache
 from app.engine.engine import Engine
@@ -104,7 +103,7 @@ def create_app(
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(openai_router)
-    app.add_middleware(FastPath, routes={**FAST_ROUTES, **OPENAI_FAST_ROUTES})  # innermost
+    app.add_middleware(FastPath, routes=fast_routes(router, openai_router))  # innermost
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     if keys:
         open_paths = frozenset() if settings.auth_ops_routes else OPS_PATHS

@@ -91,13 +91,12 @@ class SharedLedger:
         self._permits = permits
         self._index = index
 
-    def try_take(self, count: int, limit: int) -> int | None:
+    def try_take(self, count: int, limit: int) -> bool:
         with self._permits.get_lock():
-            before = sum(self._permits[:])
-            if before + count > limit:
-                return None
+            if sum(self._permits[:]) + count > limit:
+                return False
             self._permits[self._index] += count
-            return before
+            return True
 
     def give_back(self, count: int) -> int:
         with self._permits.get_lock():
@@ -120,8 +119,11 @@ class Cluster:
     def set_ready(self, ready: bool) -> None:
         self.shared.ready[self.index] = int(ready)
 
+    def ready_count(self) -> int:
+        return sum(self.shared.ready[:])
+
     def all_ready(self) -> bool:
-        return all(self.shared.ready[:])
+        return self.ready_count() == self.size
 
 
 def serve(settings: Settings, count: int) -> int:

@@ -19,8 +19,10 @@ import email.message
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, get_type_hints
 
+from fastapi import APIRouter
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -35,6 +37,19 @@ log = logging.getLogger(__name__)
 Endpoint = Callable[[Any, Request, Service], Awaitable[Response]]
 # path → (the request body's model, the route function)
 FastRoutes = dict[str, tuple[type[BaseModel], Endpoint]]
+
+
+def fast_routes(*routers: APIRouter) -> FastRoutes:
+    """The POST routes of ``routers`` whose function takes a JSON ``body`` model: read from the routes
+    themselves, so a new data route is served by the fast path without being listed twice."""
+    routes: FastRoutes = {}
+    for route in (r for router in routers for r in router.routes):
+        if not isinstance(route, APIRoute) or "POST" not in (route.methods or ()):
+            continue
+        model = get_type_hints(route.endpoint).get("body")
+        if isinstance(model, type) and issubclass(model, BaseModel):
+            routes[route.path] = (model, route.endpoint)
+    return routes
 
 
 class FastPath:

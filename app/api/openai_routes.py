@@ -11,7 +11,6 @@ from starlette.responses import Response
 from app.api.disconnect import unless_disconnected
 from app.api.encoding import encode_vector
 from app.api.errors import OPENAI_PATHS, openapi_responses
-from app.api.fast import FastRoutes
 from app.api.routes import ServiceDep, json_response
 from app.api.schemas import OpenAIEmbeddingRequest, OpenAIEmbeddingResponse
 from app.errors import EmptyInput
@@ -45,5 +44,3 @@ for _path in sorted(OPENAI_PATHS, reverse=True):  # /v1/embeddings first in the 
         responses=openapi_responses(EmptyInput, openai=True),
         include_in_schema=_path.startswith("/v1/"),
     )
-
-FAST_ROUTES: FastRoutes = {path: (OpenAIEmbeddingRequest, embeddings) for path in OPENAI_PATHS}

@@ -13,7 +13,6 @@ from starlette.responses import Response
 from app.api.disconnect import unless_disconnected
 from app.api.encoding import encode_rows, encode_vector
 from app.api.errors import openapi_responses
-from app.api.fast import FastRoutes
 from app.api.schemas import (
     EmbedAllRequest,
     EmbedAllResponse,
@@ -130,7 +129,7 @@ async def ready(request: Request, service: ServiceDep) -> Response:
         raise NotReady("the model is still warming up")
     cluster: Cluster | None = request.app.state.cluster
     if cluster is not None and not cluster.all_ready():
-        raise NotReady(f"{sum(cluster.shared.ready[:])} of {cluster.size} workers are ready")
+        raise NotReady(f"{cluster.ready_count()} of {cluster.size} workers are ready")
     return json_response({"ready": True})
 
 
@@ -148,14 +147,3 @@ async def info(request: Request, service: ServiceDep) -> Response:
     cluster: Cluster | None = request.app.state.cluster
     worker = {"index": cluster.index, "of": cluster.size} if cluster is not None else {"index": 0, "of": 1}
     return json_response({**service.info(), "worker": {**worker, "pid": os.getpid()}})
-
-
-# The POST routes the fast path serves (app.api.fast): each with its request model, called as (body,
-# request, service). The routes above stay the API's declaration and serve every other method.
-FAST_ROUTES: FastRoutes = {
-    "/embed": (EmbedRequest, embed),
-    "/embed_all": (EmbedAllRequest, embed_all),
-    "/similarity": (SimilarityRequest, similarity),
-    "/fill-mask": (FillMaskRequest, fill_mask),
-    "/tokenize": (TokenizeRequest, tokenize),
-}

@@ -40,8 +40,8 @@ class Permits:
 class Ledger(Protocol):
     """Where the permits in use are counted: one process, or every worker of one server."""
 
-    def try_take(self, count: int, limit: int) -> int | None:
-        """Add ``count`` if the total stays within ``limit``; the total before, or None if it would not."""
+    def try_take(self, count: int, limit: int) -> bool:
+        """Add ``count`` if the total stays within ``limit``; whether it did."""
         ...
 
     def give_back(self, count: int) -> int:
@@ -58,13 +58,12 @@ class LocalLedger:
         self._in_use = 0
         self._lock = threading.Lock()
 
-    def try_take(self, count: int, limit: int) -> int | None:
+    def try_take(self, count: int, limit: int) -> bool:
         with self._lock:
-            before = self._in_use
-            if before + count > limit:
-                return None
-            self._in_use = before + count
-            return before
+            if self._in_use + count > limit:
+                return False
+            self._in_use += count
+            return True
 
     def give_back(self, count: int) -> int:
         with self._lock:
@@ -95,8 +94,7 @@ class Admission:
         """
         if count < 1:
             raise ValueError(f"a request takes at least one permit, not {count}")
-        before = self.ledger.try_take(count, self.limit)
-        if before is None:
+        if not self.ledger.try_take(count, self.limit):
             self.rejected += 1
             raise Overloaded(
                 f"{self.ledger.total()} of {self.limit} inputs in flight; {count} more do not fit, retry later"
