@@ -5,16 +5,14 @@ measured and nothing failed."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from loadtest.loadgen import CellResult
 from loadtest.table import http_row
+from tests.loadtest.conftest import run_module
 
-ROOT = Path(__file__).resolve().parents[2]
 EXPECTED = [
     "raw fp32 best b=",
     "raw int8 best b=",
@@ -32,14 +30,7 @@ EXPECTED = [
 @pytest.mark.slow  # exports a tiny model and starts three servers: ~50 s on 2 cores
 def test_quick_bench_measures_every_row_without_errors(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    run = subprocess.run(
-        [sys.executable, "-m", "loadtest.bench", "--quick", "--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    stdout = run_module("loadtest.bench", "--quick", "--out", str(out), timeout=600)
     rows = json.loads(out.read_text())["rows"]
     labels = [r["label"] for r in rows]
     for prefix in EXPECTED:
@@ -50,7 +41,7 @@ def test_quick_bench_measures_every_row_without_errors(tmp_path: Path) -> None:
             continue
         assert row["errors"] == 0, row
         assert row["sentences_per_s"] > 0, row
-    printed = run.stdout
+    printed = stdout
     for prefix in EXPECTED:
         assert prefix in printed
 

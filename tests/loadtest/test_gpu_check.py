@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import orjson
@@ -14,8 +12,7 @@ import pytest
 
 from loadtest.corpus import load_corpus
 from loadtest.gpu_check import Spec, bodies
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.loadtest.conftest import run_module
 
 
 @pytest.mark.slow  # starts the service twice (1 and 2 workers) on the tiny model's fp16 graph: ~30 s
@@ -26,14 +23,7 @@ def test_gpu_check_runs_every_cell_on_the_cpu_provider(tiny_model_dir: Path, tmp
     cpu = ["--provider", "CPUExecutionProvider", "--clients", "8", "--workers", "1,2"]
     short = ["--seconds", "1.5", "--warmup", "0.5", "--raw-seconds", "0.1"]
     args = ["--model", str(tiny_model_dir), *cpu, *short, "--out", str(out)]
-    run = subprocess.run(
-        [sys.executable, "-m", "loadtest.gpu_check", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    stdout = run_module("loadtest.gpu_check", *args)
     report = json.loads(out.read_text())
     assert report["parity_cosine_min"] > 0.99
     assert report["raw_ceiling"]["batch"] == 256 and report["raw_ceiling"]["seq"] == 32
@@ -55,9 +45,9 @@ def test_gpu_check_runs_every_cell_on_the_cpu_provider(tiny_model_dir: Path, tmp
         r"1x1 p50 <= 4 ms: [\d.]+ ms",
         r"1x1 p99 <= 10 ms: [\d.]+ ms",
     ):
-        assert re.search(r"\[(PASS|MISS)\] " + target, run.stdout), (target, run.stdout[-2000:])
-    assert re.search(r"8x32 sentences/s by workers: 1: [\d,]+, 2: [\d,]+", run.stdout)
-    assert re.search(r"^total: \d+ s$", run.stdout, re.MULTILINE)
+        assert re.search(r"\[(PASS|MISS)\] " + target, stdout), (target, stdout[-2000:])
+    assert re.search(r"8x32 sentences/s by workers: 1: [\d,]+, 2: [\d,]+", stdout)
+    assert re.search(r"^total: \d+ s$", stdout, re.MULTILINE)
 
 
 def test_each_cell_sends_distinct_texts_in_its_encoding() -> None:

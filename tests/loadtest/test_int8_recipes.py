@@ -7,13 +7,10 @@ graph's does). Speed is printed, never asserted: CI machines are shared."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.loadtest.conftest import run_module
 
 
 def _row(output: str, name: str) -> list[float]:
@@ -23,16 +20,7 @@ def _row(output: str, name: str) -> list[float]:
 
 @pytest.mark.slow  # exports all-MiniLM-L6-v2 and two int8 graphs of it: ~40 s on 2 cores
 def test_quick_comparison_shows_precision_batch_independence_and_speed() -> None:
-    run = subprocess.run(
-        [sys.executable, "-m", "loadtest.int8_recipes", "--quick", "--profile", "--threads", "1"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert run.returncode == 0, run.stderr[-2000:]
-    out = run.stdout
+    out = run_module("loadtest.int8_recipes", "--quick", "--profile", "--threads", "1")
     cosine_min, _, _, dependence, _ = _row(out, "per_token (default)")
     assert cosine_min >= 0.99
     assert dependence <= 1e-6

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import orjson
@@ -15,21 +13,13 @@ import pytest
 from app.settings import Settings
 from loadtest.corpus import load_corpus
 from loadtest.overhead import distinct_bodies, parse_cells
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.loadtest.conftest import run_module
 
 
 @pytest.mark.slow  # exports a 4-layer tiny model and starts the service: ~35 s on 2 cores
 def test_quick_overhead_measures_each_cell_and_splits_the_server_cpu(tmp_path: Path) -> None:
     out = tmp_path / "overhead.json"
-    run = subprocess.run(
-        [sys.executable, "-m", "loadtest.overhead", "--quick", "--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    stdout = run_module("loadtest.overhead", "--quick", "--out", str(out))
     report = json.loads(out.read_text())
     assert [c["label"] for c in report["cells"]] == ["8x32", "32x1"]
     max_batch = Settings.model_fields["max_batch_size"].default
@@ -45,9 +35,9 @@ def test_quick_overhead_measures_each_cell_and_splits_the_server_cpu(tmp_path: P
             c["session_run_us_per_sentence"] + c["outside_us_per_sentence"]
         )
     assert len(report["raw"]["sentences_per_s"]) == 2 and min(report["raw"]["sentences_per_s"]) > 0
-    assert re.search(r"\[(PASS|MISS)\] CPU outside Session.run <= 40 us/sentence at 8x32: \d+ us", run.stdout)
-    assert re.search(r"\[(PASS|MISS)\] CPU outside Session.run <= 250 us/request at 32x1: \d+ us", run.stdout)
-    assert "[n/a ] 256x32 sentences/s >= 0.9 x 8x32" in run.stdout
+    assert re.search(r"\[(PASS|MISS)\] CPU outside Session.run <= 40 us/sentence at 8x32: \d+ us", stdout)
+    assert re.search(r"\[(PASS|MISS)\] CPU outside Session.run <= 250 us/request at 32x1: \d+ us", stdout)
+    assert "[n/a ] 256x32 sentences/s >= 0.9 x 8x32" in stdout
 
 
 def test_every_request_carries_texts_never_sent_before() -> None:

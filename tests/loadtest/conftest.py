@@ -1,0 +1,18 @@
+"""Helpers for the loadtest tests: run a benchmark module as CI would, in its own process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_module(module: str, *args: str, timeout: float = 300) -> str:
+    """``python -m module args`` from the project root; its stdout. Fails the test on a non-zero exit."""
+    run = subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return run.stdout
