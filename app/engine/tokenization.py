@@ -5,8 +5,9 @@ Requests put their texts on a bounded queue; the thread drains what is there and
 
 Encoding a few short texts on the event loop instead was tried and measured (``loadtest.overhead``,
 32 × 1 and 256 × 1, two interleaved rounds): no less CPU per request, and since requests then reached
-the batcher one by one with none "on their way", batches were smaller (mean 2.8-3.4 against 4.4-7.5)
-and throughput lower (520 / 462 against 544 / 507 requests/s at 32 × 1). The thread stays the only way in.
+the batcher one by one with none "on their way", batches were smaller (mean 2.8-5.0 against 4.4-7.5)
+and throughput lower in three of the four paired cells (520 / 462 against 544 / 507 requests/s at
+32 × 1; 500 / 440 against 474 / 519 at 256 × 1). The thread stays the only way in.
 """
 
 from __future__ import annotations
