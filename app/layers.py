@@ -67,24 +67,24 @@ def top_k(probs: np.ndarray, k: int) -> tuple[list[int], list[float]]:
     return idx.tolist(), probs[idx].astype(float).tolist()
 
 
-def input_vectors(
-    count: int,
-    owners: np.ndarray | None,
-    weights: np.ndarray,
-    pooled: np.ndarray,
-    mix: LayerMix,
-    normalized: bool,
-) -> np.ndarray:
-    """[count, width]: one vector per input from the pooled vectors of its sequences (windows).
+# A long input's windows: (owners, tokens), sequence i belonging to input owners[i] with tokens[i] tokens.
+Windows = tuple[np.ndarray, np.ndarray]
 
-    ``pooled`` is [sequences, layers, hidden]; sequence ``i`` belongs to input ``owners[i]`` (None: one
-    sequence per input, in order) and carries ``weights[i]`` tokens. An input's window vectors are
-    combined by ``mix`` and averaged weighted by tokens, then normalised if asked; all in whole-array
-    operations, whatever the number of inputs.
+
+def input_vectors(
+    count: int, pooled: np.ndarray, mix: LayerMix, normalized: bool, windows: Windows | None = None
+) -> np.ndarray:
+    """[count, width]: one vector per input from the pooled vectors of its sequences.
+
+    ``pooled`` is [sequences, layers, hidden], one sequence per input in order unless ``windows`` says
+    which input each belongs to and how many tokens it carries. An input's window vectors are combined
+    by ``mix`` and averaged weighted by tokens, then normalised if asked; all in whole-array operations,
+    whatever the number of inputs.
     """
     combined = combine_layers(pooled.transpose(1, 0, 2), mix)  # [sequences, width]
-    if owners is not None:
-        w = weights.astype(np.float32)
+    if windows is not None:
+        owners, tokens = windows
+        w = tokens.astype(np.float32)
         sums = np.zeros((count, combined.shape[-1]), dtype=np.float32)
         np.add.at(sums, owners, combined * w[:, None])
         combined = sums / np.bincount(owners, weights=w, minlength=count).astype(np.float32)[:, None]

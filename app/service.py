@@ -41,8 +41,7 @@ _WARMUP_TEXTS = ("你好", "今天天气很好，我们去公园散步吧。", "
 @dataclass
 class _Prepared:
     sequences: list[np.ndarray]  # the ids of each sequence to run: inputs, or their windows
-    owners: np.ndarray | None  # sequence → input index; None when each input is one sequence
-    weights: np.ndarray  # sequence → tokens it carries (for averaging windows)
+    windows: layers.Windows | None  # which input each sequence belongs to; None: one sequence per input
 
 
 @dataclass
@@ -319,7 +318,7 @@ class Service:
         """
         limit = self.model.tokenizer.max_length
         if all(len(x) <= limit for x in ids):  # the common case: one sequence per input, no loop below
-            return _Prepared(ids, None, np.ones(len(ids), dtype=np.int64))
+            return _Prepared(ids, None)
         info = self.model.manifest.tokenizer
         sequences: list[np.ndarray] = []
         owners: list[int] = []
@@ -329,8 +328,8 @@ class Service:
             cut = windows(x, limit, options.long_text, options.truncation_direction, info.cls_id, info.sep_id)
             sequences.extend(cut)
             owners.extend([i] * len(cut))
-        weights = np.array([max(len(w) - 2, 1) for w in sequences], dtype=np.int64)
-        return _Prepared(sequences, np.array(owners, dtype=np.int64), weights)
+        tokens = np.array([max(len(w) - 2, 1) for w in sequences], dtype=np.int64)
+        return _Prepared(sequences, (np.array(owners, dtype=np.int64), tokens))
 
     async def _vectors(
         self,
@@ -364,7 +363,7 @@ class Service:
                 raise InternalError("an /embed job came back without its pooled vectors")
             return list(
                 layers.input_vectors(
-                    len(todo), prepared.owners, prepared.weights, job.vectors, resolved.mix, options.normalize
+                    len(todo), job.vectors, resolved.mix, options.normalize, prepared.windows
                 )
             )
 

@@ -60,17 +60,17 @@ def test_rows_normalise() -> None:
 def test_input_vectors_average_an_inputs_windows_by_tokens() -> None:
     pooled = np.array([[[1.0, 0.0]], [[0.0, 1.0]], [[2.0, 2.0]]], dtype=np.float32)  # [seq, 1 layer, 2]
     owners, weights = np.array([0, 0, 1]), np.array([3, 1, 5])
-    out = layers.input_vectors(2, owners, weights, pooled, LayerMix(), False)
+    out = layers.input_vectors(2, pooled, LayerMix(), False, (owners, weights))
     np.testing.assert_allclose(out[0], [0.75, 0.25])
     np.testing.assert_allclose(out[1], [2.0, 2.0])
-    normalized = layers.input_vectors(1, None, np.ones(1), pooled[2:], LayerMix(), True)
+    normalized = layers.input_vectors(1, pooled[2:], LayerMix(), True)
     assert abs(np.linalg.norm(normalized[0]) - 1) < 1e-6
 
 
 def test_input_vectors_combine_layers_for_every_input_at_once() -> None:
     rng = np.random.default_rng(1)
     pooled = rng.standard_normal((4, 2, 3)).astype(np.float32)  # [seq, layers, hidden]
-    concat = layers.input_vectors(4, None, np.ones(4), pooled, LayerMix("concat"), False)
+    concat = layers.input_vectors(4, pooled, LayerMix("concat"), False)
     np.testing.assert_array_equal(concat, pooled.reshape(4, 6))
-    diff = layers.input_vectors(4, None, np.ones(4), pooled, LayerMix("difference"), False)
+    diff = layers.input_vectors(4, pooled, LayerMix("difference"), False)
     np.testing.assert_array_equal(diff, pooled[:, 0] - pooled[:, 1])
