@@ -67,7 +67,7 @@ def create_app(
         cache = _build_cache(settings, metrics)
         service = Service(settings, loaded, engine, cache, metrics)
         metrics.set_model(
-            loaded.manifest.source.model, loaded.variant, loaded.providers[0], loaded.manifest.source.weights
+            service.served_name, loaded.variant, loaded.providers[0], loaded.manifest.source.weights
         )
         metrics.watch(
             queue_depth=lambda: engine.batcher.depth,

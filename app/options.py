@@ -9,6 +9,7 @@ declared beside its functions in :mod:`app.engine.pooling`, so a new mode is one
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -162,21 +163,56 @@ def layer_mix(how: LayerCombine, layers: int, weights: tuple[float, ...] | None)
     return LayerMix(how, tuple(w / total for w in scaled))
 
 
-def texts_of(inputs: str | list[str], max_inputs: int, max_chars: int) -> list[str]:
+@dataclass(frozen=True)
+class Names:
+    """How error messages name a request's texts, in the client's own terms.
+
+    The service works on a flat list of texts; ``item(i)`` names the i-th as the request wrote it
+    (``inputs``, ``inputs[2]``, ``inputs.sentences[0]``, ``pairs[1][0]``) and ``field`` the whole.
+    """
+
+    field: str
+    item: Callable[[int], str]
+
+
+def listed(field: str, inputs: object) -> Names:
+    """Names for ``inputs`` sent as one string (``field``) or as a list (``field[i]``)."""
+    if isinstance(inputs, str):
+        return Names(field, lambda _i: field)
+    return Names(field, lambda i: f"{field}[{i}]")
+
+
+def texts_of(
+    inputs: str | list[str], max_inputs: int, max_chars: int, names: Names | None = None
+) -> list[str]:
     """The request's inputs as a list, checked against the per-request limits.
 
     Raises:
-        EmptyInput: no inputs, or an empty one.
+        EmptyInput: no inputs, or one that is empty or only whitespace.
         ValidationFailed: more than ``max_inputs`` inputs, or one over ``max_chars`` characters.
     """
     texts = [inputs] if isinstance(inputs, str) else list(inputs)
+    names = names or listed("inputs", inputs)
     if not texts:
-        raise EmptyInput("inputs is empty")
+        raise EmptyInput(f"{names.field} is empty: send at least one text")
     if len(texts) > max_inputs:
-        raise ValidationFailed(f"{len(texts)} inputs in one request; the limit is {max_inputs}")
+        raise ValidationFailed(
+            f"{len(texts)} inputs in one request; the limit is {max_inputs} "
+            "(ZHEMBED_MAX_INPUTS_PER_REQUEST): send them in several requests"
+        )
     for i, text in enumerate(texts):
-        if not text:
-            raise EmptyInput(f"inputs[{i}] is empty")
         if len(text) > max_chars:
-            raise ValidationFailed(f"inputs[{i}] has {len(text)} characters; the limit is {max_chars}")
+            raise ValidationFailed(
+                f"{names.item(i)} has {len(text)} characters; the limit is {max_chars} per input "
+                "(ZHEMBED_MAX_INPUT_CHARS), checked before tokenising, so truncation does not lift it: "
+                f"split the text into parts of at most {max_chars} characters, or raise the server's "
+                "ZHEMBED_MAX_INPUT_CHARS"
+            )
+        if not text or text.isspace():
+            # Like "": nothing a tokenizer keeps (TEI refuses both alike).
+            raise EmptyInput(
+                f"{names.item(i)} is empty"
+                if not text
+                else f"{names.item(i)} is only whitespace: it has no tokens"
+            )
     return texts

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from tokenizers import Encoding as TokenEncoding
@@ -24,11 +24,21 @@ from app.cache import keys as cache_keys
 from app.cache.vectors import VectorCache
 from app.engine.engine import Engine
 from app.engine.work import Job, Need, Sequence
-from app.errors import InternalError, NotReady, Unsupported, ValidationFailed
+from app.errors import EmptyInput, InternalError, NotReady, Unsupported, ValidationFailed
 from app.fill_mask import MAX_MASKS_PER_REQUEST
 from app.metrics import Metrics
+from app.model.manifest import MANIFEST_NAME
 from app.model.runtime import OnnxModel
-from app.options import EmbedAllOptions, EmbedOptions, Resolved, resolve_embed, resolve_embed_all, texts_of
+from app.options import (
+    EmbedAllOptions,
+    EmbedOptions,
+    Names,
+    Resolved,
+    listed,
+    resolve_embed,
+    resolve_embed_all,
+    texts_of,
+)
 from app.settings import Settings
 from app.windows import check_length, windows
 
@@ -36,6 +46,20 @@ __all__ = ["Answer", "Service", "Timings", "TokenVectors"]
 
 # Texts embedded at start-up: short, medium and long Chinese inputs, alone and batched.
 _WARMUP_TEXTS = ("你好", "今天天气很好，我们去公园散步吧。", "北京是中华人民共和国的首都。" * 12)
+
+# What each route tells the sender of an input over the model's length.
+_TOO_LONG = "send long_text 'truncate' or 'chunk' (or truncate: true) to embed it anyway"
+_TOO_LONG_TOKENS = "send long_text 'truncate' (or truncate: true) for its start; /embed_all cannot chunk"
+_TOO_LONG_OPENAI = (
+    "this route does not truncate: shorten it, or use POST /embed with long_text 'truncate' or 'chunk'"
+)
+_TOO_LONG_MASKS = "fill-mask cannot truncate: shorten the text around the masks"
+
+# Token ids from another tokenizer are the usual cause of an id out of range; say so.
+_FOREIGN_IDS = (
+    "ids from another tokenizer mean nothing here (LangChain's OpenAIEmbeddings sends tiktoken's unless "
+    "check_embedding_ctx_length=False): send the text, or ids from POST /tokenize"
+)
 
 
 @dataclass
@@ -69,6 +93,9 @@ class Service:
         self.cache = cache
         self.ready = False
         m = model.manifest
+        self.served_name = settings.served_model_name or m.source.name()
+        # OpenAI's model card has a creation time: when this export was written.
+        self.created = int((model.folder / MANIFEST_NAME).stat().st_mtime)
         # The exact graph file and tokenizer that compute the vectors: part of every cache key.
         self.model_digest = cache_keys.model_digest(
             m.graphs["encoder"][model.variant].sha256, m.tokenizer.files.get("tokenizer.json", "")
@@ -79,7 +106,8 @@ class Service:
     @timed
     async def embed(self, inputs: str | list[str], options: EmbedOptions) -> Answer[list[np.ndarray]]:
         """One float32 vector per input, in input order."""
-        vectors, timings, _ = await self._vectors(self._texts(inputs), options)
+        names = listed("inputs", inputs)
+        vectors, timings, _ = await self._vectors(self._texts(inputs, names), options, names)
         return Answer(vectors, timings)
 
     @timed
@@ -107,7 +135,8 @@ class Service:
                 "sequence around it, so windows embedded apart would not give the text's token vectors; "
                 "send long_text 'truncate' (or truncate: true), or split the text yourself"
             )
-        texts = self._texts(inputs)
+        names = listed("inputs", inputs)
+        texts = self._texts(inputs, names)
         resolved = resolve_embed_all(options, self.model.num_layers)
         with self.engine.admit(len(texts)):
             encodings, tokenization_ms = await self._tokenize(texts)
@@ -116,8 +145,10 @@ class Service:
             limit = self.model.tokenizer.max_length
             kept = []
             for i, enc in enumerate(encodings):
+                if len(enc.ids) <= 2:
+                    raise self._no_tokens(names.item(i))
                 if options.long_text == "error":
-                    self._check_length(i, len(enc.ids))
+                    self._check_length(names.item(i), len(enc.ids), _TOO_LONG_TOKENS)
                 kept.append(token_rows.kept_positions(len(enc.ids), limit, options.truncation_direction))
             rows = [
                 token_rows.returned_rows(e, k, options.special_tokens)
@@ -136,20 +167,41 @@ class Service:
 
     @timed
     async def embeddings(
-        self, inputs: str | list[str], dimensions: int | None
+        self, inputs: str | list[str] | list[int] | list[list[int]], dimensions: int | None
     ) -> Answer[tuple[list[np.ndarray], int]]:
         """The OpenAI-compatible call: default options, one vector per input, and the tokens counted.
 
+        ``inputs`` are texts, or token ids (one list, or a list of lists) run as given, as TEI does:
+        [CLS] and [SEP] are the sender's to include, as ``/tokenize`` writes them.
+
         Returns:
             The vectors and the inputs' tokens ([CLS] and [SEP] included).
+
+        Raises:
+            ValidationFailed: ``dimensions`` other than the model's; an id out of the vocabulary; an input
+                over the model's length; over the per-request limits.
+            EmptyInput: no inputs, or an empty one.
         """
         if dimensions is not None and dimensions != self.model.hidden_size:
             raise ValidationFailed(
                 f"dimensions {dimensions} is not supported: this model's vectors have "
-                f"{self.model.hidden_size} dimensions (leave dimensions out)"
+                f"{self.model.hidden_size} dimensions, and it was not trained for shorter ones "
+                "(leave dimensions out)"
             )
-        texts = self._texts(inputs)
-        vectors, timings, tokens = await self._vectors(texts, EmbedOptions(), count_tokens=True)
+        if inputs and isinstance(inputs, list) and not isinstance(inputs[0], str):
+            sequences = cast(list[list[int]], [inputs] if isinstance(inputs[0], int) else inputs)
+            names = (
+                Names("input", lambda _i: "input") if isinstance(inputs[0], int) else listed("input", inputs)
+            )
+            given = self._token_ids(sequences, names)
+            texts = list(given)
+            vectors, timings, _ = await self._vectors(texts, EmbedOptions(), names, _TOO_LONG_OPENAI, given)
+            return Answer((vectors, sum(len(given[t]) for t in texts)), timings)
+        names = listed("input", inputs)
+        texts = self._texts(cast(str | list[str], inputs), names)
+        vectors, timings, tokens = await self._vectors(
+            texts, EmbedOptions(), names, _TOO_LONG_OPENAI, count_tokens=True
+        )
         return Answer((vectors, sum(tokens[t] for t in texts)), timings)
 
     @timed
@@ -163,12 +215,20 @@ class Service:
         """Cosine of ``source`` with each of ``sentences``, or of each pair."""
         options = replace(options, normalize=True)
         if pairs is not None:
-            texts = self._texts([t for pair in pairs for t in pair])
+            if not pairs:
+                raise EmptyInput("pairs is empty: send at least one pair [a, b]")
+            names = Names("pairs", lambda k: f"pairs[{k // 2}][{k % 2}]")
+            texts = self._texts([t for pair in pairs for t in pair], names)
         else:
             if source is None or sentences is None:
                 raise ValidationFailed("give inputs.source_sentence and inputs.sentences, or pairs")
-            texts = self._texts([source, *sentences])
-        vectors, timings, _ = await self._vectors(texts, options)
+            if not sentences:
+                raise EmptyInput("inputs.sentences is empty: send at least one sentence to compare with")
+            names = Names(
+                "inputs", lambda k: "inputs.source_sentence" if k == 0 else f"inputs.sentences[{k - 1}]"
+            )
+            texts = self._texts([source, *sentences], names)
+        vectors, timings, _ = await self._vectors(texts, options, names)
         if pairs is not None:
             scores = [float(vectors[2 * i] @ vectors[2 * i + 1]) for i in range(len(pairs))]
         else:
@@ -181,7 +241,8 @@ class Service:
         self._check_ready()
         if not self.model.has_mlm_head:
             raise Unsupported("this model has no masked-LM head, so it cannot fill masks")
-        texts = self._texts(inputs)
+        names = listed("inputs", inputs)
+        texts = self._texts(inputs, names)
         info = self.model.manifest.tokenizer
         with self.engine.admit(len(texts)):
             encodings, tokenization_ms = await self._tokenize(texts, offsets=False)
@@ -190,12 +251,10 @@ class Service:
             masks = 0
             for i, enc in enumerate(encodings):
                 ids = np.asarray(enc.ids, dtype=np.int64)
-                self._check_length(
-                    i, len(ids), "fill-mask cannot truncate: shorten the text around the masks"
-                )
+                self._check_length(names.item(i), len(ids), _TOO_LONG_MASKS)
                 positions = tuple(int(p) for p in np.flatnonzero(ids == info.mask_id))
                 if not positions:
-                    raise ValidationFailed(f"inputs[{i}] has no [MASK] token")
+                    raise ValidationFailed(f"{names.item(i)} has no [MASK] token")
                 masks += len(positions)
                 if masks > MAX_MASKS_PER_REQUEST:
                     raise ValidationFailed(
@@ -216,7 +275,7 @@ class Service:
     async def tokenize(self, inputs: str | list[str], add_special_tokens: bool) -> Answer[list[Any]]:
         """Tokens with ids, text and character offsets, per input."""
         self._check_ready()
-        texts = self._texts(inputs)
+        texts = self._texts(inputs, listed("inputs", inputs))
         with self.engine.admit(len(texts)):
             encodings, tokenization_ms = await self._tokenize(texts, add_special_tokens)
         answer = [
@@ -234,7 +293,7 @@ class Service:
         m = self.model.manifest
         s = self.settings
         return {
-            "model_id": m.source.model,
+            "model_id": self.served_name,
             "revision": m.source.revision,
             "weights": m.source.weights,
             "variant": self.model.variant,
@@ -265,7 +324,13 @@ class Service:
         """Embed and fill a few inputs of typical shapes so the first real request pays no set-up."""
         texts = list(_WARMUP_TEXTS)
         for batch in ([texts[0]], texts, texts * 3):
-            await self._vectors(batch, EmbedOptions(long_text="truncate"), check_ready=False, use_cache=False)
+            await self._vectors(
+                batch,
+                EmbedOptions(long_text="truncate"),
+                listed("inputs", batch),
+                check_ready=False,
+                use_cache=False,
+            )
         if self.model.has_mlm_head:
             ids = np.array(
                 [
@@ -284,11 +349,52 @@ class Service:
         if not self.ready:
             raise NotReady("the model is still warming up")
 
-    def _texts(self, inputs: str | list[str]) -> list[str]:
-        return texts_of(inputs, self.settings.max_inputs_per_request, self.settings.max_input_chars)
+    def _texts(self, inputs: str | list[str], names: Names) -> list[str]:
+        return texts_of(inputs, self.settings.max_inputs_per_request, self.settings.max_input_chars, names)
 
-    def _check_length(self, index: int, tokens: int, remedy: str | None = None) -> None:
-        check_length(index, tokens, self.model.tokenizer.max_length, remedy)
+    def _check_length(self, name: str, tokens: int, remedy: str) -> None:
+        check_length(name, tokens, self.model.tokenizer.max_length, remedy)
+
+    @staticmethod
+    def _no_tokens(name: str) -> EmptyInput:
+        # Like "" and whitespace: what is left once the tokenizer drops control and zero-width characters.
+        return EmptyInput(f"{name} has no tokens: its characters are all ones the tokenizer drops")
+
+    def _token_ids(self, sequences: list[list[int]], names: Names) -> dict[str, np.ndarray]:
+        """Token id inputs, checked, under the key the cache files each under (its ids, as text).
+
+        Raises:
+            EmptyInput: no sequences, or an empty one.
+            ValidationFailed: too many sequences, one over the model's length, an id out of the vocabulary.
+        """
+        if not sequences:
+            raise EmptyInput(f"{names.field} is empty: send at least one text or list of token ids")
+        limit = self.settings.max_inputs_per_request
+        if len(sequences) > limit:
+            raise ValidationFailed(
+                f"{len(sequences)} inputs in one request; the limit is {limit} "
+                "(ZHEMBED_MAX_INPUTS_PER_REQUEST): send them in several requests"
+            )
+        vocab = self.model.manifest.config.vocab_size
+        given: dict[str, np.ndarray] = {}
+        for i, seq in enumerate(sequences):
+            if not seq:
+                raise EmptyInput(f"{names.item(i)} is empty")
+            self._check_length(names.item(i), len(seq), _TOO_LONG_OPENAI)
+            try:
+                ids = np.asarray(seq, dtype=np.int64)
+                bad = np.flatnonzero((ids < 0) | (ids >= vocab))
+            except OverflowError:  # past int64: out of range whatever it is
+                bad = np.array([next(j for j, t in enumerate(seq) if not -(2**63) <= t < 2**63)])
+                ids = np.zeros(0, dtype=np.int64)
+            if len(bad):
+                j = int(bad[0])
+                raise ValidationFailed(
+                    f"{names.item(i)}[{j}] is {seq[j]}, not a token id of this model (0..{vocab - 1}); "
+                    + _FOREIGN_IDS
+                )
+            given[",".join(map(str, seq))] = ids
+        return given
 
     async def _tokenize(
         self, texts: list[str], add_special_tokens: bool = True, offsets: bool = True
@@ -311,10 +417,12 @@ class Service:
         ]
         return await self.engine.run(job, work)
 
-    def _prepare(self, ids: list[np.ndarray], options: EmbedOptions, indices: list[int]) -> _Prepared:
+    def _prepare(
+        self, ids: list[np.ndarray], options: EmbedOptions, names: list[str], too_long: str
+    ) -> _Prepared:
         """The sequences each input runs as: itself, its truncation, or its windows.
 
-        ``indices`` are the inputs' positions in the request, for error messages.
+        ``names`` are the inputs' names in the request, and ``too_long`` the remedy, for error messages.
         """
         limit = self.model.tokenizer.max_length
         if all(len(x) <= limit for x in ids):  # the common case: one sequence per input, no loop below
@@ -324,7 +432,7 @@ class Service:
         owners: list[int] = []
         for i, x in enumerate(ids):
             if len(x) > limit and options.long_text == "error":
-                self._check_length(indices[i], len(x))
+                self._check_length(names[i], len(x), too_long)
             cut = windows(x, limit, options.long_text, options.truncation_direction, info.cls_id, info.sep_id)
             sequences.extend(cut)
             owners.extend([i] * len(cut))
@@ -335,11 +443,17 @@ class Service:
         self,
         texts: list[str],
         options: EmbedOptions,
+        names: Names,
+        too_long: str = _TOO_LONG,
+        given: dict[str, np.ndarray] | None = None,
         check_ready: bool = True,
         use_cache: bool = True,
         count_tokens: bool = False,
     ) -> tuple[list[np.ndarray], Timings, dict[str, int]]:
         """The combined (and optionally normalised) float32 vector of each text, through the cache.
+
+        ``names`` name the texts in error messages, ``too_long`` says what to do about one over the
+        model's length. With ``given``, the texts are keys of token ids that run as they are.
 
         Returns:
             The vectors, the timings of what was computed, and (with ``count_tokens``) each text's tokens.
@@ -352,11 +466,16 @@ class Service:
         computed = _Computed()
 
         async def compute(todo: list[str]) -> list[np.ndarray]:
-            encodings, tokenization_ms = await self._tokenize(todo, offsets=False)
-            computed.tokenization_ms += tokenization_ms
-            ids = [np.asarray(e.ids, dtype=np.int64) for e in encodings]
+            if given is not None:
+                ids = [given[t] for t in todo]
+            else:
+                encodings, tokenization_ms = await self._tokenize(todo, offsets=False)
+                computed.tokenization_ms += tokenization_ms
+                ids = [np.asarray(e.ids, dtype=np.int64) for e in encodings]
+                if empty := [t for t, x in zip(todo, ids, strict=True) if len(x) <= 2]:
+                    raise self._no_tokens(names.item(first[empty[0]]))
             computed.tokens.update((t, len(x)) for t, x in zip(todo, ids, strict=True))
-            prepared = self._prepare(ids, options, [first[t] for t in todo])
+            prepared = self._prepare(ids, options, [names.item(first[t]) for t in todo], too_long)
             job = await self._run(prepared.sequences, need)
             computed.jobs.append(job)
             if job.vectors is None:
@@ -370,7 +489,8 @@ class Service:
         # Permits cover every input, cached or not: they bound the in-flight map and the queues behind it.
         with self.engine.admit(len(texts)):
             if use_cache:
-                vectors = await self.cache.vectors(self._key_prefix(options, resolved), texts, compute)
+                prefix = self._key_prefix(options, resolved, token_ids=given is not None)
+                vectors = await self.cache.vectors(prefix, texts, compute)
             else:
                 vectors = await compute(texts)
             if count_tokens and (uncounted := [t for t in first if t not in computed.tokens]):
@@ -378,8 +498,10 @@ class Service:
                 computed.tokens.update((t, len(e.ids)) for t, e in zip(uncounted, encodings, strict=True))
         return vectors, timings_of(computed.jobs, computed.tokenization_ms), computed.tokens
 
-    def _key_prefix(self, options: EmbedOptions, resolved: Resolved) -> str:
-        """Everything besides the text that changes a vector: model, pooling, layers and the rest."""
+    def _key_prefix(self, options: EmbedOptions, resolved: Resolved, token_ids: bool = False) -> str:
+        """Everything besides the text that changes a vector: model, pooling, layers and the rest; and
+        whether the "texts" are token ids written out (their own key space: ids "101,102" are not the
+        text "101,102")."""
         return cache_keys.space(
             self.model_digest,
             {
@@ -391,5 +513,6 @@ class Service:
                 "normalize": options.normalize,
                 "long_text": options.long_text,
                 "truncation_direction": options.truncation_direction,
+                "input": "token_ids" if token_ids else "text",
             },
         )

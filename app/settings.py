@@ -37,6 +37,14 @@ class Settings(BaseSettings):
         "on first use into --cache-dir (by `python -m export` in a subprocess).",
     )
     revision: str | None = Field(default=None, description="Hub revision to export when --model is a hub id.")
+    served_model_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="The model's name to clients: the `model` of /v1/embeddings answers, the one entry of "
+        "/v1/models, /info's model_id and the model_info metric's label. Default: the hub id the model was "
+        "exported from (bert-base-chinese), or the source folder's name for a local one; never a path.",
+    )
     cache_dir: Path = Field(
         default=Path("~/.cache/zhembed"), description="Where models given as hub ids are exported to."
     )

@@ -39,14 +39,12 @@ def windows(
     return [np.concatenate([cls, body[s : s + per_window], sep]) for s in range(0, len(body), per_window)]
 
 
-def check_length(index: int, tokens: int, limit: int, remedy: str | None = None) -> None:
-    """Refuse input ``index`` of ``tokens`` tokens when over the model's ``limit``, saying what to do.
+def check_length(name: str, tokens: int, limit: int, remedy: str) -> None:
+    """Refuse the input called ``name`` (``inputs[2]``) of ``tokens`` tokens when over the model's
+    ``limit``, saying what to do (``remedy``).
 
     Raises:
         ValidationFailed: over the limit.
     """
     if tokens > limit:
-        remedy = remedy or "send long_text 'truncate' or 'chunk' to embed it anyway"
-        raise ValidationFailed(
-            f"inputs[{index}] has {tokens} tokens, over the model's limit of {limit}; {remedy}"
-        )
+        raise ValidationFailed(f"{name} has {tokens} tokens, over the model's limit of {limit}; {remedy}")

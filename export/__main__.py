@@ -10,7 +10,8 @@ from pathlib import Path
 
 from app.model.manifest import VARIANTS, Variant
 from export.pipeline import ExportOptions, run_export
-from export.source import ExportError
+from app.model.resolve import EXIT_EXPORT_ERROR, EXIT_HUB_UNREACHABLE
+from export.source import ExportError, HubUnreachableError
 from export.spec import DEFAULT_MODEL, DEFAULT_OPSET
 
 
@@ -58,9 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.ERROR)
     try:
         run_export(options)
+    except HubUnreachableError as exc:
+        print(f"export: error: {exc}", file=sys.stderr)
+        return EXIT_HUB_UNREACHABLE
     except ExportError as exc:
         print(f"export: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_EXPORT_ERROR
     return 0
 
 

@@ -11,7 +11,7 @@ handlers, :func:`send_error` (for the ASGI middleware below FastAPI) and every r
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import Scope, Send
 
+from app.api.schemas import UNION_TAGS
 from app.errors import (
     ClientGone,
     EmptyInput,
@@ -75,7 +76,8 @@ ERROR_TABLE: dict[type[ServiceError], ErrorRow] = {
     NotReady: ErrorRow(503, "unhealthy", "The model is not ready yet.", "server_error"),
 }
 
-# Routes that answer errors in OpenAI's shape, so OpenAI clients can read them.
+# The embeddings routes in OpenAI's terms; errors there, and on every /v1/ path, take OpenAI's shape so
+# OpenAI clients can read them.
 OPENAI_PATHS = frozenset({"/v1/embeddings", "/embeddings"})
 # Where an error response leaves its error_type for the metrics middleware.
 SCOPE_ERROR_TYPE = "zhembed.error_type"
@@ -120,7 +122,8 @@ def error_parts(exc: ServiceError, scope: Scope) -> tuple[int, bytes, list[tuple
     """
     row = row_for(exc)
     scope[SCOPE_ERROR_TYPE] = row.error_type
-    if scope.get("path") in OPENAI_PATHS:
+    path = str(scope.get("path", ""))
+    if path in OPENAI_PATHS or path.startswith("/v1/"):
         payload: dict[str, Any] = {
             "error": {"message": exc.message, "type": row.openai_type, "code": row.error_type}
         }
@@ -135,12 +138,15 @@ def error_parts(exc: ServiceError, scope: Scope) -> tuple[int, bytes, list[tuple
     return row.status, body, headers
 
 
-def error_response(exc: ServiceError, request: Request) -> Response:
+def error_response(
+    exc: ServiceError, request: Request, extra_headers: Mapping[str, str] | None = None
+) -> Response:
     status, body, headers = error_parts(exc, request.scope)
     return Response(
         content=body,
         status_code=status,
-        headers={k.decode(): v.decode() for k, v in headers if k != b"content-length"},
+        headers={k.decode(): v.decode() for k, v in headers if k != b"content-length"}
+        | dict(extra_headers or {}),
         media_type="application/json",
     )
 
@@ -156,24 +162,86 @@ def openapi_responses(*errors: type[ServiceError], openai: bool = False) -> dict
     return out
 
 
-# Parts of a pydantic error location that name a type tried in a union, not a field.
-_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "tuple", "body"})
+# Parts of a pydantic error location that name a type tried in a union, not a field (pydantic's own,
+# and the schemas' tags; no request field has one of these names).
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "tuple", "body"}) | UNION_TAGS
 
 
-# What a JSON value that is not an object was, in JSON's words.
+# What a JSON value was, in JSON's words.
 _JSON_KINDS: dict[type, str] = {
     type(None): "null",
     list: "an array",
+    dict: "an object",
     str: "a string",
     int: "a number",
     float: "a number",
     bool: "a boolean",
 }
 
+# pydantic's type errors, as what the field must be.
+_MUST_BE: dict[str, str] = {
+    "string_type": "a string",
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "float_type": "a number",
+    "bool_type": "true or false",
+    "list_type": "an array",
+    "dict_type": "an object",
+    "model_type": "an object",
+    "model_attributes_type": "an object",
+}
+
+# pydantic's wording, and ours.
+_REWORDED = (
+    ("Value error, ", ""),
+    ("Assertion failed, ", ""),
+    ("Input should be", "must be"),
+    ("List should have", "must have"),
+    ("String should have", "must have"),
+)
+
+
+def json_kind(value: Any) -> str:
+    return _JSON_KINDS.get(type(value), "something else")
+
+
+def field_path(loc: Sequence[Any]) -> str:
+    """An error location as the client wrote the field: ``inputs[3]``, ``inputs.sentences[0]``."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif not (isinstance(part, str) and ("[" in part or part in _TYPE_TAGS)):
+            path += f".{part}" if path else str(part)
+    return path
+
+
+def _field_message(err: Any) -> str:
+    """One pydantic error as ``<field> <what it must be>``, in the service's words."""
+    path = field_path(err.get("loc", ()))
+    kind = err.get("type", "")
+    given = err.get("input")
+    if kind in _MUST_BE:
+        what = f"must be {_MUST_BE[kind]}, not {json_kind(given)}"
+    elif kind == "missing":
+        what = "is required"
+    elif kind == "literal_error":
+        what = f"must be one of {err.get('ctx', {}).get('expected', '?')}, not {orjson.dumps(given).decode()}"
+    elif kind in ("union_tag_invalid", "union_tag_not_found") or kind.endswith("_type"):
+        what = f"{err.get('msg', 'is invalid')}, not {json_kind(given)}"
+    else:
+        what = str(err.get("msg", "is invalid"))
+        for old, new in _REWORDED:
+            what = what.replace(old, new)
+        if isinstance(given, int | float) and not isinstance(given, bool) and "must" in what:
+            what += f", not {given}"
+    return f"{path} {what}" if path else what
+
 
 def validation_message(errors: Sequence[Any]) -> str:
     """One message for a request's validation errors (pydantic's, with ``body`` first in each location),
-    in the service's words rather than pydantic's."""
+    in the service's words rather than pydantic's: the field as the client wrote it, what it must be,
+    and what was sent."""
     parts: list[str] = []
     for err in list(errors)[:10]:
         if err.get("type") == "json_invalid":
@@ -189,13 +257,9 @@ def validation_message(errors: Sequence[Any]) -> str:
             parts.append("the body was not read as JSON: send it with Content-Type: application/json")
             continue
         if tuple(err.get("loc", ())) == ("body",) and not isinstance(err.get("input"), dict):
-            sent = _JSON_KINDS.get(type(err.get("input")), "something else")
-            parts.append(f"the body must be a JSON object, not {sent}")
+            parts.append(f"the body must be a JSON object, not {json_kind(err.get('input'))}")
             continue
-        loc = ".".join(
-            str(p) for p in err.get("loc", ()) if not (isinstance(p, str) and ("[" in p or p in _TYPE_TAGS))
-        )
-        part = f"{loc}: {err.get('msg', 'invalid')}" if loc else str(err.get("msg", "invalid"))
+        part = _field_message(err)
         if part not in parts:
             parts.append(part)
     return "; ".join(parts) or "invalid request"
@@ -245,15 +309,26 @@ async def _on_http_error(request: Request, exc: Exception) -> Response:
     if cls is None:
         raise TypeError(f"HTTP {exc.status_code} ({exc.detail}) has no row in ERROR_TABLE")
     message = str(exc.detail)
+    headers = dict(exc.headers or {})
     if exc.status_code == 400:
         message = unreadable_body_message(message)
-    return error_response(cls(message), request)
+    elif exc.status_code == 404:
+        message = f"there is no route {request.url.path}: the routes are listed at /docs"
+    elif exc.status_code == 405:
+        # Starlette's 405 names the allowed methods in its Allow header; keep it, and say it.
+        allowed = headers.get("Allow") or headers.get("allow") or ""
+        message = f"{request.method} is not allowed on {request.url.path}: use {allowed or 'another method'}"
+    return error_response(cls(message), request, headers)
 
 
 def unreadable_body_message(detail: str) -> str:
-    """A body no JSON parser could read: bytes that are not UTF-8, an integer too long to convert,
-    nesting past the parser's depth."""
+    """A body no JSON parser could read: bytes that are not UTF-8, an integer too long to convert."""
     return f"{detail}: it must be UTF-8 JSON that Python's json module can read"
+
+
+# What a body nested past the parser's depth (RecursionError) is told; no request here nests deeper
+# than four levels.
+TOO_DEEP = "the body nests arrays or objects deeper than the JSON parser reads; no request here nests more than four levels"
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> Response:

@@ -28,7 +28,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.api.errors import send_error, unreadable_body_message, validation_message
+from app.api.errors import TOO_DEEP, send_error, unreadable_body_message, validation_message
 from app.errors import ClientGone, InternalError, NotReady, ServiceError, ValidationFailed
 from app.service import Service
 
@@ -127,5 +127,7 @@ async def _body(request: Request) -> Any:
             "ctx": {"error": exc.msg},
         }
         raise ValidationFailed(validation_message([error])) from None
-    except Exception:  # RecursionError, UnicodeDecodeError, ValueError: as FastAPI, a body it cannot read
+    except RecursionError:
+        raise ValidationFailed(TOO_DEEP) from None
+    except Exception:  # UnicodeDecodeError, ValueError: as FastAPI, a body it cannot read
         raise ValidationFailed(unreadable_body_message("There was an error parsing the body")) from None

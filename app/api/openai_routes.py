@@ -1,6 +1,8 @@
-"""The OpenAI-compatible embeddings route, at ``/v1/embeddings`` and ``/embeddings``.
+"""The OpenAI-compatible routes: embeddings at ``/v1/embeddings`` (and ``/embeddings``), and the model
+list at ``/v1/models`` that several OpenAI clients read first.
 
 Thin like the others; errors on these paths take OpenAI's shape (decided in :mod:`app.api.errors`).
+Every answer names the model by its served name (``ZHEMBED_SERVED_MODEL_NAME``), never by a path.
 """
 
 from __future__ import annotations
@@ -12,14 +14,15 @@ from app.api.disconnect import unless_disconnected
 from app.api.encoding import encode_vector
 from app.api.errors import OPENAI_PATHS, openapi_responses
 from app.api.routes import ServiceDep, json_response
-from app.api.schemas import OpenAIEmbeddingRequest, OpenAIEmbeddingResponse
-from app.errors import EmptyInput
+from app.api.schemas import OpenAIEmbeddingRequest, OpenAIEmbeddingResponse, OpenAIModel, OpenAIModelList
+from app.errors import EmptyInput, NotFound
+from app.service import Service
 
 router = APIRouter()
 
 
 async def embeddings(body: OpenAIEmbeddingRequest, request: Request, service: ServiceDep) -> Response:
-    """OpenAI's embeddings API: mean pooling, normalised, one vector per input."""
+    """OpenAI's embeddings API: mean pooling, normalised, one vector per input (text or token ids)."""
     answer = await unless_disconnected(request, service.embeddings(body.input, body.dimensions))
     vectors, tokens = answer.value
     data = [
@@ -29,7 +32,7 @@ async def embeddings(body: OpenAIEmbeddingRequest, request: Request, service: Se
     payload = {
         "object": "list",
         "data": data,
-        "model": service.model.manifest.source.model,
+        "model": service.served_name,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
     return json_response(payload, answer.timings)
@@ -44,3 +47,23 @@ for _path in sorted(OPENAI_PATHS, reverse=True):  # /v1/embeddings first in the 
         responses=openapi_responses(EmptyInput, openai=True),
         include_in_schema=_path.startswith("/v1/"),
     )
+
+
+def _card(service: Service) -> dict[str, object]:
+    return {"id": service.served_name, "object": "model", "created": service.created, "owned_by": "zhembed"}
+
+
+@router.get("/v1/models", response_model=OpenAIModelList, responses=openapi_responses(openai=True))
+async def models(service: ServiceDep) -> Response:
+    """OpenAI's model list: the one model this server serves, by its served name."""
+    return json_response({"object": "list", "data": [_card(service)]})
+
+
+@router.get(
+    "/v1/models/{model:path}", response_model=OpenAIModel, responses=openapi_responses(NotFound, openai=True)
+)
+async def model(model: str, service: ServiceDep) -> Response:
+    """OpenAI's model retrieval: the served model, or 404 for any other name."""
+    if model != service.served_name:
+        raise NotFound(f"no model {model!r} here: this server serves {service.served_name!r}")
+    return json_response(_card(service))

@@ -20,6 +20,8 @@ from app.api.schemas import (
     EmbedResponse,
     FillMaskRequest,
     FillMaskResponse,
+    RootRequest,
+    SimilarityInputs,
     SimilarityRequest,
     TokenizeRequest,
     TokenizeResponse,
@@ -78,6 +80,25 @@ def token_vectors_payload(answer: TokenVectors, encoding: FloatEncoding) -> Any:
 @router.post("/embed", response_model=EmbedResponse, responses=openapi_responses(EmptyInput, Unsupported))
 async def embed(body: EmbedRequest, request: Request, service: ServiceDep) -> Response:
     """One vector per input, in input order."""
+    answer = await unless_disconnected(request, service.embed(body.inputs, body.options(body.normalize)))
+    return json_response([encode_vector(v, body.encoding) for v in answer.value], answer.timings)
+
+
+@router.post(
+    "/",
+    response_model=EmbedResponse | list[float],
+    responses=openapi_responses(EmptyInput, Unsupported),
+)
+async def root(body: RootRequest, request: Request, service: ServiceDep) -> Response:
+    """text-embeddings-inference's root route, which Hugging Face's InferenceClient posts to when given
+    the server's URL: ``inputs`` as texts answer as /embed does (same options); ``inputs`` as
+    ``{source_sentence, sentences}`` answer as /similarity does (a score per sentence)."""
+    if isinstance(body.inputs, SimilarityInputs):
+        scores = await unless_disconnected(
+            request,
+            service.similarity(body.inputs.source_sentence, body.inputs.sentences, None, body.options()),
+        )
+        return json_response(scores.value, scores.timings)
     answer = await unless_disconnected(request, service.embed(body.inputs, body.options(body.normalize)))
     return json_response([encode_vector(v, body.encoding) for v in answer.value], answer.timings)
 

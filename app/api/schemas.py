@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic_core import PydanticCustomError
 
 from app.engine import pooling
 from app.options import (
@@ -24,12 +25,33 @@ def _utf8(text: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise ValueError(f"text is not valid Unicode: {exc.reason} at {exc.start}") from None
+        raise PydanticCustomError(
+            "text_unicode",
+            "is not valid Unicode: {reason} at character {at} (a lone UTF-16 surrogate has no UTF-8 form)",
+            {"reason": exc.reason, "at": exc.start},
+        ) from None
     return text
 
 
 Text = Annotated[str, AfterValidator(_utf8)]
-Inputs = Text | list[Text]
+
+
+def _text_or_list(value: Any) -> str | None:
+    return "text" if isinstance(value, str) else "list" if isinstance(value, list) else None
+
+
+# A callable discriminator picks the one form that fits the JSON value, so an error speaks of that form
+# only ("inputs[3] must be a string"), never of every alternative as a plain union's errors would.
+Inputs = Annotated[
+    Annotated[Text, Tag("text")] | Annotated[list[Text], Tag("list")],
+    Discriminator(
+        _text_or_list,
+        custom_error_type="inputs_type",
+        custom_error_message="must be a string or a list of strings",
+    ),
+]
+# The union tags above (and below), which are no field names: error locations leave them out.
+UNION_TAGS = frozenset({"text", "list", "ids", "id_lists", "texts", "similarity"})
 
 
 class _Request(BaseModel):
@@ -95,14 +117,19 @@ class PoolingFields(LayerFields):
         )
 
 
-class EmbedRequest(PoolingFields):
-    inputs: Inputs
+class EmbedFields(PoolingFields):
+    """Everything of /embed but its inputs (shared with the root route)."""
+
     normalize: bool = Field(default=True, description="Scale each vector to unit length.")
     encoding: Encoding = Field(
         default="float",
         description="float: numbers; base64: little-endian float32 bytes; int8: {values, scale} with "
         "vector = values × scale.",
     )
+
+
+class EmbedRequest(EmbedFields):
+    inputs: Inputs
 
 
 class Int8Vector(BaseModel):
@@ -182,6 +209,25 @@ class SimilarityRequest(PoolingFields):
         return self
 
 
+def _root_form(value: Any) -> str | None:
+    return "similarity" if isinstance(value, dict) else _text_or_list(value)
+
+
+class RootRequest(EmbedFields):
+    """TEI's root route: texts embed as on /embed; ``{source_sentence, sentences}`` scores as on /similarity."""
+
+    inputs: Annotated[
+        Annotated[Text, Tag("text")]
+        | Annotated[list[Text], Tag("list")]
+        | Annotated[SimilarityInputs, Tag("similarity")],
+        Discriminator(
+            _root_form,
+            custom_error_type="inputs_type",
+            custom_error_message="must be a string, a list of strings, or {source_sentence, sentences}",
+        ),
+    ]
+
+
 class FillMaskRequest(_Request):
     inputs: Inputs
     top_k: int = Field(default=5, ge=1, le=50, description="Predictions per [MASK], 1..50.")
@@ -208,18 +254,63 @@ TokenizeResponse = list[list[Token]]
 # --- OpenAI-compatible embeddings ------------------------------------------------------------------
 
 
+def _openai_form(value: Any) -> str | None:
+    if isinstance(value, str):
+        return "text"
+    if not isinstance(value, list):
+        return None
+    first = value[0] if value else ""
+    if isinstance(first, int) and not isinstance(first, bool):
+        return "ids"
+    return "id_lists" if isinstance(first, list) else "texts"
+
+
+TokenIds = list[int]
+
+# OpenAI's four forms of input; the first element of a list decides which (see Inputs).
+OpenAIInput = Annotated[
+    Annotated[Text, Tag("text")]
+    | Annotated[list[Text], Tag("texts")]
+    | Annotated[TokenIds, Tag("ids")]
+    | Annotated[list[TokenIds], Tag("id_lists")],
+    Discriminator(
+        _openai_form,
+        custom_error_type="input_type",
+        custom_error_message="must be a string, a list of strings, a list of token ids or a list of such lists",
+    ),
+]
+
+
 class OpenAIEmbeddingRequest(_Request):
-    input: Inputs = Field(description="A string or a list of strings (token arrays are not accepted).")
+    input: OpenAIInput = Field(
+        description="A string, a list of strings, a list of token ids, or a list of such lists. Token ids "
+        "are this model's (POST /tokenize gives them) and run as given, as TEI does: include [CLS] and [SEP]."
+    )
     model: str | None = Field(
-        default=None, description="Accepted for compatibility; the loaded model answers whatever is named."
+        default=None,
+        description="Accepted for compatibility (any name); answers carry the served model name.",
     )
     encoding_format: FloatEncoding = Field(
         default="float", description="float: numbers; base64: little-endian float32 bytes."
     )
     user: str | None = Field(default=None, description="Accepted for compatibility and ignored.")
     dimensions: int | None = Field(
-        default=None, description="Only the model's own width is accepted: vectors are never shortened."
+        default=None,
+        description="Only the model's own width is accepted: bert-base-chinese was not trained for shorter "
+        "vectors, so they are never cut.",
     )
+
+
+class OpenAIModel(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(description="When the model's export was written (Unix seconds).")
+    owned_by: str
+
+
+class OpenAIModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[OpenAIModel]
 
 
 class OpenAIEmbedding(BaseModel):

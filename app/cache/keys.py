@@ -26,6 +26,7 @@ OPTION_FIELDS = frozenset(
         "normalize",
         "long_text",
         "truncation_direction",
+        "input",  # "text", or "token_ids" written out as text ("101,102" is not the text "101,102")
     }
 )
 

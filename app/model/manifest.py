@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -75,6 +75,11 @@ class Source(_Frozen):
     weights: Literal["pretrained", "random"]
     weights_sha256: str | None = Field(description="sha256 of the source weights file; None for a twin.")
     fingerprint: str = Field(description="sha256 over the source and export options; equal means no-op.")
+
+    def name(self) -> str:
+        """The model's name for clients: the hub id, or a local folder's last part (never a full path,
+        which would tell clients how the server's disk is laid out)."""
+        return PurePath(self.model).name if self.local else self.model
 
 
 class ModelConfig(_Frozen):

@@ -17,6 +17,11 @@ from app.model.manifest import MANIFEST_NAME, ManifestError
 
 log = logging.getLogger(__name__)
 
+# The exporter's exit statuses for faults the user can act on (one line on stderr says which): the
+# service answers each with what to do in its own terms.
+EXIT_EXPORT_ERROR = 2
+EXIT_HUB_UNREACHABLE = 3
+
 
 def cache_folder(model: str, revision: str | None, cache_dir: Path) -> Path:
     """Where an export of ``model`` at ``revision`` lives: readable, and unique per source."""
@@ -43,13 +48,19 @@ def resolve_model(model: str, revision: str | None, cache_dir: Path) -> Path:
     log.info("no exported model for %s; exporting into %s: %s", model, out, " ".join(command))
     out.parent.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode == EXIT_HUB_UNREACHABLE:
+        raise ManifestError(
+            f"cannot reach the Hugging Face hub to fetch {model}, and it is not in the local Hugging Face "
+            "cache. Point ZHEMBED_MODEL at a local copy of the model (a folder with config.json, the weights "
+            "and vocab.txt; it is exported on first use), e.g. ZHEMBED_MODEL=/path/to/bert-base-chinese make "
+            "serve; or try the service on random weights of the same shape: make serve-twin"
+        )
     if done.returncode != 0:
         lines = (done.stderr or done.stdout).strip().splitlines()
         last = lines[-1] if lines else f"exit status {done.returncode}"
-        # Exit 2 is the exporter's own one-line answer (hub unreachable, no weights…): it says what to do.
         hint = (
-            "point ZHEMBED_MODEL at an exported folder"
-            if done.returncode == 2
+            "point ZHEMBED_MODEL at a local checkpoint folder or an exported one"
+            if done.returncode == EXIT_EXPORT_ERROR  # the exporter's own one-line answer says what is wrong
             else "install the export extra (pip install 'zhembed[export]') or point ZHEMBED_MODEL at an exported folder"
         )
         raise ManifestError(f"exporting {model} failed ({last}); {hint}")

@@ -114,7 +114,7 @@ def test_model_info_names_the_loaded_model(cclient: httpx.Client, cached: Runnin
     info = dict(labels)
     source = cached.service.model.manifest.source
     assert info == {
-        "model": source.model,
+        "model": source.name(),  # the served name: the folder's name, never its path
         "variant": "fp32",
         "provider": "CPUExecutionProvider",
         "weights": source.weights,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from app.model.resolve import EXIT_HUB_UNREACHABLE
 from export.__main__ import parse_args
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,9 +30,9 @@ def _run(*args: str, offline: bool = True) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_unreachable_hub_id_is_one_clear_line_and_exit_2(tmp_path: Path) -> None:
+def test_unreachable_hub_id_is_one_clear_line_and_its_own_exit_status(tmp_path: Path) -> None:
     result = _run("--model", "bert-base-chinese", "--out", str(tmp_path / "m"))
-    assert result.returncode == 2
+    assert result.returncode == EXIT_HUB_UNREACHABLE  # the service tells its own users what to do
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr
     assert "cannot reach the Hugging Face hub" in lines[0] and "--model /path/to/folder" in lines[0]
@@ -41,7 +42,7 @@ def test_unreachable_hub_id_is_one_clear_line_and_exit_2(tmp_path: Path) -> None
 
 def test_unreachable_hub_without_offline_flag_is_the_same_clear_error(tmp_path: Path) -> None:
     result = _run("--model", "bert-base-chinese", "--out", str(tmp_path / "m"), offline=False)
-    assert result.returncode == 2
+    assert result.returncode == EXIT_HUB_UNREACHABLE
     assert "cannot reach the Hugging Face hub" in result.stderr and "Traceback" not in result.stderr
 
 

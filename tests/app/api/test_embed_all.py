@@ -238,7 +238,11 @@ def test_the_token_bound_counts_each_concatenated_layer(bounded: Running) -> Non
     assert "30 token vectors (10 tokens × 3 concatenated layers)" in response.json()["error"]
 
 
-def test_an_input_without_real_tokens_gets_no_vectors(client: httpx.Client) -> None:
-    assert post(client, inputs=["   ", "你"]) == [[], post(client, inputs="你")[0]]
-    (both,) = post(client, inputs="   ", special_tokens=True, return_tokens=True)
-    assert [t["text"] for t in both["tokens"]] == ["[CLS]", "[SEP]"] and len(both["vectors"]) == 2
+def test_an_input_without_real_tokens_is_refused_like_an_empty_one(client: httpx.Client) -> None:
+    for inputs, words in (
+        (["你", "   "], "inputs[1] is only whitespace"),
+        ("\u200b", "inputs has no tokens"),
+    ):
+        response = client.post("/embed_all", json={"inputs": inputs, "special_tokens": True})
+        assert response.status_code == 400, response.text
+        assert response.json()["error_type"] == "empty" and words in response.json()["error"]

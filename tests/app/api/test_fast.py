@@ -11,6 +11,7 @@ from app.api.schemas import EmbedRequest, OpenAIEmbeddingRequest
 def test_every_post_data_route_and_only_those_is_served_fast() -> None:
     routes = fast_routes(router, openai_router)
     assert sorted(routes) == [
+        "/",
         "/embed",
         "/embed_all",
         "/embeddings",

@@ -7,6 +7,7 @@ request, 8192 characters per input, 2 MiB per body.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,7 @@ class Row:
     content: bytes | None = None
     headers: dict[str, str] = field(default_factory=lambda: dict(JSON))
     check: Callable[[Any], bool] | None = None  # on a 200's body
+    absent: tuple[str, ...] = ()  # none may appear in the error message
 
 
 def vectors(n: int) -> Callable[[Any], bool]:
@@ -79,8 +81,18 @@ ROWS = [
         "/embed",
         422,
         "validation",
-        ("not valid Unicode", "surrogates"),
+        ("inputs is not valid Unicode", "surrogates not allowed at character 0"),
         content=b'{"inputs": "\\ud800"}',
+        # pydantic's union would add "Input should be a valid list" for the form not sent
+        absent=("list", "Value error"),
+    ),
+    Row(
+        "lone surrogate in a list",
+        "/embed",
+        422,
+        "validation",
+        ("inputs[1] is not valid Unicode",),
+        content=b'{"inputs": ["a", "b\\udfff"]}',
     ),
     Row(
         "integer of 5000 digits",
@@ -90,14 +102,22 @@ ROWS = [
         (),
         content=b'{"inputs": "[MASK]", "top_k": ' + b"9" * 5000 + b"}",
     ),
-    Row("deep nesting", "/embed", 422, "validation", (), content=b'{"inputs": ' + b"[" * 100_000 + b"}"),
+    Row(
+        "deep nesting",
+        "/embed",
+        422,
+        "validation",
+        ("nests", "deeper than the JSON parser reads"),
+        content=b'{"inputs": ' + b"[" * 5_000 + b"}",
+        absent=("UTF-8",),
+    ),
     # --- how many, how long ---
     Row(
         "10,000 inputs",
         "/embed",
         422,
         "validation",
-        ("10000 inputs", "limit is 64"),
+        ("10000 inputs", "limit is 64", "ZHEMBED_MAX_INPUTS_PER_REQUEST", "several requests"),
         json={"inputs": ["a"] * 10_000},
     ),
     Row(
@@ -105,11 +125,19 @@ ROWS = [
         "/embed",
         422,
         "validation",
-        ("inputs[0] has 1048576 characters", "limit is 8192"),
+        ("inputs has 1048576 characters", "limit is 8192", "split the text", "ZHEMBED_MAX_INPUT_CHARS"),
         json={"inputs": "a" * (1 << 20)},
     ),
+    Row(
+        "a 100,002-character text with truncate",
+        "/embed",
+        422,
+        "validation",
+        ("inputs[0] has 100002 characters", "truncation does not lift it", "split the text"),
+        json={"inputs": ["好" * 100_002], "truncate": True},
+    ),
     Row("no inputs", "/embed", 400, "empty", ("inputs is empty",), json={"inputs": []}),
-    Row("empty string", "/embed", 400, "empty", ("inputs[0] is empty",), json={"inputs": ""}),
+    Row("empty string", "/embed", 400, "empty", ("inputs is empty",), json={"inputs": ""}),
     Row(
         "empty string among others",
         "/embed",
@@ -118,36 +146,171 @@ ROWS = [
         ("inputs[1] is empty",),
         json={"inputs": ["a", ""]},
     ),
-    Row("whitespace only", "/embed", 200, json={"inputs": ["   ", "\t\n"]}, check=vectors(2)),
-    # --- wrong types where text belongs ---
-    Row("null input", "/embed", 422, "validation", ("inputs",), json={"inputs": None}),
-    Row("null in the list", "/embed", 422, "validation", ("inputs.1",), json={"inputs": ["a", None]}),
-    Row("a number", "/embed", 422, "validation", ("inputs",), json={"inputs": 42}),
-    Row("numbers in the list", "/embed", 422, "validation", ("inputs.0",), json={"inputs": [1, 2]}),
-    Row("nested lists", "/embed", 422, "validation", ("inputs.0",), json={"inputs": [["a"]]}),
-    Row("an object", "/embed", 422, "validation", ("inputs",), json={"inputs": {"text": "a"}}),
     Row(
-        "token ids (OpenAI style)",
+        "whitespace only",
+        "/embed",
+        400,
+        "empty",
+        ("inputs[1] is only whitespace",),
+        json={"inputs": ["a", " \t\n"]},
+    ),
+    Row(
+        "ideographic space only",
+        "/embed",
+        400,
+        "empty",
+        ("inputs is only whitespace",),
+        json={"inputs": "\u3000"},
+    ),
+    Row(
+        "similarity, no sentences",
+        "/similarity",
+        400,
+        "empty",
+        ("inputs.sentences is empty",),
+        json={"inputs": {"source_sentence": "a", "sentences": []}},
+    ),
+    Row(
+        "similarity, an empty sentence",
+        "/similarity",
+        400,
+        "empty",
+        ("inputs.sentences[1] is empty",),
+        json={"inputs": {"source_sentence": "a", "sentences": ["b", ""]}},
+    ),
+    Row("similarity, no pairs", "/similarity", 400, "empty", ("pairs is empty",), json={"pairs": []}),
+    Row(
+        "similarity, whitespace in a pair",
+        "/similarity",
+        400,
+        "empty",
+        ("pairs[1][0] is only whitespace",),
+        json={"pairs": [["a", "b"], [" ", "c"]]},
+    ),
+    # --- wrong types where text belongs ---
+    Row(
+        "null input",
+        "/embed",
+        422,
+        "validation",
+        ("inputs must be a string or a list of strings, not null",),
+        json={"inputs": None},
+    ),
+    Row(
+        "null in the list",
+        "/embed",
+        422,
+        "validation",
+        ("inputs[1] must be a string, not null",),
+        json={"inputs": ["a", None]},
+    ),
+    Row(
+        "a number",
+        "/embed",
+        422,
+        "validation",
+        ("inputs must be a string or a list of strings, not a number",),
+        json={"inputs": 123},
+        absent=("valid list", "valid string"),  # one sentence, not pydantic's two alternatives
+    ),
+    Row(
+        "numbers in the list",
+        "/embed",
+        422,
+        "validation",
+        ("inputs[0] must be a string, not a number",),
+        json={"inputs": [1, 2]},
+    ),
+    Row(
+        "nested lists",
+        "/embed",
+        422,
+        "validation",
+        ("inputs[0] must be a string, not an array",),
+        json={"inputs": [["a"]]},
+    ),
+    Row(
+        "an object",
+        "/embed",
+        422,
+        "validation",
+        ("inputs must be a string or a list of strings, not an object",),
+        json={"inputs": {"text": "a"}},
+    ),
+    Row(
+        "token ids of another tokenizer",
         "/v1/embeddings",
         422,
         "validation",
-        ("input",),
-        json={"input": [[101, 102]]},
+        ("input[0][1] is 100257, not a token id of this model (0..21127)", "send the text"),
+        json={"input": [[101, 100257, 102]]},
+    ),
+    Row(
+        "a negative token id",
+        "/v1/embeddings",
+        422,
+        "validation",
+        ("input[2] is -1, not a token id",),
+        json={"input": [101, 102, -1]},
+    ),
+    Row(
+        "a token id past int64",
+        "/v1/embeddings",
+        422,
+        "validation",
+        ("input[0][0] is 1" + "0" * 30, "not a token id"),
+        json={"input": [[10**30]]},
+    ),
+    Row(
+        "strings and token ids mixed",
+        "/v1/embeddings",
+        422,
+        "validation",
+        ("input[1] must be a string, not an array",),
+        json={"input": ["a", [101, 102]]},
+    ),
+    Row(
+        "an empty list of token ids",
+        "/v1/embeddings",
+        400,
+        "empty",
+        ("input[1] is empty",),
+        json={"input": [[101, 102], []]},
+    ),
+    Row(
+        "too many token ids",
+        "/v1/embeddings",
+        422,
+        "validation",
+        ("input has 600 tokens, over the model's limit of 128", "POST /embed"),
+        json={"input": [101] * 600},
     ),
     # --- odd but valid text ---
+    Row("control characters", "/embed", 200, json={"inputs": ["a\x00\x01\x07b", "a\x00b"]}, check=vectors(2)),
     Row(
-        "control characters",
+        "only control characters",
         "/embed",
-        200,
-        json={"inputs": ["\x00\x01\x07\x1b\x7f", "a\x00b"]},
-        check=vectors(2),
+        400,
+        "empty",
+        ("inputs[1] has no tokens",),
+        json={"inputs": ["a", "\x00\x01\x07\x1b\x7f"]},
+    ),
+    Row("zero-width characters", "/embed", 200, json={"inputs": ["中\u200b文"]}, check=vectors(1)),
+    Row(
+        "only zero-width characters",
+        "/embed",
+        400,
+        "empty",
+        ("inputs has no tokens",),
+        json={"inputs": "\u200b\u200c\u200d\ufeff"},
     ),
     Row(
-        "zero-width characters",
-        "/embed",
-        200,
-        json={"inputs": ["\u200b\u200c\u200d\ufeff", "中\u200b文"]},
-        check=vectors(2),
+        "only zero-width characters, token vectors",
+        "/embed_all",
+        400,
+        "empty",
+        ("inputs[0] has no tokens",),
+        json={"inputs": ["\u200b"]},
     ),
     Row(
         "right-to-left text",
@@ -178,7 +341,7 @@ ROWS = [
         "/embed",
         422,
         "validation",
-        ("602 tokens", "limit of 128", "long_text"),
+        ("inputs has 602 tokens", "limit of 128", "long_text"),
         json={"inputs": LONG, "long_text": "error"},
     ),
     Row(
@@ -244,7 +407,12 @@ ROWS = [
         json={"inputs": "a", "layers": [-13]},
     ),
     Row(
-        "layers as floats", "/embed", 422, "validation", ("layers.0",), json={"inputs": "a", "layers": [1.5]}
+        "layers as floats",
+        "/embed",
+        422,
+        "validation",
+        ("layers[0] must be an integer, not a number",),
+        json={"inputs": "a", "layers": [1.5]},
     ),
     Row("65 layers", "/embed", 422, "validation", ("layers",), json={"inputs": "a", "layers": [1] * 65}),
     Row("top_k 0", "/fill-mask", 422, "validation", ("top_k",), json={"inputs": "[MASK]", "top_k": 0}),
@@ -344,6 +512,68 @@ def test_hostile_input(client: httpx.Client, row: Row) -> None:
     assert error_type == row.error_type, body
     for word in row.words:
         assert word in message, message
+    for word in row.absent:
+        assert word not in message, message
+
+
+def error_of(response: httpx.Response) -> tuple[int, str, str]:
+    body = response.json()
+    if isinstance(body["error"], dict):  # OpenAI's shape
+        return response.status_code, body["error"]["code"], body["error"]["message"]
+    return response.status_code, body["error_type"], body["error"]
+
+
+# The same mistake sent to each route that reads text: (path, body with the text in place of X).
+TEXT_ROUTES = [
+    ("/", lambda x: {"inputs": x}),
+    ("/embed", lambda x: {"inputs": x}),
+    ("/embed_all", lambda x: {"inputs": x}),
+    ("/similarity", lambda x: {"inputs": {"source_sentence": "a", "sentences": x}}),
+    ("/", lambda x: {"inputs": {"source_sentence": "a", "sentences": x}}),
+    ("/fill-mask", lambda x: {"inputs": x}),
+    ("/tokenize", lambda x: {"inputs": x}),
+    ("/v1/embeddings", lambda x: {"input": x}),
+]
+
+
+@pytest.mark.parametrize(
+    ("mistake", "value", "status", "error_type", "words"),
+    [
+        ("empty text", ["a", ""], 400, "empty", "[1] is empty"),
+        ("whitespace only", ["a", "  "], 400, "empty", "[1] is only whitespace"),
+        ("a number among texts", ["a", 7], 422, "validation", "[1] must be a string, not a number"),
+        ("a lone surrogate", ["a", "\ud800"], 422, "validation", "[1] is not valid Unicode"),
+        ("too many", ["a"] * 65, 422, "validation", "inputs in one request; the limit is 64"),
+    ],
+)
+def test_the_same_mistake_gets_the_same_answer_on_every_route(
+    client: httpx.Client, mistake: str, value: list[Any], status: int, error_type: str, words: str
+) -> None:
+    for path, body in TEXT_ROUTES:
+        # json.dumps writes a lone surrogate as \ud800 (httpx's json= cannot encode it)
+        sent = json.dumps(body(value)).encode()
+        got_status, got_type, message = error_of(client.post(path, content=sent, headers=JSON))
+        assert (got_status, got_type) == (status, error_type), (path, message)
+        assert words in message, (path, message)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"), [("GET", "/embed", "POST"), ("POST", "/health", "GET")]
+)
+def test_a_wrong_method_gets_405_with_allow_and_a_hint(
+    client: httpx.Client, method: str, path: str, allowed: str
+) -> None:
+    response = client.request(method, path)
+    assert response.status_code == 405
+    assert allowed in response.headers["allow"]
+    assert response.json()["error_type"] == "method_not_allowed"
+    assert f"{method} is not allowed on {path}: use {allowed}" in response.json()["error"]
+
+
+def test_an_unknown_route_says_where_the_routes_are(client: httpx.Client) -> None:
+    response = client.post("/embedd", json={"inputs": "a"})
+    assert response.status_code == 404
+    assert response.json()["error"] == "there is no route /embedd: the routes are listed at /docs"
 
 
 def test_the_server_still_answers_after_the_table(client: httpx.Client, server: Running) -> None:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 
 import httpx
 import numpy as np
 import openai
 import pytest
 
-from tests.app.conftest import Running
+from app.settings import Settings
+from tests.app.conftest import Running, serving
 
 TEXTS = ["你好", "今天天气很好，我们去公园散步吧。"]
 
@@ -31,7 +33,7 @@ def test_openai_client_gets_the_same_vectors_as_embed(
         model="bert-base-chinese", input=TEXTS, encoding_format=encoding_format, user="someone"
     )
     assert [d.index for d in response.data] == [0, 1]
-    assert response.model == server.service.model.manifest.source.model
+    assert response.model == server.service.model.manifest.source.name() == "tiny-source0"
     tokens = [len(server.service.model.tokenizer.encode_batch([t], True)[0].ids) for t in TEXTS]
     assert response.usage.prompt_tokens == response.usage.total_tokens == sum(tokens)
     want = native(client, TEXTS)
@@ -60,8 +62,11 @@ def test_errors_come_in_openai_shape(server: Running, client: httpx.Client) -> N
     with pytest.raises(openai.UnprocessableEntityError) as wide:
         client_for(server).embeddings.create(model="m", input="x", dimensions=5)
     assert "dimensions 5" in wide.value.message
-    response = client.post("/v1/embeddings", json={"input": [1, 2, 3], "model": "m"})
+    response = client.post("/v1/embeddings", json={"input": {"text": "a"}, "model": "m"})
     assert response.status_code == 422
+    assert response.json()["error"]["message"] == (
+        "input must be a string, a list of strings, a list of token ids or a list of such lists, not an object"
+    )
     assert set(response.json()["error"]) == {"message", "type", "code"}
     # The native routes keep their own shape.
     assert set(client.post("/embed", json={"inputs": ""}).json()) == {"error", "error_type"}
@@ -71,3 +76,76 @@ def test_the_model_width_is_accepted_as_dimensions(server: Running) -> None:
     width = server.service.model.hidden_size
     response = client_for(server).embeddings.create(model="m", input="维度", dimensions=width)
     assert len(response.data[0].embedding) == width
+
+
+def token_ids(client: httpx.Client, texts: list[str]) -> list[list[int]]:
+    """The ids ``/tokenize`` gives, [CLS] and [SEP] included: what TEI and OpenAI clients send."""
+    tokens = client.post("/tokenize", json={"inputs": texts}).json()
+    return [[t["id"] for t in row] for row in tokens]
+
+
+def test_token_ids_embed_like_their_text(server: Running, client: httpx.Client) -> None:
+    ids = token_ids(client, TEXTS)
+    response = client_for(server).embeddings.create(model="m", input=ids)
+    assert response.usage.prompt_tokens == sum(len(x) for x in ids)
+    for got, want in zip(response.data, native(client, TEXTS), strict=True):
+        np.testing.assert_allclose(np.asarray(got.embedding, np.float32), want, atol=1e-6)
+    # One list of ids is one input.
+    (one,) = client_for(server).embeddings.create(model="m", input=ids[1]).data
+    np.testing.assert_allclose(np.asarray(one.embedding, np.float32), native(client, TEXTS[1:])[0], atol=1e-6)
+
+
+def test_token_ids_run_as_given_without_added_special_tokens(server: Running, client: httpx.Client) -> None:
+    # As TEI: the ids are the sequence; ids without [CLS]/[SEP] are another sequence, not the text's.
+    (with_specials,) = token_ids(client, [TEXTS[1]])
+    bare = with_specials[1:-1]
+    vectors = [
+        np.asarray(d.embedding, np.float32)
+        for d in client_for(server).embeddings.create(model="m", input=[with_specials, bare]).data
+    ]
+    assert float(vectors[0] @ vectors[1]) < 0.9999
+
+
+def test_a_token_id_outside_the_vocabulary_is_refused_in_openai_shape(server: Running) -> None:
+    with pytest.raises(openai.UnprocessableEntityError) as refused:
+        client_for(server).embeddings.create(model="m", input=[[101, 21128, 102]])
+    assert "input[0][1] is 21128, not a token id of this model (0..21127)" in refused.value.message
+
+
+def test_the_model_list_names_the_served_model(server: Running) -> None:
+    client = client_for(server)
+    (card,) = client.models.list().data
+    assert card.id == "tiny-source0" and card.object == "model" and card.owned_by == "zhembed"
+    assert card.created > 0
+    assert client.models.retrieve("tiny-source0").id == "tiny-source0"
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("text-embedding-3-small")
+    assert "this server serves 'tiny-source0'" in missing.value.message
+
+
+def test_a_served_model_name_is_what_every_client_sees(tiny_settings: Settings) -> None:
+    settings = tiny_settings.model_copy(update={"served_model_name": "google-bert/bert-base-chinese"})
+    with serving(settings) as running, httpx.Client(base_url=running.url, timeout=30) as http:
+        client = client_for(running)
+        assert client.embeddings.create(model="x", input="你好").model == "google-bert/bert-base-chinese"
+        assert [m.id for m in client.models.list().data] == ["google-bert/bert-base-chinese"]
+        assert client.models.retrieve("google-bert/bert-base-chinese").id == "google-bert/bert-base-chinese"
+        assert http.get("/info").json()["model_id"] == "google-bert/bert-base-chinese"
+        assert 'model="google-bert/bert-base-chinese"' in http.get("/metrics").text
+
+
+def test_no_path_of_the_server_reaches_a_client(
+    server: Running, client: httpx.Client, tiny_model_dir: Path, tiny_source_dir: Path
+) -> None:
+    answers = [
+        client.get("/info").text,
+        client.get("/metrics").text,
+        client.get("/v1/models").text,
+        client.get("/openapi.json").text,
+        client.post("/v1/embeddings", json={"input": "你好"}).text,
+        client.post("/v1/embeddings", json={"input": [[1, 10**6]]}).text,
+        client.post("/embed", json={"inputs": "x" * 9000}).text,
+    ]
+    for answer in answers:
+        for path in (tiny_model_dir, tiny_source_dir, tiny_model_dir.parent.parent):
+            assert str(path) not in answer

@@ -17,6 +17,7 @@ OPTIONS: dict[str, object] = {
     "normalize": True,
     "long_text": "error",
     "truncation_direction": "right",
+    "input": "text",
 }
 
 
@@ -35,6 +36,7 @@ def test_every_option_and_the_model_change_the_key() -> None:
         {**OPTIONS, "normalize": False},
         {**OPTIONS, "long_text": "truncate"},
         {**OPTIONS, "truncation_direction": "left"},
+        {**OPTIONS, "input": "token_ids"},
     ]
     keys = {base, *(key(space(model, v), "你好") for v in variants)}
     keys.add(key(space(model_digest("c" * 64, "b" * 64), OPTIONS), "你好"))  # another graph
@@ -51,7 +53,8 @@ def test_keys_are_stable_namespaced_and_name_the_model() -> None:
 
 
 def test_the_key_covers_every_embed_option() -> None:
-    assert {f.name for f in dataclasses.fields(EmbedOptions)} == OPTION_FIELDS
+    # and what the "text" is: a text, or token ids written out
+    assert {f.name for f in dataclasses.fields(EmbedOptions)} | {"input"} == OPTION_FIELDS
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from app.model.manifest import ManifestError
 from app.model.resolve import cache_folder, resolve_model
 
 
@@ -22,3 +25,16 @@ def test_cache_folders_differ_by_revision(tmp_path: Path) -> None:
     a = cache_folder("bert-base-chinese", None, tmp_path)
     b = cache_folder("bert-base-chinese", "abc123", tmp_path)
     assert a != b and a.parent == tmp_path and "bert-base-chinese" in a.name
+
+
+def test_an_unreachable_hub_says_what_to_do_in_the_services_terms(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the exporter subprocess fails at once, as with no network
+    with pytest.raises(ManifestError) as failed:
+        resolve_model("bert-base-chinese", None, tmp_path)
+    message = str(failed.value)
+    assert "cannot reach the Hugging Face hub to fetch bert-base-chinese" in message
+    # one step with a local checkpoint, and the twin for trying the service without the weights
+    assert "ZHEMBED_MODEL=/path/to/bert-base-chinese make serve" in message and "make serve-twin" in message
+    assert "python -m export" not in message  # the exporter's own advice is for its own users
