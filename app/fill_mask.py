@@ -1,4 +1,5 @@
-"""Fill-mask answers in the Hugging Face pipeline's terms: the top k tokens for each [MASK]."""
+"""Fill-mask answers in the terms and shapes of transformers' ``FillMaskPipeline``: the top k tokens for
+each [MASK], optionally among given targets, shaped per input as the pipeline returns them."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from app.errors import ValidationFailed
 from app.layers import top_k as top_k_of
 from app.model.tokenizer import TextTokenizer
 
@@ -13,15 +15,32 @@ from app.model.tokenizer import TextTokenizer
 # its request is answered, and costs top_k decodes on the event loop; this keeps one request near 10 MB.
 MAX_MASKS_PER_REQUEST = 128
 
+# One candidate: {"score", "token", "token_str", "sequence"}.
+Candidate = dict[str, Any]
+
 
 def predictions(
-    tokenizer: TextTokenizer, ids: np.ndarray, positions: tuple[int, ...], probs: np.ndarray, top_k: int
-) -> list[list[dict[str, Any]]]:
-    """For each masked position of ``ids`` (one [vocab] row of ``probs`` each), the ``top_k`` fills."""
+    tokenizer: TextTokenizer,
+    ids: np.ndarray,
+    positions: tuple[int, ...],
+    probs: np.ndarray,
+    top_k: int,
+    targets: np.ndarray | None = None,
+) -> list[list[Candidate]]:
+    """For each masked position of ``ids`` (one [vocab] row of ``probs`` each), the ``top_k`` fills.
+
+    With ``targets`` (token ids, as :func:`target_ids` gives them) only those compete, each scored by
+    its probability over the whole vocabulary, as the pipeline's ``probs[..., target_ids]``; ``top_k``
+    is then capped at their number.
+    """
     single = len(positions) == 1
     out = []
     for position, row in zip(positions, probs, strict=True):
-        tokens, scores = top_k_of(row, top_k)
+        if targets is None:
+            tokens, scores = top_k_of(row, top_k)
+        else:
+            picked, scores = top_k_of(row[targets], top_k)
+            tokens = targets[picked].tolist()
         filled_in = []
         for token, score in zip(tokens, scores, strict=True):
             filled = ids.copy()
@@ -37,3 +56,45 @@ def predictions(
             )
         out.append(filled_in)
     return out
+
+
+def shaped(answers: list[list[list[Candidate]]], one_text: bool) -> list[Any]:
+    """The pipeline's shapes for ``answers`` (per input, per [MASK], its candidates).
+
+    One input's answer is its candidates for one [MASK], or one list of candidates per mask for several.
+    ``one_text`` (the request sent a string): that answer alone; a list of inputs: one answer per input.
+    Unlike the pipeline, a list of ONE input still answers a list of one answer, so that a client that
+    sends lists always reads lists back.
+    """
+    per_input = [masks[0] if len(masks) == 1 else masks for masks in answers]
+    return per_input[0] if one_text else per_input
+
+
+def split_targets(tokenizer: TextTokenizer, targets: list[str]) -> tuple[list[int], list[str]]:
+    """The ids of the ``targets`` that are vocabulary tokens, and the others, still to be tokenised."""
+    known: list[int] = []
+    unknown: list[str] = []
+    for target in targets:
+        token = tokenizer.token_to_id(target)
+        if token is None:
+            unknown.append(target)
+        else:
+            known.append(token)
+    return known, unknown
+
+
+def target_ids(known: list[int], tokenized: list[list[int]]) -> np.ndarray:
+    """The pipeline's ``get_target_ids``: the vocabulary ids ``known``, and of each other target (its
+    ids ``tokenized`` without special tokens) the first token, a target without tokens being ignored.
+    Distinct and sorted (the pipeline's ``set`` leaves the order to hashing; only ties could tell).
+
+    Raises:
+        ValidationFailed: no target is left.
+    """
+    ids = known + [t[0] for t in tokenized if t]
+    if not ids:
+        raise ValidationFailed(
+            "none of the targets is a vocabulary token or has any token once tokenised (e.g. only "
+            "whitespace); give at least one target the model can predict"
+        )
+    return np.unique(np.asarray(ids, dtype=np.int64))

@@ -236,13 +236,33 @@ class Service:
         return Answer(scores, timings)
 
     @timed
-    async def fill_mask(self, inputs: str | list[str], top_k: int) -> Answer[list[Any]]:
-        """For each input, for each [MASK] in it, the ``top_k`` predictions like the HF pipeline."""
+    async def fill_mask(
+        self, inputs: str | list[str], top_k: int, targets: list[str] | None = None
+    ) -> Answer[list[Any]]:
+        """The ``top_k`` predictions for each [MASK], in the shapes of transformers' fill-mask pipeline
+        (:func:`app.fill_mask.shaped`: a string's answer alone, a list's one answer per input).
+
+        ``targets``, as the pipeline's: only these tokens compete (a target that is not a vocabulary
+        token stands for its first token), scored by their probability over the whole vocabulary.
+
+        Raises:
+            Unsupported: the model has no masked-LM head.
+            EmptyInput: no inputs, or an empty one.
+            ValidationFailed: an input without [MASK] or over the model's length; more than
+                ``MAX_MASKS_PER_REQUEST`` masks; a target over ``max_input_chars``; no target left.
+        """
         self._check_ready()
         if not self.model.has_mlm_head:
             raise Unsupported("this model has no masked-LM head, so it cannot fill masks")
         names = listed("inputs", inputs)
         texts = self._texts(inputs, names)
+        limit = self.settings.max_input_chars
+        # Targets that are not tokens are tokenised like inputs, so they are bounded like inputs.
+        for i, target in enumerate(targets or ()):
+            if len(target) > limit:
+                raise ValidationFailed(
+                    f"parameters.targets[{i}] has {len(target)} characters; the limit is {limit}"
+                )
         info = self.model.manifest.tokenizer
         with self.engine.admit(len(texts)):
             encodings, tokenization_ms = await self._tokenize(texts, offsets=False)
@@ -263,13 +283,22 @@ class Service:
                     )
                 sequences.append(ids)
                 needs.append(Need(mask_positions=positions))
+            candidates = None
+            if targets is not None:
+                candidates, target_ms = await self._target_ids(targets)
+                tokenization_ms += target_ms
             job = await self._run(sequences, needs)
         answer = []
         for ids, need, probs in zip(sequences, needs, job.mask_probs, strict=True):
             if probs is None:
                 raise InternalError("a fill-mask sequence came back without its mask probabilities")
-            answer.append(fill_mask.predictions(self.model.tokenizer, ids, need.mask_positions, probs, top_k))
-        return Answer(answer, timings_of([job], tokenization_ms))
+            answer.append(
+                fill_mask.predictions(
+                    self.model.tokenizer, ids, need.mask_positions, probs, top_k, candidates
+                )
+            )
+        shaped = fill_mask.shaped(answer, one_text=isinstance(inputs, str))
+        return Answer(shaped, timings_of([job], tokenization_ms))
 
     @timed
     async def tokenize(self, inputs: str | list[str], add_special_tokens: bool) -> Answer[list[Any]]:
@@ -405,6 +434,20 @@ class Service:
         seconds = time.perf_counter() - started
         self.metrics.tokenized(seconds)
         return encodings, ms(seconds)
+
+    async def _target_ids(self, targets: list[str]) -> tuple[np.ndarray, float]:
+        """The token ids fill-mask ``targets`` stand for (:func:`app.fill_mask.target_ids`), and the
+        milliseconds spent tokenising those that are not vocabulary tokens (none when all are).
+        """
+        known, unknown = fill_mask.split_targets(self.model.tokenizer, targets)
+        tokenized: list[list[int]] = []
+        tokenization_ms = 0.0
+        if unknown:
+            encodings, tokenization_ms = await self._tokenize(
+                unknown, add_special_tokens=False, offsets=False
+            )
+            tokenized = [e.ids for e in encodings]
+        return fill_mask.target_ids(known, tokenized), tokenization_ms
 
     async def _run(self, sequences: list[np.ndarray], need: Need | list[Need]) -> Job:
         """Run ``sequences`` (token ids) as one job, each with ``need`` (or its own); the job's results."""

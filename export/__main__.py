@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from app.model.manifest import VARIANTS, Variant
-from export.pipeline import ExportOptions, run_export
 from app.model.resolve import EXIT_EXPORT_ERROR, EXIT_HUB_UNREACHABLE
+from export.pipeline import ExportOptions, run_export
 from export.source import ExportError, HubUnreachableError
 from export.spec import DEFAULT_MODEL, DEFAULT_OPSET
 

@@ -125,8 +125,11 @@ async def similarity(body: SimilarityRequest, request: Request, service: Service
     "/fill-mask", response_model=FillMaskResponse, responses=openapi_responses(EmptyInput, Unsupported)
 )
 async def fill_mask(body: FillMaskRequest, request: Request, service: ServiceDep) -> Response:
-    """For each input, for each [MASK], the top_k predictions."""
-    answer = await unless_disconnected(request, service.fill_mask(body.inputs, body.top_k))
+    """The top_k predictions for each [MASK], in the shapes of transformers' fill-mask pipeline: for a
+    string, its candidates (one [MASK]) or a list per mask; for a list of inputs, one such answer each."""
+    answer = await unless_disconnected(
+        request, service.fill_mask(body.inputs, body.wanted_top_k(), body.target_list())
+    )
     return json_response(answer.value, answer.timings)
 
 

@@ -49,6 +49,10 @@ class TextTokenizer:
             return self._tok.encode_batch(texts, add_special_tokens=add_special_tokens)
         return self._tok.encode_batch_fast(texts, add_special_tokens=add_special_tokens)
 
+    def token_to_id(self, token: str) -> int | None:
+        """The id of ``token`` if it is one entry of the vocabulary (added tokens included), else None."""
+        return self._tok.token_to_id(token)
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         text = self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
         if self.clean_up_spaces:

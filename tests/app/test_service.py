@@ -52,6 +52,10 @@ def test_refusals_come_before_any_permit_is_taken(service: Service) -> None:
         (service.embed([""], EmbedOptions()), EmptyInput),
         (service.embed("一", EmbedOptions(layers=(9,))), ValidationFailed),
         (service.embed_all("一", EmbedAllOptions(long_text="chunk")), ValidationFailed),
+        (
+            service.fill_mask("我[MASK]你", 5, ["字" * (service.settings.max_input_chars + 1)]),
+            ValidationFailed,
+        ),
     ]:
         with pytest.raises(error):
             asyncio.run(call)
@@ -65,6 +69,23 @@ def test_similarity_embeddings_and_tokenize(service: Service) -> None:
     assert len(vectors) == 2 and tokens == 4 + 7  # [CLS] and [SEP] counted
     (tokenized,) = asyncio.run(service.tokenize("你好", add_special_tokens=False)).value
     assert [t["text"] for t in tokenized] == ["你", "好"]
+
+
+def test_fill_mask_answers_in_the_pipelines_shapes(service: Service) -> None:
+    one = asyncio.run(service.fill_mask("我[MASK]你", 2)).value
+    assert len(one) == 2 and all(isinstance(p, dict) for p in one)
+    several = asyncio.run(service.fill_mask("[MASK]爱[MASK]", 2)).value
+    assert len(several) == 2 and all(len(m) == 2 and isinstance(m[0], dict) for m in several)
+    listed = asyncio.run(service.fill_mask(["我[MASK]你"], 2)).value
+    assert listed == [one]
+
+
+def test_fill_mask_targets_stand_for_their_first_token(service: Service) -> None:
+    tokenizer = service.model.tokenizer
+    answer = asyncio.run(service.fill_mask("我[MASK]你", 5, ["爱", "想念", "爱"])).value
+    # 想念 is no token: 想 stands in; 爱 counts once; top_k is capped at the two left.
+    assert len(answer) == 2
+    assert {p["token"] for p in answer} == {tokenizer.token_to_id("爱"), tokenizer.token_to_id("想")}
 
 
 def test_an_unready_service_refuses(service: Service) -> None:

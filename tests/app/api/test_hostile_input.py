@@ -40,7 +40,10 @@ def vectors(n: int) -> Callable[[Any], bool]:
 
 
 def masks(n: int) -> Callable[[Any], bool]:
-    return lambda body: len(body) == 1 and len(body[0]) == n and all(len(p) == 5 for p in body[0])
+    """A string's fill-mask answer: for one [MASK] its 5 candidates, for several 5 per mask."""
+    if n == 1:
+        return lambda body: len(body) == 5 and all(isinstance(p, dict) for p in body)
+    return lambda body: len(body) == n and all(len(p) == 5 and isinstance(p[0], dict) for p in body)
 
 
 ROWS = [

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from app.api.schemas import EmbedAllRequest, EmbedRequest, SimilarityRequest
+from app.api.schemas import (
+    MAX_TARGETS,
+    EmbedAllRequest,
+    EmbedRequest,
+    FillMaskRequest,
+    SimilarityRequest,
+)
 from app.options import EmbedAllOptions, EmbedOptions
 
 
@@ -61,3 +67,43 @@ def test_similarity_takes_exactly_one_form() -> None:
         SimilarityRequest.model_validate({})
     with pytest.raises(ValidationError):
         SimilarityRequest.model_validate({"pairs": [["a", "b", "c"]]})
+
+
+def test_fill_mask_top_k_from_either_place_default_5() -> None:
+    assert FillMaskRequest.model_validate({"inputs": "x"}).wanted_top_k() == 5
+    assert FillMaskRequest.model_validate({"inputs": "x", "top_k": 3}).wanted_top_k() == 3
+    assert FillMaskRequest.model_validate({"inputs": "x", "parameters": {"top_k": 4}}).wanted_top_k() == 4
+    same = {"inputs": "x", "top_k": 4, "parameters": {"top_k": 4}}
+    assert FillMaskRequest.model_validate(same).wanted_top_k() == 4
+
+
+def test_fill_mask_top_k_given_twice_differently_is_refused() -> None:
+    with pytest.raises(ValidationError, match="give top_k once"):
+        FillMaskRequest.model_validate({"inputs": "x", "top_k": 5, "parameters": {"top_k": 4}})
+
+
+def test_fill_mask_targets_as_a_list() -> None:
+    def targets(parameters: object) -> list[str] | None:
+        return FillMaskRequest.model_validate({"inputs": "x", "parameters": parameters}).target_list()
+
+    assert targets({"targets": "中"}) == ["中"]
+    assert targets({"targets": ["中", "国"]}) == ["中", "国"]
+    assert targets({}) is None and targets(None) is None
+
+
+@pytest.mark.parametrize(
+    "parameters",
+    [
+        {"targets": []},
+        {"targets": ["a"] * (MAX_TARGETS + 1)},
+        {"targets": ["a", 1]},  # strict: not a string
+        {"targets": "\ud800"},
+        {"top_k": 0},
+        {"top_k": 51},
+        {"top_k": 5.0},  # strict: not an integer
+        [],
+    ],
+)
+def test_fill_mask_parameters_refused(parameters: object) -> None:
+    with pytest.raises(ValidationError):
+        FillMaskRequest.model_validate({"inputs": "x", "parameters": parameters})
