@@ -31,6 +31,14 @@ def test_frozen_and_validated() -> None:
         Settings(max_inputs_per_request=10, max_concurrent_inputs=5)
 
 
+def test_served_model_name_is_a_name_or_left_to_the_model() -> None:
+    assert Settings().served_model_name is None  # then the manifest's source names it
+    assert Settings(served_model_name="bert-base-chinese").served_model_name == "bert-base-chinese"
+    for bad in ("", "x" * 257):
+        with pytest.raises(ValidationError):
+            Settings(served_model_name=bad)
+
+
 def test_help_is_the_field_descriptions(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         Settings.from_cli(["--help"])

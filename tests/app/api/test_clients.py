@@ -1,13 +1,19 @@
 """Tests with the real client libraries, against the real test server: each library can send its own
-request form to our routes and parse what they answer, and reads back exactly the route's answer."""
+request form to our routes and parse what they answer, and reads back exactly the route's answer.
+
+huggingface_hub's InferenceClient here (fill_mask, feature_extraction, sentence_similarity); the openai
+client's tests are with the route they call, in ``test_openai_routes.py``.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 from huggingface_hub import FillMaskOutputElement, InferenceClient
+from huggingface_hub.errors import HfHubHTTPError
 
 from tests.app.conftest import Running
 
@@ -62,3 +68,47 @@ def test_hf_client_fill_mask_with_targets(server: Running, client: httpx.Client,
     assert len(want) == (top_k or 3)
     assert {e["token_str"] for e in want} <= {"首", "国", "中"}
     assert fields(got) == want
+
+
+# --- huggingface_hub: feature extraction and sentence similarity, through TEI's root route ------------
+
+TEXTS = ["今天天气很好", "我爱北京天安门"]
+
+
+def hf_root(server: Running) -> InferenceClient:
+    # The server's own URL, as for text-embeddings-inference: the client posts to POST /.
+    return InferenceClient(model=server.url, api_key="not-a-hugging-face-token")
+
+
+def test_hf_client_feature_extraction_gets_the_embed_vectors(server: Running, client: httpx.Client) -> None:
+    want = np.asarray(client.post("/embed", json={"inputs": TEXTS[0]}).json(), dtype=np.float32)
+    got = hf_root(server).feature_extraction(TEXTS[0])
+    assert got.shape == want.shape == (1, server.service.model.hidden_size)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_hf_client_feature_extraction_passes_its_options(server: Running, client: httpx.Client) -> None:
+    long = "北京是中华人民共和国的首都。" * 20  # over the tiny model's 128 tokens
+    body = {"inputs": long, "normalize": False, "truncate": True, "truncation_direction": "left"}
+    want = np.asarray(client.post("/embed", json=body).json(), dtype=np.float32)
+    got = hf_root(server).feature_extraction(
+        long, normalize=False, truncate=True, truncation_direction="left"
+    )
+    np.testing.assert_array_equal(got, want)
+    assert abs(float(np.linalg.norm(got)) - 1) > 1e-3  # not normalised, as asked
+
+
+def test_hf_client_sentence_similarity_gets_the_similarity_scores(
+    server: Running, client: httpx.Client
+) -> None:
+    body = {"inputs": {"source_sentence": TEXTS[0], "sentences": [TEXTS[1], TEXTS[0]]}}
+    want = client.post("/similarity", json=body).json()
+    got = hf_root(server).sentence_similarity(TEXTS[0], other_sentences=[TEXTS[1], TEXTS[0]])
+    assert got == want and len(got) == 2 and got[1] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_hf_client_errors_are_readable(server: Running) -> None:
+    with pytest.raises(HfHubHTTPError) as refused:
+        hf_root(server).feature_extraction("   ")
+    assert refused.value.response.status_code == 400
+    assert "inputs is only whitespace" in refused.value.response.text

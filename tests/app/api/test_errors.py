@@ -1,11 +1,12 @@
-"""Every row of the error table, through a real server; and no odd input produces a 500."""
+"""Every row of the error table, through a real server; no odd input produces a 500; validation
+messages in the service's words."""
 
 from __future__ import annotations
 
 import httpx
 import pytest
 
-from app.api.errors import ERROR_TABLE, RETRY_AFTER_S
+from app.api.errors import ERROR_TABLE, RETRY_AFTER_S, field_path, validation_message
 from tests.app.conftest import Running
 
 
@@ -156,3 +157,63 @@ def test_openai_routes_answer_errors_in_openai_shape_from_the_same_table(client:
             "code": "payload_too_large",
         }
     }
+
+
+@pytest.mark.parametrize(
+    ("loc", "path"),
+    [
+        (("body", "inputs", "list", 3), "inputs[3]"),
+        (("body", "inputs", "similarity", "sentences", 0), "inputs.sentences[0]"),
+        (("body", "pairs", 1, 0), "pairs[1][0]"),
+        (("body", "layers", 0), "layers[0]"),
+        (("body", "input", "id_lists", 2, 5), "input[2][5]"),
+        (("body", "parameters", "top_k"), "parameters.top_k"),
+    ],
+)
+def test_an_error_names_the_field_as_the_client_wrote_it(loc: tuple[object, ...], path: str) -> None:
+    assert field_path(loc) == path
+
+
+@pytest.mark.parametrize(
+    ("error", "message"),
+    [
+        (
+            {"type": "string_type", "loc": ("body", "inputs", "list", 1), "input": 7},
+            "inputs[1] must be a string, not a number",
+        ),
+        (
+            {"type": "bool_type", "loc": ("body", "normalize"), "input": "yes"},
+            "normalize must be true or false, not a string",
+        ),
+        ({"type": "missing", "loc": ("body", "inputs"), "input": {}}, "inputs is required"),
+        (
+            {
+                "type": "literal_error",
+                "loc": ("body", "encoding"),
+                "input": "fp16",
+                "ctx": {"expected": "'float', 'base64' or 'int8'"},
+            },
+            "encoding must be one of 'float', 'base64' or 'int8', not \"fp16\"",
+        ),
+        (
+            {
+                "type": "less_than_equal",
+                "loc": ("body", "top_k"),
+                "input": 51,
+                "msg": "Input should be less than or equal to 50",
+            },
+            "top_k must be less than or equal to 50, not 51",
+        ),
+        (
+            {
+                "type": "value_error",
+                "loc": ("body",),
+                "input": {},
+                "msg": "Value error, give exactly one of a or b",
+            },
+            "give exactly one of a or b",
+        ),
+    ],
+)
+def test_validation_messages_are_in_the_services_words(error: dict[str, object], message: str) -> None:
+    assert validation_message([error]) == message

@@ -1,4 +1,4 @@
-"""/embed, /similarity, /tokenize, /info, /health, /ready against a real server on the tiny model."""
+"""/embed, TEI's root route, /similarity, /tokenize, /info, /health, /ready against a real server on the tiny model."""
 
 from __future__ import annotations
 
@@ -134,6 +134,44 @@ def test_similarity_pairs(client: httpx.Client, torch_ref: TorchReference) -> No
     assert response.status_code == 200
     want = [cosine(torch_ref.embed(a, layers=[1, 3]), torch_ref.embed(b, layers=[1, 3])) for a, b in pairs]
     np.testing.assert_allclose(response.json(), want, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"pooling": "cls", "layers": [1, 3], "normalize": False},
+        {"encoding": "base64"},
+        {"encoding": "int8"},
+    ],
+)
+def test_root_route_embeds_texts_as_embed_does(client: httpx.Client, options: dict[str, object]) -> None:
+    for inputs in (TEXTS[1], TEXTS):
+        root = client.post("/", json={"inputs": inputs, **options})
+        assert root.status_code == 200, root.text
+        assert root.json() == client.post("/embed", json={"inputs": inputs, **options}).json()
+        assert "x-inference-time" in root.headers
+
+
+def test_root_route_scores_source_and_sentences_as_similarity_does(
+    client: httpx.Client, torch_ref: TorchReference
+) -> None:
+    body = {"inputs": {"source_sentence": TEXTS[0], "sentences": TEXTS[1:]}, "pooling": "cls"}
+    root = client.post("/", json=body)
+    assert root.status_code == 200, root.text
+    assert root.json() == client.post("/similarity", json=body).json()
+    want = [cosine(torch_ref.embed(TEXTS[0], "cls"), torch_ref.embed(t, "cls")) for t in TEXTS[1:]]
+    np.testing.assert_allclose(root.json(), want, atol=1e-5)
+
+
+def test_root_route_names_its_three_forms_when_given_another(client: httpx.Client) -> None:
+    response = client.post("/", json={"inputs": 5})
+    assert response.status_code == 422
+    assert response.json()["error"] == (
+        "inputs must be a string, a list of strings, or {source_sentence, sentences}, not a number"
+    )
+    missing = client.post("/", json={"inputs": {"source_sentence": "a"}})
+    assert missing.json()["error"] == "inputs.sentences is required"
 
 
 def test_tokenize_gives_ids_tokens_and_character_offsets(

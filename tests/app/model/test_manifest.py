@@ -12,6 +12,7 @@ from app.model.manifest import (
     LAST_HIDDEN_STATE,
     MANIFEST_NAME,
     ManifestError,
+    Source,
     layer_output_name,
     load_manifest,
     verify_files,
@@ -49,3 +50,21 @@ def test_verify_lists_every_bad_file(tmp_path: Path, tiny_model_dir: Path) -> No
     with pytest.raises(ManifestError) as caught:
         verify_files(folder, files)
     assert f"{names[0]}: missing" in str(caught.value) and f"{names[1]}: sha256" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("model", "local", "name"),
+    [
+        ("bert-base-chinese", False, "bert-base-chinese"),
+        ("google-bert/bert-base-chinese", False, "google-bert/bert-base-chinese"),
+        ("/home/someone/models/bert-base-chinese-twin-source", True, "bert-base-chinese-twin-source"),
+        ("relative/folder/", True, "folder"),
+    ],
+)
+def test_a_source_is_named_by_its_hub_id_or_its_folder_never_its_path(
+    model: str, local: bool, name: str
+) -> None:
+    source = Source(
+        model=model, revision=None, local=local, weights="pretrained", weights_sha256=None, fingerprint="f"
+    )
+    assert source.name() == name
