@@ -112,3 +112,11 @@ def test_hf_client_errors_are_readable(server: Running) -> None:
         hf_root(server).feature_extraction("   ")
     assert refused.value.response.status_code == 400
     assert "inputs is only whitespace" in refused.value.response.text
+
+
+def test_hf_client_prompt_name_is_refused_as_tei_refuses_an_unknown_prompt(server: Running) -> None:
+    # Ignoring it would answer vectors without the prompt the caller asked for.
+    with pytest.raises(HfHubHTTPError) as refused:
+        hf_root(server).feature_extraction("你好", prompt_name="query")
+    assert refused.value.response.status_code == 422
+    assert "prompt_name 'query' is not one of this model's prompts" in refused.value.response.text
