@@ -102,22 +102,23 @@ class LayerFields(_Request):
         return tuple(self.layer_weights) if self.layer_weights is not None else None
 
 
+def _no_prompt(name: str | None) -> None:
+    # Runs only when prompt_name is sent (defaults are not validated): no cost on other requests.
+    if name is not None:
+        raise PydanticCustomError(
+            "prompt_name",
+            "{name} is not one of this model's prompts: it defines none, so leave prompt_name out",
+            {"name": repr(name)},
+        )
+
+
 class PoolingFields(LayerFields):
     pooling: Pooling = Field(default="mean", description=pooling.describe())
-    prompt_name: str | None = Field(
+    prompt_name: Annotated[str | None, AfterValidator(_no_prompt)] = Field(
         default=None,
         description="TEI: a prompt of the model's to put before each input. bert-base-chinese defines none, "
         "so only null is accepted (ignoring a name would change the vectors the caller expects).",
     )
-
-    @model_validator(mode="after")
-    def _no_prompts(self) -> Self:
-        if self.prompt_name is not None:
-            raise ValueError(
-                f"prompt_name {self.prompt_name!r} is not one of this model's prompts: it defines none, "
-                "so leave prompt_name out"
-            )
-        return self
 
     def options(self, normalize: bool = True) -> EmbedOptions:
         return EmbedOptions(
