@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
@@ -461,11 +462,12 @@ class Service:
         return await self.engine.run(job, work)
 
     def _prepare(
-        self, ids: list[np.ndarray], options: EmbedOptions, names: list[str], too_long: str
+        self, ids: list[np.ndarray], options: EmbedOptions, name: Callable[[int], str], too_long: str
     ) -> _Prepared:
         """The sequences each input runs as: itself, its truncation, or its windows.
 
-        ``names`` are the inputs' names in the request, and ``too_long`` the remedy, for error messages.
+        ``name(i)`` names input ``i`` as the request did, and ``too_long`` is the remedy, for error
+        messages (a function: names are only formatted for an error).
         """
         limit = self.model.tokenizer.max_length
         if all(len(x) <= limit for x in ids):  # the common case: one sequence per input, no loop below
@@ -475,7 +477,7 @@ class Service:
         owners: list[int] = []
         for i, x in enumerate(ids):
             if len(x) > limit and options.long_text == "error":
-                self._check_length(names[i], len(x), too_long)
+                self._check_length(name(i), len(x), too_long)
             cut = windows(x, limit, options.long_text, options.truncation_direction, info.cls_id, info.sep_id)
             sequences.extend(cut)
             owners.extend([i] * len(cut))
@@ -518,7 +520,7 @@ class Service:
                 if empty := [t for t, x in zip(todo, ids, strict=True) if len(x) <= 2]:
                     raise self._no_tokens(names.item(first[empty[0]]))
             computed.tokens.update((t, len(x)) for t, x in zip(todo, ids, strict=True))
-            prepared = self._prepare(ids, options, [names.item(first[t]) for t in todo], too_long)
+            prepared = self._prepare(ids, options, lambda i: names.item(first[todo[i]]), too_long)
             job = await self._run(prepared.sequences, need)
             computed.jobs.append(job)
             if job.vectors is None:
