@@ -6,10 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from tokenizers import Encoding
 
-from app.errors import ValidationFailed
+from app.errors import InternalError, ValidationFailed
 from app.layers import top_k as top_k_of
 from app.model.tokenizer import TextTokenizer
+from app.options import Names
+from app.windows import TOO_LONG_MASKS, check_length
 
 # Each [MASK] holds a probability row over the vocabulary (bert-base-chinese: 21128 floats, 84 kB) until
 # its request is answered, and costs top_k decodes on the event loop; this keeps one request near 10 MB.
@@ -17,6 +20,47 @@ MAX_MASKS_PER_REQUEST = 128
 
 # One candidate: {"score", "token", "token_str", "sequence"}.
 Candidate = dict[str, Any]
+
+
+def masked(
+    encodings: list[Encoding], mask_id: int, limit: int, names: Names
+) -> tuple[list[np.ndarray], list[tuple[int, ...]]]:
+    """Each input's token ids and the positions of its [MASK] tokens.
+
+    Raises:
+        ValidationFailed: an input over ``limit`` tokens (fill-mask cannot truncate) or without [MASK];
+            more than :data:`MAX_MASKS_PER_REQUEST` masks in all.
+    """
+    sequences: list[np.ndarray] = []
+    positions: list[tuple[int, ...]] = []
+    masks = 0
+    for i, enc in enumerate(encodings):
+        ids = np.asarray(enc.ids, dtype=np.int64)
+        check_length(names.item(i), len(ids), limit, TOO_LONG_MASKS)
+        where = tuple(int(p) for p in np.flatnonzero(ids == mask_id))
+        if not where:
+            raise ValidationFailed(f"{names.item(i)} has no [MASK] token")
+        masks += len(where)
+        if masks > MAX_MASKS_PER_REQUEST:
+            raise ValidationFailed(
+                f"inputs[:{i + 1}] hold {masks} [MASK] tokens; the limit is {MAX_MASKS_PER_REQUEST} per request"
+            )
+        sequences.append(ids)
+        positions.append(where)
+    return sequences, positions
+
+
+def check_targets(targets: list[str] | None, max_chars: int) -> None:
+    """Targets that are not tokens are tokenised like inputs, so they are bounded like inputs.
+
+    Raises:
+        ValidationFailed: a target over ``max_chars`` characters.
+    """
+    for i, target in enumerate(targets or ()):
+        if len(target) > max_chars:
+            raise ValidationFailed(
+                f"parameters.targets[{i}] has {len(target)} characters; the limit is {max_chars}"
+            )
 
 
 def predictions(
@@ -55,6 +99,27 @@ def predictions(
                 }
             )
         out.append(filled_in)
+    return out
+
+
+def answers(
+    tokenizer: TextTokenizer,
+    sequences: list[np.ndarray],
+    positions: list[tuple[int, ...]],
+    probs: list[np.ndarray | None],
+    top_k: int,
+    targets: np.ndarray | None,
+) -> list[list[list[Candidate]]]:
+    """Per input (its ids, mask positions and their probability rows), per [MASK], its candidates.
+
+    Raises:
+        InternalError: an input came back without its probabilities.
+    """
+    out = []
+    for ids, where, rows in zip(sequences, positions, probs, strict=True):
+        if rows is None:
+            raise InternalError("a fill-mask sequence came back without its mask probabilities")
+        out.append(predictions(tokenizer, ids, where, rows, top_k, targets))
     return out
 
 

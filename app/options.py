@@ -182,6 +182,26 @@ def listed(field: str, inputs: object) -> Names:
     return Names(field, lambda i: f"{field}[{i}]")
 
 
+def check_dimensions(dimensions: int | None, width: int) -> None:
+    """OpenAI's ``dimensions``: only the model's own ``width``, as vLLM answers for a model not trained
+    for shorter vectors (bert-base-chinese is not: cut vectors would lose meaning, not just detail).
+
+    Raises:
+        ValidationFailed: any other width.
+    """
+    if dimensions is not None and dimensions != width:
+        raise ValidationFailed(
+            f"dimensions {dimensions} is not supported: this model's vectors have {width} dimensions, and "
+            "it was not trained for shorter ones (leave dimensions out)"
+        )
+
+
+def no_tokens(name: str) -> EmptyInput:
+    """The error for an input the tokenizer leaves nothing of (only control or zero-width characters):
+    the same as for "" and whitespace."""
+    return EmptyInput(f"{name} has no tokens: its characters are all ones the tokenizer drops")
+
+
 def texts_of(
     inputs: str | list[str], max_inputs: int, max_chars: int, names: Names | None = None
 ) -> list[str]:

@@ -12,21 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import numpy as np
 from tokenizers import Encoding as TokenEncoding
 
-from app import __version__, fill_mask, layers, token_rows
+from app import fill_mask, layers, token_rows
 from app.answers import Answer, Timings, TokenVectors, ms, timed, timings_of
 from app.cache import keys as cache_keys
 from app.cache.vectors import VectorCache
 from app.engine.engine import Engine
 from app.engine.work import Job, Need, Sequence
 from app.errors import EmptyInput, InternalError, NotReady, Unsupported, ValidationFailed
-from app.fill_mask import MAX_MASKS_PER_REQUEST
 from app.metrics import Metrics
 from app.model.manifest import MANIFEST_NAME
 from app.model.runtime import OnnxModel
@@ -35,38 +33,21 @@ from app.options import (
     EmbedOptions,
     Names,
     Resolved,
+    check_dimensions,
     listed,
+    no_tokens,
     resolve_embed,
     resolve_embed_all,
     texts_of,
 )
 from app.settings import Settings
-from app.windows import check_length, windows
+from app.token_ids import token_id_inputs, token_id_lists
+from app.windows import TOO_LONG_EMBED, TOO_LONG_OPENAI, prepare
 
 __all__ = ["Answer", "Service", "Timings", "TokenVectors"]
 
 # Texts embedded at start-up: short, medium and long Chinese inputs, alone and batched.
 _WARMUP_TEXTS = ("你好", "今天天气很好，我们去公园散步吧。", "北京是中华人民共和国的首都。" * 12)
-
-# What each route tells the sender of an input over the model's length.
-_TOO_LONG = "send long_text 'truncate' or 'chunk' (or truncate: true) to embed it anyway"
-_TOO_LONG_TOKENS = "send long_text 'truncate' (or truncate: true) for its start; /embed_all cannot chunk"
-_TOO_LONG_OPENAI = (
-    "this route does not truncate: shorten it, or use POST /embed with long_text 'truncate' or 'chunk'"
-)
-_TOO_LONG_MASKS = "fill-mask cannot truncate: shorten the text around the masks"
-
-# Token ids from another tokenizer are the usual cause of an id out of range; say so.
-_FOREIGN_IDS = (
-    "ids from another tokenizer mean nothing here (LangChain's OpenAIEmbeddings sends tiktoken's unless "
-    "check_embedding_ctx_length=False): send the text, or ids from POST /tokenize"
-)
-
-
-@dataclass
-class _Prepared:
-    sequences: list[np.ndarray]  # the ids of each sequence to run: inputs, or their windows
-    windows: layers.Windows | None  # which input each sequence belongs to; None: one sequence per input
 
 
 @dataclass
@@ -130,31 +111,13 @@ class Service:
                 "error"; more tokens than ``max_embed_all_tokens``; layers or weights that do not fit.
         """
         self._check_ready()
-        if options.long_text == "chunk":
-            raise ValidationFailed(
-                "long_text 'chunk' is not available on /embed_all: a token's vector depends on the whole "
-                "sequence around it, so windows embedded apart would not give the text's token vectors; "
-                "send long_text 'truncate' (or truncate: true), or split the text yourself"
-            )
+        token_rows.check_long_text(options)
         names = listed("inputs", inputs)
         texts = self._texts(inputs, names)
         resolved = resolve_embed_all(options, self.model.num_layers)
         with self.engine.admit(len(texts)):
             encodings, tokenization_ms = await self._tokenize(texts)
-            # Per input: the positions of its encoding that run (all, or a truncation) and, of those,
-            # the rows that are returned (without [CLS]/[SEP] unless asked for).
-            limit = self.model.tokenizer.max_length
-            kept = []
-            for i, enc in enumerate(encodings):
-                if len(enc.ids) <= 2:
-                    raise self._no_tokens(names.item(i))
-                if options.long_text == "error":
-                    self._check_length(names.item(i), len(enc.ids), _TOO_LONG_TOKENS)
-                kept.append(token_rows.kept_positions(len(enc.ids), limit, options.truncation_direction))
-            rows = [
-                token_rows.returned_rows(e, k, options.special_tokens)
-                for e, k in zip(encodings, kept, strict=True)
-            ]
+            kept, rows = token_rows.plan(encodings, self.model.tokenizer.max_length, options, names)
             width = len(resolved.layers) if resolved.mix.how == "concat" else 1
             token_rows.check_token_bound(sum(len(r) for r in rows), width, self.settings.max_embed_all_tokens)
             need = Need(layers=resolved.layers, tokens=True)
@@ -172,8 +135,7 @@ class Service:
     ) -> Answer[tuple[list[np.ndarray], int]]:
         """The OpenAI-compatible call: default options, one vector per input, and the tokens counted.
 
-        ``inputs`` are texts, or token ids (one list, or a list of lists) run as given, as TEI does:
-        [CLS] and [SEP] are the sender's to include, as ``/tokenize`` writes them.
+        ``inputs`` are texts, or token ids run as given, as TEI runs them (:mod:`app.token_ids`).
 
         Returns:
             The vectors and the inputs' tokens ([CLS] and [SEP] included).
@@ -183,25 +145,23 @@ class Service:
                 over the model's length; over the per-request limits.
             EmptyInput: no inputs, or an empty one.
         """
-        if dimensions is not None and dimensions != self.model.hidden_size:
-            raise ValidationFailed(
-                f"dimensions {dimensions} is not supported: this model's vectors have "
-                f"{self.model.hidden_size} dimensions, and it was not trained for shorter ones "
-                "(leave dimensions out)"
+        check_dimensions(dimensions, self.model.hidden_size)
+        if (id_inputs := token_id_lists(inputs)) is not None:
+            sequences, names = id_inputs
+            given = token_id_inputs(
+                sequences,
+                names,
+                self.settings.max_inputs_per_request,
+                self.model.tokenizer.max_length,
+                self.model.manifest.config.vocab_size,
             )
-        if inputs and isinstance(inputs, list) and not isinstance(inputs[0], str):
-            sequences = cast(list[list[int]], [inputs] if isinstance(inputs[0], int) else inputs)
-            names = (
-                Names("input", lambda _i: "input") if isinstance(inputs[0], int) else listed("input", inputs)
-            )
-            given = self._token_ids(sequences, names)
             texts = list(given)
-            vectors, timings, _ = await self._vectors(texts, EmbedOptions(), names, _TOO_LONG_OPENAI, given)
+            vectors, timings, _ = await self._vectors(texts, EmbedOptions(), names, TOO_LONG_OPENAI, given)
             return Answer((vectors, sum(len(given[t]) for t in texts)), timings)
         names = listed("input", inputs)
         texts = self._texts(cast(str | list[str], inputs), names)
         vectors, timings, tokens = await self._vectors(
-            texts, EmbedOptions(), names, _TOO_LONG_OPENAI, count_tokens=True
+            texts, EmbedOptions(), names, TOO_LONG_OPENAI, count_tokens=True
         )
         return Answer((vectors, sum(tokens[t] for t in texts)), timings)
 
@@ -257,49 +217,25 @@ class Service:
             raise Unsupported("this model has no masked-LM head, so it cannot fill masks")
         names = listed("inputs", inputs)
         texts = self._texts(inputs, names)
-        limit = self.settings.max_input_chars
-        # Targets that are not tokens are tokenised like inputs, so they are bounded like inputs.
-        for i, target in enumerate(targets or ()):
-            if len(target) > limit:
-                raise ValidationFailed(
-                    f"parameters.targets[{i}] has {len(target)} characters; the limit is {limit}"
-                )
-        info = self.model.manifest.tokenizer
+        fill_mask.check_targets(targets, self.settings.max_input_chars)
+        mask_id = self.model.manifest.tokenizer.mask_id
         with self.engine.admit(len(texts)):
             encodings, tokenization_ms = await self._tokenize(texts, offsets=False)
-            sequences: list[np.ndarray] = []
-            needs: list[Need] = []
-            masks = 0
-            for i, enc in enumerate(encodings):
-                ids = np.asarray(enc.ids, dtype=np.int64)
-                self._check_length(names.item(i), len(ids), _TOO_LONG_MASKS)
-                positions = tuple(int(p) for p in np.flatnonzero(ids == info.mask_id))
-                if not positions:
-                    raise ValidationFailed(f"{names.item(i)} has no [MASK] token")
-                masks += len(positions)
-                if masks > MAX_MASKS_PER_REQUEST:
-                    raise ValidationFailed(
-                        f"inputs[:{i + 1}] hold {masks} [MASK] tokens; the limit is {MAX_MASKS_PER_REQUEST} "
-                        "per request"
-                    )
-                sequences.append(ids)
-                needs.append(Need(mask_positions=positions))
+            sequences, positions = fill_mask.masked(
+                encodings, mask_id, self.model.tokenizer.max_length, names
+            )
+            needs = [Need(mask_positions=p) for p in positions]
             candidates = None
             if targets is not None:
                 candidates, target_ms = await self._target_ids(targets)
                 tokenization_ms += target_ms
             job = await self._run(sequences, needs)
-        answer = []
-        for ids, need, probs in zip(sequences, needs, job.mask_probs, strict=True):
-            if probs is None:
-                raise InternalError("a fill-mask sequence came back without its mask probabilities")
-            answer.append(
-                fill_mask.predictions(
-                    self.model.tokenizer, ids, need.mask_positions, probs, top_k, candidates
-                )
-            )
-        shaped = fill_mask.shaped(answer, one_text=isinstance(inputs, str))
-        return Answer(shaped, timings_of([job], tokenization_ms))
+        answer = fill_mask.answers(
+            self.model.tokenizer, sequences, positions, job.mask_probs, top_k, candidates
+        )
+        return Answer(
+            fill_mask.shaped(answer, one_text=isinstance(inputs, str)), timings_of([job], tokenization_ms)
+        )
 
     @timed
     async def tokenize(self, inputs: str | list[str], add_special_tokens: bool) -> Answer[list[Any]]:
@@ -308,47 +244,7 @@ class Service:
         texts = self._texts(inputs, listed("inputs", inputs))
         with self.engine.admit(len(texts)):
             encodings, tokenization_ms = await self._tokenize(texts, add_special_tokens)
-        answer = [
-            [
-                {"id": tid, "text": tok, "special": bool(special), "start": start, "stop": stop}
-                for tid, tok, special, (start, stop) in zip(
-                    enc.ids, enc.tokens, enc.special_tokens_mask, enc.offsets, strict=True
-                )
-            ]
-            for enc in encodings
-        ]
-        return Answer(answer, Timings(tokenization_ms=tokenization_ms))
-
-    def info(self) -> dict[str, Any]:
-        m = self.model.manifest
-        s = self.settings
-        return {
-            "model_id": self.served_name,
-            "revision": m.source.revision,
-            "weights": m.source.weights,
-            "variant": self.model.variant,
-            "provider": self.model.providers[0],
-            "providers": self.model.providers,
-            "choice": self.model.reason,
-            "num_layers": m.config.num_layers,
-            "hidden_size": m.config.hidden_size,
-            "has_pooler": self.model.has_pooler,
-            "has_mlm_head": self.model.has_mlm_head,
-            "max_input_length": m.tokenizer.max_length,
-            "max_input_chars": s.max_input_chars,
-            "max_inputs_per_request": s.max_inputs_per_request,
-            "max_embed_all_tokens": s.max_embed_all_tokens,
-            "batching": {
-                "max_batch_tokens": s.max_batch_tokens,
-                "max_batch_size": s.max_batch_size,
-                "max_wait_ms": s.max_wait_ms,
-                "max_concurrent_inputs": s.max_concurrent_inputs,
-            },
-            "ready": self.ready,
-            "version": __version__,
-            "stats": self.engine.stats(),
-            "cache": self.cache.stats(),
-        }
+        return Answer(token_rows.token_table(encodings), Timings(tokenization_ms=tokenization_ms))
 
     async def warmup(self) -> None:
         """Embed and fill a few inputs of typical shapes so the first real request pays no set-up."""
@@ -381,50 +277,6 @@ class Service:
 
     def _texts(self, inputs: str | list[str], names: Names) -> list[str]:
         return texts_of(inputs, self.settings.max_inputs_per_request, self.settings.max_input_chars, names)
-
-    def _check_length(self, name: str, tokens: int, remedy: str) -> None:
-        check_length(name, tokens, self.model.tokenizer.max_length, remedy)
-
-    @staticmethod
-    def _no_tokens(name: str) -> EmptyInput:
-        # Like "" and whitespace: what is left once the tokenizer drops control and zero-width characters.
-        return EmptyInput(f"{name} has no tokens: its characters are all ones the tokenizer drops")
-
-    def _token_ids(self, sequences: list[list[int]], names: Names) -> dict[str, np.ndarray]:
-        """Token id inputs, checked, under the key the cache files each under (its ids, as text).
-
-        Raises:
-            EmptyInput: no sequences, or an empty one.
-            ValidationFailed: too many sequences, one over the model's length, an id out of the vocabulary.
-        """
-        if not sequences:
-            raise EmptyInput(f"{names.field} is empty: send at least one text or list of token ids")
-        limit = self.settings.max_inputs_per_request
-        if len(sequences) > limit:
-            raise ValidationFailed(
-                f"{len(sequences)} inputs in one request; the limit is {limit} "
-                "(ZHEMBED_MAX_INPUTS_PER_REQUEST): send them in several requests"
-            )
-        vocab = self.model.manifest.config.vocab_size
-        given: dict[str, np.ndarray] = {}
-        for i, seq in enumerate(sequences):
-            if not seq:
-                raise EmptyInput(f"{names.item(i)} is empty")
-            self._check_length(names.item(i), len(seq), _TOO_LONG_OPENAI)
-            try:
-                ids = np.asarray(seq, dtype=np.int64)
-                bad = np.flatnonzero((ids < 0) | (ids >= vocab))
-            except OverflowError:  # past int64: out of range whatever it is
-                bad = np.array([next(j for j, t in enumerate(seq) if not -(2**63) <= t < 2**63)])
-                ids = np.zeros(0, dtype=np.int64)
-            if len(bad):
-                j = int(bad[0])
-                raise ValidationFailed(
-                    f"{names.item(i)}[{j}] is {seq[j]}, not a token id of this model (0..{vocab - 1}); "
-                    + _FOREIGN_IDS
-                )
-            given[",".join(map(str, seq))] = ids
-        return given
 
     async def _tokenize(
         self, texts: list[str], add_special_tokens: bool = True, offsets: bool = True
@@ -461,35 +313,12 @@ class Service:
         ]
         return await self.engine.run(job, work)
 
-    def _prepare(
-        self, ids: list[np.ndarray], options: EmbedOptions, name: Callable[[int], str], too_long: str
-    ) -> _Prepared:
-        """The sequences each input runs as: itself, its truncation, or its windows.
-
-        ``name(i)`` names input ``i`` as the request did, and ``too_long`` is the remedy, for error
-        messages (a function: names are only formatted for an error).
-        """
-        limit = self.model.tokenizer.max_length
-        if all(len(x) <= limit for x in ids):  # the common case: one sequence per input, no loop below
-            return _Prepared(ids, None)
-        info = self.model.manifest.tokenizer
-        sequences: list[np.ndarray] = []
-        owners: list[int] = []
-        for i, x in enumerate(ids):
-            if len(x) > limit and options.long_text == "error":
-                self._check_length(name(i), len(x), too_long)
-            cut = windows(x, limit, options.long_text, options.truncation_direction, info.cls_id, info.sep_id)
-            sequences.extend(cut)
-            owners.extend([i] * len(cut))
-        tokens = np.array([max(len(w) - 2, 1) for w in sequences], dtype=np.int64)
-        return _Prepared(sequences, (np.array(owners, dtype=np.int64), tokens))
-
     async def _vectors(
         self,
         texts: list[str],
         options: EmbedOptions,
         names: Names,
-        too_long: str = _TOO_LONG,
+        too_long: str = TOO_LONG_EMBED,
         given: dict[str, np.ndarray] | None = None,
         check_ready: bool = True,
         use_cache: bool = True,
@@ -518,9 +347,17 @@ class Service:
                 computed.tokenization_ms += tokenization_ms
                 ids = [np.asarray(e.ids, dtype=np.int64) for e in encodings]
                 if empty := [t for t, x in zip(todo, ids, strict=True) if len(x) <= 2]:
-                    raise self._no_tokens(names.item(first[empty[0]]))
+                    raise no_tokens(names.item(first[empty[0]]))
             computed.tokens.update((t, len(x)) for t, x in zip(todo, ids, strict=True))
-            prepared = self._prepare(ids, options, lambda i: names.item(first[todo[i]]), too_long)
+            info = self.model.manifest.tokenizer
+            prepared = prepare(
+                ids,
+                options,
+                self.model.tokenizer.max_length,
+                (info.cls_id, info.sep_id),
+                lambda i: names.item(first[todo[i]]),
+                too_long,
+            )
             job = await self._run(prepared.sequences, need)
             computed.jobs.append(job)
             if job.vectors is None:

@@ -8,8 +8,56 @@ from tokenizers import Encoding as TokenEncoding
 from app import layers
 from app.answers import TokenVectors
 from app.errors import InternalError, ValidationFailed
-from app.options import Direction, EmbedAllOptions, LayerMix
-from app.windows import truncated_positions
+from app.options import Direction, EmbedAllOptions, LayerMix, Names, no_tokens
+from app.windows import TOO_LONG_TOKENS, check_length, truncated_positions
+
+
+def check_long_text(options: EmbedAllOptions) -> None:
+    """Refuse long_text "chunk": token vectors cannot be had from windows embedded apart.
+
+    Raises:
+        ValidationFailed: long_text "chunk".
+    """
+    if options.long_text == "chunk":
+        raise ValidationFailed(
+            "long_text 'chunk' is not available on /embed_all: a token's vector depends on the whole "
+            "sequence around it, so windows embedded apart would not give the text's token vectors; "
+            "send long_text 'truncate' (or truncate: true), or split the text yourself"
+        )
+
+
+def plan(
+    encodings: list[TokenEncoding], limit: int, options: EmbedAllOptions, names: Names
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per input: the positions of its encoding that run (all, or a truncation to ``limit``) and, of
+    those, the rows that are returned (without [CLS]/[SEP] unless asked for).
+
+    Raises:
+        EmptyInput: an input with no tokens.
+        ValidationFailed: an input over ``limit`` with long_text "error".
+    """
+    kept = []
+    for i, enc in enumerate(encodings):
+        if len(enc.ids) <= 2:
+            raise no_tokens(names.item(i))
+        if options.long_text == "error":
+            check_length(names.item(i), len(enc.ids), limit, TOO_LONG_TOKENS)
+        kept.append(kept_positions(len(enc.ids), limit, options.truncation_direction))
+    rows = [returned_rows(e, k, options.special_tokens) for e, k in zip(encodings, kept, strict=True)]
+    return kept, rows
+
+
+def token_table(encodings: list[TokenEncoding]) -> list[list[dict[str, object]]]:
+    """/tokenize's answer: per input, each token's id, text, whether special, and character span."""
+    return [
+        [
+            {"id": tid, "text": tok, "special": bool(special), "start": start, "stop": stop}
+            for tid, tok, special, (start, stop) in zip(
+                enc.ids, enc.tokens, enc.special_tokens_mask, enc.offsets, strict=True
+            )
+        ]
+        for enc in encodings
+    ]
 
 
 def check_token_bound(tokens: int, width: int, limit: int) -> None:

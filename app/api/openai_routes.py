@@ -13,8 +13,13 @@ from starlette.responses import Response
 from app.api.disconnect import unless_disconnected
 from app.api.encoding import encode_vector
 from app.api.errors import OPENAI_PATHS, openapi_responses
+from app.api.openai_schemas import (
+    OpenAIEmbeddingRequest,
+    OpenAIEmbeddingResponse,
+    OpenAIModel,
+    OpenAIModelList,
+)
 from app.api.routes import ServiceDep, json_response
-from app.api.schemas import OpenAIEmbeddingRequest, OpenAIEmbeddingResponse, OpenAIModel, OpenAIModelList
 from app.errors import EmptyInput, NotFound
 from app.service import Service
 

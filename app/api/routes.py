@@ -27,6 +27,7 @@ from app.api.schemas import (
     TokenizeResponse,
 )
 from app.errors import EmptyInput, NotReady, Unsupported
+from app.info import describe
 from app.metrics import CONTENT_TYPE, Metrics
 from app.options import FloatEncoding
 from app.service import Service, Timings, TokenVectors
@@ -170,4 +171,4 @@ async def info(request: Request, service: ServiceDep) -> Response:
     answers, when there are several: ``worker`` says which)."""
     cluster: Cluster | None = request.app.state.cluster
     worker = {"index": cluster.index, "of": cluster.size} if cluster is not None else {"index": 0, "of": 1}
-    return json_response({**service.info(), "worker": {**worker, "pid": os.getpid()}})
+    return json_response({**describe(service), "worker": {**worker, "pid": os.getpid()}})

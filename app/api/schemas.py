@@ -54,12 +54,12 @@ Inputs = Annotated[
 UNION_TAGS = frozenset({"text", "list", "ids", "id_lists", "texts", "similarity"})
 
 
-class _Request(BaseModel):
+class StrictRequest(BaseModel):
     # Strict: "1" is not a number and 1 is not a string. Unknown fields are ignored, as TEI does.
     model_config = ConfigDict(strict=True, extra="ignore")
 
 
-class LayerFields(_Request):
+class LayerFields(StrictRequest):
     """The layer and long-text options shared by /embed, /similarity and /embed_all."""
 
     layers: list[int] | None = Field(
@@ -208,7 +208,7 @@ EmbedAllResponse = list[list[list[float] | str] | TokenVectors]
 Pair = Annotated[list[Text], Field(min_length=2, max_length=2)]
 
 
-class SimilarityInputs(_Request):
+class SimilarityInputs(StrictRequest):
     source_sentence: Text
     sentences: list[Text]
 
@@ -249,7 +249,7 @@ class RootRequest(EmbedFields):
 MAX_TARGETS = 256
 
 
-class FillMaskParameters(_Request):
+class FillMaskParameters(StrictRequest):
     """The options in the Hugging Face Inference API's form, as huggingface_hub's InferenceClient sends them."""
 
     top_k: int | None = Field(
@@ -274,7 +274,7 @@ class FillMaskParameters(_Request):
     )
 
 
-class FillMaskRequest(_Request):
+class FillMaskRequest(StrictRequest):
     inputs: Inputs
     top_k: int = Field(
         default=5, ge=1, le=50, description="Predictions per [MASK], 1..50 (or parameters.top_k)."
@@ -317,89 +317,9 @@ FillMaskAnswer = list[Prediction] | list[list[Prediction]]
 FillMaskResponse = FillMaskAnswer | list[FillMaskAnswer]
 
 
-class TokenizeRequest(_Request):
+class TokenizeRequest(StrictRequest):
     inputs: Inputs
     add_special_tokens: bool = True
 
 
 TokenizeResponse = list[list[Token]]
-
-
-# --- OpenAI-compatible embeddings ------------------------------------------------------------------
-
-
-def _openai_form(value: Any) -> str | None:
-    if isinstance(value, str):
-        return "text"
-    if not isinstance(value, list):
-        return None
-    first = value[0] if value else ""
-    if isinstance(first, int) and not isinstance(first, bool):
-        return "ids"
-    return "id_lists" if isinstance(first, list) else "texts"
-
-
-TokenIds = list[int]
-
-# OpenAI's four forms of input; the first element of a list decides which (see Inputs).
-OpenAIInput = Annotated[
-    Annotated[Text, Tag("text")]
-    | Annotated[list[Text], Tag("texts")]
-    | Annotated[TokenIds, Tag("ids")]
-    | Annotated[list[TokenIds], Tag("id_lists")],
-    Discriminator(
-        _openai_form,
-        custom_error_type="input_type",
-        custom_error_message="must be a string, a list of strings, a list of token ids or a list of such lists",
-    ),
-]
-
-
-class OpenAIEmbeddingRequest(_Request):
-    input: OpenAIInput = Field(
-        description="A string, a list of strings, a list of token ids, or a list of such lists. Token ids "
-        "are this model's (POST /tokenize gives them) and run as given, as TEI does: include [CLS] and [SEP]."
-    )
-    model: str | None = Field(
-        default=None,
-        description="Accepted for compatibility (any name); answers carry the served model name.",
-    )
-    encoding_format: FloatEncoding = Field(
-        default="float", description="float: numbers; base64: little-endian float32 bytes."
-    )
-    user: str | None = Field(default=None, description="Accepted for compatibility and ignored.")
-    dimensions: int | None = Field(
-        default=None,
-        description="Only the model's own width is accepted: bert-base-chinese was not trained for shorter "
-        "vectors, so they are never cut.",
-    )
-
-
-class OpenAIModel(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int = Field(description="When the model's export was written (Unix seconds).")
-    owned_by: str
-
-
-class OpenAIModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[OpenAIModel]
-
-
-class OpenAIEmbedding(BaseModel):
-    object: Literal["embedding"] = "embedding"
-    index: int
-    embedding: list[float] | str
-
-
-class OpenAIUsage(BaseModel):
-    prompt_tokens: int
-    total_tokens: int
-
-
-class OpenAIEmbeddingResponse(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[OpenAIEmbedding]
-    model: str
-    usage: OpenAIUsage

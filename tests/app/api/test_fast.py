@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from app.api.fast import fast_routes
 from app.api.openai_routes import router as openai_router
+from app.api.openai_schemas import OpenAIEmbeddingRequest
 from app.api.routes import router
-from app.api.schemas import EmbedRequest, OpenAIEmbeddingRequest
+from app.api.schemas import EmbedRequest
 
 
 def test_every_post_data_route_and_only_those_is_served_fast() -> None:
