@@ -10,6 +10,8 @@
 #   docker build -t zhembed:cpu --target runtime-cpu --build-arg MODEL_ID=org/model --build-arg MODEL_REVISION=SHA .
 #   # a local checkpoint (or an already exported folder holding manifest.json), no hub access needed:
 #   docker build -t zhembed:cpu --target runtime-cpu --build-context model-source=/path/to/folder .
+#   # (then run it with ZHEMBED_SERVED_MODEL_NAME=bert-base-chinese: clients are told the source folder's
+#   # name otherwise, which in the image is "model-source")
 #
 # Neither runtime image holds torch: the service only needs ONNX Runtime and tokenizers.
 
