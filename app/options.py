@@ -202,6 +202,22 @@ def no_tokens(name: str) -> EmptyInput:
     return EmptyInput(f"{name} has no tokens: its characters are all ones the tokenizer drops")
 
 
+def check_count(count: int, max_inputs: int, names: Names) -> None:
+    """A request's number of inputs (texts or token-id lists): at least one, at most ``max_inputs``.
+
+    Raises:
+        EmptyInput: none.
+        ValidationFailed: more than ``max_inputs``.
+    """
+    if not count:
+        raise EmptyInput(f"{names.field} is empty: send at least one input")
+    if count > max_inputs:
+        raise ValidationFailed(
+            f"{count} inputs in one request; the limit is {max_inputs} "
+            "(ZHEMBED_MAX_INPUTS_PER_REQUEST): send them in several requests"
+        )
+
+
 def texts_of(
     inputs: str | list[str], max_inputs: int, max_chars: int, names: Names | None = None
 ) -> list[str]:
@@ -213,13 +229,7 @@ def texts_of(
     """
     texts = [inputs] if isinstance(inputs, str) else list(inputs)
     names = names or listed("inputs", inputs)
-    if not texts:
-        raise EmptyInput(f"{names.field} is empty: send at least one text")
-    if len(texts) > max_inputs:
-        raise ValidationFailed(
-            f"{len(texts)} inputs in one request; the limit is {max_inputs} "
-            "(ZHEMBED_MAX_INPUTS_PER_REQUEST): send them in several requests"
-        )
+    check_count(len(texts), max_inputs, names)
     for i, text in enumerate(texts):
         if len(text) > max_chars:
             raise ValidationFailed(

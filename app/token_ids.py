@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from app.errors import EmptyInput, ValidationFailed
-from app.options import Names, listed
+from app.options import Names, check_count, listed
 from app.windows import TOO_LONG_OPENAI, check_length
 
 # Ids from another tokenizer are the usual cause of an id out of range; say so.
@@ -42,13 +42,7 @@ def token_id_inputs(
         ValidationFailed: more than ``max_inputs`` sequences, one over ``max_length``, an id outside
             0..``vocab_size`` - 1.
     """
-    if not sequences:
-        raise EmptyInput(f"{names.field} is empty: send at least one text or list of token ids")
-    if len(sequences) > max_inputs:
-        raise ValidationFailed(
-            f"{len(sequences)} inputs in one request; the limit is {max_inputs} "
-            "(ZHEMBED_MAX_INPUTS_PER_REQUEST): send them in several requests"
-        )
+    check_count(len(sequences), max_inputs, names)
     given: dict[str, np.ndarray] = {}
     for i, seq in enumerate(sequences):
         if not seq:
