@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
@@ -45,8 +45,8 @@ class TokenVectors:
 
 
 def timed(
-    method: Callable[Concatenate[S, P], Awaitable[Answer[T]]],
-) -> Callable[Concatenate[S, P], Awaitable[Answer[T]]]:
+    method: Callable[Concatenate[S, P], Coroutine[Any, Any, Answer[T]]],
+) -> Callable[Concatenate[S, P], Coroutine[Any, Any, Answer[T]]]:
     """An endpoint whose answer's ``total_ms`` is the time from its call to its return."""
 
     @functools.wraps(method)

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -137,7 +137,7 @@ def scrape(url: str) -> dict[str, float]:
     from prometheus_client.parser import text_string_to_metric_families
 
     text = httpx.get(url + "/metrics", timeout=10).text
-    out: dict[str, float] = Counter()
+    out: dict[str, float] = defaultdict(float)
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == "zhembed_requests_total" and sample.labels.get("route") == "/embed":
@@ -187,7 +187,7 @@ def test_a_killed_worker_is_replaced_and_the_server_keeps_serving(tiny_model_dir
         victim = httpx.get(url + "/info", timeout=10).json()["worker"]["pid"]
         time.sleep(workers.MIN_UPTIME_S)  # past the start-up window, where a death stops the server
         os.kill(victim, signal.SIGKILL)
-        statuses = Counter()
+        statuses: Counter[int] = Counter()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not (statuses[200] >= 20 and ready(url)):
             with httpx.Client(base_url=url, timeout=30) as client:

@@ -157,7 +157,7 @@ def test_a_tampered_graph_fails_validation(
 ) -> None:
     real_to_int8 = variants.to_int8
 
-    def tampered(src: Path, dst: Path, *args: object, **kwargs: object) -> dict[str, str | bool]:
+    def tampered(src: Path, dst: Path, *args: object, **kwargs: object) -> dict[str, str | bool | int]:
         recipe = real_to_int8(src, dst, *args, **kwargs)  # type: ignore[arg-type]
         model = onnx.load(str(dst))
         for init in model.graph.initializer:

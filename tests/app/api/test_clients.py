@@ -92,7 +92,7 @@ def test_hf_client_feature_extraction_passes_its_options(server: Running, client
     body = {"inputs": long, "normalize": False, "truncate": True, "truncation_direction": "left"}
     want = np.asarray(client.post("/embed", json=body).json(), dtype=np.float32)
     got = hf_root(server).feature_extraction(
-        long, normalize=False, truncate=True, truncation_direction="left"
+        long, normalize=False, truncate=True, truncation_direction="Left"
     )
     np.testing.assert_array_equal(got, want)
     assert abs(float(np.linalg.norm(got)) - 1) > 1e-3  # not normalised, as asked
@@ -110,13 +110,15 @@ def test_hf_client_sentence_similarity_gets_the_similarity_scores(
 def test_hf_client_errors_are_readable(server: Running) -> None:
     with pytest.raises(HfHubHTTPError) as refused:
         hf_root(server).feature_extraction("   ")
-    assert refused.value.response.status_code == 400
-    assert "inputs is only whitespace" in refused.value.response.text
+    response = refused.value.response
+    assert response is not None and response.status_code == 400
+    assert "inputs is only whitespace" in response.text
 
 
 def test_hf_client_prompt_name_is_refused_as_tei_refuses_an_unknown_prompt(server: Running) -> None:
     # Ignoring it would answer vectors without the prompt the caller asked for.
     with pytest.raises(HfHubHTTPError) as refused:
         hf_root(server).feature_extraction("你好", prompt_name="query")
-    assert refused.value.response.status_code == 422
-    assert "prompt_name 'query' is not one of this model's prompts" in refused.value.response.text
+    response = refused.value.response
+    assert response is not None and response.status_code == 422
+    assert "prompt_name 'query' is not one of this model's prompts" in response.text

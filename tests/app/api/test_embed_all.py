@@ -170,7 +170,9 @@ def test_batching_does_not_change_any_token_vector(tiny_model: Any, tiny_setting
     for states, ids in zip(together.token_states, [longer[0], short, longer[1]], strict=True):
         assert states is not None and states.shape == (2, len(ids), 64)  # only the sequence's own rows
     assert len(alone.batches) == 1 and alone.count == 1
-    np.testing.assert_allclose(together.token_states[1], alone.token_states[0], rtol=1e-5, atol=1e-5)
+    together_short, alone_short = together.token_states[1], alone.token_states[0]
+    assert together_short is not None and alone_short is not None
+    np.testing.assert_allclose(together_short, alone_short, rtol=1e-5, atol=1e-5)
 
 
 def test_norms_are_taken_before_normalize(client: httpx.Client) -> None:

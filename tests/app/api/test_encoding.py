@@ -25,7 +25,7 @@ def test_encodings_round_trip() -> None:
     np.testing.assert_allclose(values * scale, v, atol=scale / 2)
     zero = encode_vector(np.zeros(3, np.float32), "int8")
     assert isinstance(zero, dict) and zero["scale"] == 1.0
-    np.testing.assert_array_equal(zero["values"], [0, 0, 0])  # type: ignore[arg-type]
+    np.testing.assert_array_equal(zero["values"], [0, 0, 0])
 
 
 def test_float32_json_is_shortest_and_exact() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 from pathlib import Path
+from typing import Literal
 
 import httpx
 import numpy as np
@@ -27,7 +28,7 @@ def native(client: httpx.Client, texts: list[str]) -> list[np.ndarray]:
 
 @pytest.mark.parametrize("encoding_format", ["float", "base64"])
 def test_openai_client_gets_the_same_vectors_as_embed(
-    server: Running, client: httpx.Client, encoding_format: str
+    server: Running, client: httpx.Client, encoding_format: Literal["float", "base64"]
 ) -> None:
     response = client_for(server).embeddings.create(
         model="bert-base-chinese", input=TEXTS, encoding_format=encoding_format, user="someone"

@@ -76,7 +76,7 @@ def test_one_mget_per_lookup_and_writes_with_a_ttl(own_redis: RedisProcess) -> N
 def test_a_redis_that_is_not_there_costs_one_fast_fault_then_nothing() -> None:
     metrics = Metrics()
 
-    async def scenario() -> float:
+    async def scenario() -> None:
         shared = tier(f"redis://127.0.0.1:{free_port()}/0", metrics)
         shared.start()
         try:
