@@ -238,11 +238,8 @@ def texts_of(
                 f"split the text into parts of at most {max_chars} characters, or raise the server's "
                 "ZHEMBED_MAX_INPUT_CHARS"
             )
-        if not text or text.isspace():
-            # Like "": nothing a tokenizer keeps (TEI refuses both alike).
-            raise EmptyInput(
-                f"{names.item(i)} is empty"
-                if not text
-                else f"{names.item(i)} is only whitespace: it has no tokens"
-            )
+        if not text:
+            raise EmptyInput(f"{names.item(i)} is empty")
+        if text.isspace():  # like "": nothing a tokenizer keeps (TEI refuses both alike)
+            raise EmptyInput(f"{names.item(i)} is only whitespace: it has no tokens")
     return texts

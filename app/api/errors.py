@@ -201,6 +201,12 @@ _REWORDED = (
 )
 
 
+def _reworded(message: str) -> str:
+    for old, new in _REWORDED:
+        message = message.replace(old, new)
+    return message
+
+
 def json_kind(value: Any) -> str:
     return _JSON_KINDS.get(type(value), "something else")
 
@@ -227,12 +233,10 @@ def _field_message(err: Any) -> str:
         what = "is required"
     elif kind == "literal_error":
         what = f"must be one of {err.get('ctx', {}).get('expected', '?')}, not {orjson.dumps(given).decode()}"
-    elif kind in ("union_tag_invalid", "union_tag_not_found") or kind.endswith("_type"):
-        what = f"{err.get('msg', 'is invalid')}, not {json_kind(given)}"
+    elif kind.endswith("_type"):  # the schemas' own forms (inputs_type, …) and pydantic's other types
+        what = f"{_reworded(str(err.get('msg', 'is invalid')))}, not {json_kind(given)}"
     else:
-        what = str(err.get("msg", "is invalid"))
-        for old, new in _REWORDED:
-            what = what.replace(old, new)
+        what = _reworded(str(err.get("msg", "is invalid")))
         if isinstance(given, int | float) and not isinstance(given, bool) and "must" in what:
             what += f", not {given}"
     return f"{path} {what}" if path else what
@@ -328,7 +332,10 @@ def unreadable_body_message(detail: str) -> str:
 
 # What a body nested past the parser's depth (RecursionError) is told; no request here nests deeper
 # than four levels.
-TOO_DEEP = "the body nests arrays or objects deeper than the JSON parser reads; no request here nests more than four levels"
+TOO_DEEP = (
+    "the body nests arrays or objects deeper than the JSON parser reads; no request here nests more than "
+    "four levels"
+)
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> Response:
