@@ -1,5 +1,5 @@
 """``python -m app``: check the model (refusing to start with one clear message if it cannot), then serve
-it from one process or from ``--workers`` processes behind the one port (:mod:`app.workers`), and shut
+it from one process or from ``--workers`` processes behind the one port (:mod:`app.supervisor`), and shut
 down gracefully on SIGTERM or SIGINT (:mod:`app.server`).
 """
 
@@ -8,7 +8,8 @@ from __future__ import annotations
 import logging
 import sys
 
-from app import workers
+from app import supervisor
+from app.cluster import resolve_count
 from app.main import create_app
 from app.model.manifest import ManifestError
 from app.model.runtime import check_model, load_model
@@ -25,10 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         settings.api_key_values()  # an unreadable keys file stops us before the model loads
-        count = workers.resolve_count(settings)
+        count = resolve_count(settings)
         if count > 1:
             folder, _, _ = check_model(settings)  # exported once, verified once, before any worker starts
-            return workers.serve(settings.model_copy(update={"model": str(folder)}), count)
+            return supervisor.serve(settings.model_copy(update={"model": str(folder)}), count)
         model = load_model(settings)
     except (ManifestError, SettingsError) as exc:
         print(f"zhembed: cannot start: {exc}", file=sys.stderr)

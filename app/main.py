@@ -4,8 +4,9 @@ Start-up (the lifespan) loads the model unless one is given, starts the engine's
 Redis writer, and warms up in the background: /health answers at once, /ready and the data routes once
 warm-up is done.
 
-Middleware, outermost first: request metrics → draining (after SIGTERM: 503, see :mod:`app.api.drain`) →
-API keys (before the body is read) → body-size limit → the data routes' fast path (:mod:`app.api.fast`).
+POST on a data route is served whole by one ASGI function in front of everything (:mod:`app.api.fast`).
+Every other request passes the middleware, outermost first: request metrics → draining (after SIGTERM:
+503, see :mod:`app.api.drain`) → API keys (before the body is read) → body-size limit → FastAPI.
 """
 
 from __future__ import annotations
@@ -21,22 +22,22 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
 from app import __version__
-from app.api.auth import OPS_PATHS, ApiKeyMiddleware
+from app.api.auth import OPS_PATHS, ApiKeyMiddleware, ApiKeys
 from app.api.body_limit import BodyLimitMiddleware
 from app.api.drain import Drain, DrainMiddleware
 from app.api.errors import install_error_handlers
-from app.api.fast import FastPath, fast_routes
+from app.api.fast import DataPath, fast_routes
 from app.api.openai_routes import router as openai_router
 from app.api.request_metrics import RequestMetricsMiddleware
 from app.api.routes import router
 from app.cache.memory import MemoryLRU
 from app.cache.vectors import VectorCache
+from app.cluster import Cluster
 from app.engine.engine import Engine
 from app.metrics import Metrics
 from app.model.runtime import OnnxModel, load_model
 from app.service import Service
 from app.settings import Settings
-from app.workers import Cluster
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def create_app(
         settings: the frozen settings; ``Settings()`` (environment only) when omitted.
         model: an already loaded model (``python -m app`` loads it first to fail fast); loaded in the
             lifespan when omitted.
-        cluster: the server this app is one worker of (:mod:`app.workers`); None for a single process.
+        cluster: the server this app is one worker of (:mod:`app.cluster`); None for a single process.
 
     Raises:
         SettingsError: the API keys setting cannot be used (checked here, before anything serves).
@@ -103,14 +104,25 @@ def create_app(
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(openai_router)
-    app.add_middleware(FastPath, routes=fast_routes(router, openai_router))  # innermost
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)  # innermost
     if keys:
         open_paths = frozenset() if settings.auth_ops_routes else OPS_PATHS
         app.add_middleware(ApiKeyMiddleware, keys=keys, open_paths=open_paths)
     app.add_middleware(DrainMiddleware, drain=drain)
     routes = frozenset(r.path for rt in (router, openai_router) for r in rt.routes if isinstance(r, APIRoute))
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics, routes=routes | OPS_PATHS)
+    # POST on a data route: one function in front of all of it, Starlette's error middleware included
+    # (app.api.fast). Built now, so Starlette refuses any middleware added later (it could not be in
+    # front); the stack above serves every other request, and on its own would serve these the same.
+    app.middleware_stack = DataPath(
+        app.build_middleware_stack(),
+        fast_routes(router, openai_router),
+        state=app.state,
+        metrics=metrics,
+        drain=drain,
+        keys=ApiKeys(keys) if keys else None,
+        max_body_bytes=settings.max_body_bytes,
+    )
     return app
 
 

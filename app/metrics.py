@@ -1,7 +1,7 @@
 """Prometheus metrics: every name, label and bucket declared once, here, under the ``zhembed_`` prefix.
 
 Each app owns a :class:`Metrics` with its own ``CollectorRegistry`` (not the process-global one), so
-tests can build many apps in one process. With several workers (:mod:`app.workers`) the samples live in
+tests can build many apps in one process. With several workers (:mod:`app.cluster`) the samples live in
 prometheus-client's multiprocess files and a scrape of any worker reads every worker's; gauges then say
 how they combine (``livesum``: queue depth, cache bytes, ready workers; ``livemax``: the server-wide
 inputs in flight, which every worker reports, and the model) and are pushed by :meth:`Metrics.refresh`
@@ -12,8 +12,11 @@ breaking change.
 
 from __future__ import annotations
 
+import bisect
+from collections import Counter as Counter_
 from collections.abc import Callable
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -85,6 +88,13 @@ class Metrics:
             PREFIX + "inference_duration_seconds",
             "Time one batch spent in ONNX Runtime.",
             buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inference_cpu = Counter(
+            PREFIX + "inference_cpu_seconds",
+            "CPU time of the thread that runs ONNX Runtime, inside its runs: all of the model's CPU with "
+            "one intra-op thread (with more, their share is not counted). Unlike the duration, it "
+            "excludes waiting for the interpreter lock after a run.",
             registry=r,
         )
         self.batch_size = Histogram(
@@ -168,11 +178,12 @@ class Metrics:
         self.computed_tokens.inc(computed_tokens)
         self.padding_tokens.inc(computed_tokens - real_tokens)
 
-    def batch_ran(self, seconds: float, queued: list[float]) -> None:
-        """One batch's inference time and how long each of its inputs had waited."""
+    def batch_ran(self, seconds: float, cpu_seconds: float, queued: np.ndarray) -> None:
+        """One batch's inference time (wall and the running thread's CPU) and how long each of its inputs
+        had waited (seconds, one each)."""
         self.inference_duration.observe(seconds)
-        for waited in queued:
-            self.queue_duration.observe(waited)
+        self.inference_cpu.inc(cpu_seconds)
+        observe_many(self.queue_duration, queued)
 
     def tokenized(self, seconds: float) -> None:
         self.tokenization_duration.observe(seconds)
@@ -221,3 +232,26 @@ class Metrics:
         registry = CollectorRegistry()
         MultiProcessCollector(registry, path=self.multiprocess_dir)
         return generate_latest(registry)
+
+
+def observe_many(histogram: Histogram, amounts: np.ndarray) -> None:
+    """``histogram.observe(a)`` for each of ``amounts``, in one pass: one bucket increment per bucket hit
+    and one to the sum, instead of a locked increment or two per value (a batch of 256 inputs observed
+    one by one cost ~2.4 µs each). Same buckets as ``observe`` (the first upper bound ≥ the amount);
+    reads prometheus-client's own bucket values (``_upper_bounds``, ``_buckets``, ``_sum``), so a test
+    checks it against ``observe``. For a histogram without labels.
+    """
+    if len(amounts) < _NUMPY_FROM:  # numpy's per-call cost exceeds bisecting a few values
+        hits = Counter_(bisect.bisect_left(histogram._upper_bounds, a) for a in amounts.tolist())
+        for index, count in hits.items():
+            histogram._buckets[index].inc(count)
+    else:
+        bounds = np.asarray(histogram._upper_bounds, dtype=np.float64)
+        counts = np.bincount(np.searchsorted(bounds, amounts, side="left"), minlength=len(bounds))
+        for bucket in np.flatnonzero(counts).tolist():
+            histogram._buckets[bucket].inc(int(counts[bucket]))
+    histogram._sum.inc(float(np.sum(amounts)))
+
+
+# Values from which observe_many bins with numpy rather than bisect (measured: equal cost near 30).
+_NUMPY_FROM = 32

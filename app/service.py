@@ -23,7 +23,7 @@ from app.answers import Answer, Timings, TokenVectors, ms, timed, timings_of
 from app.cache import keys as cache_keys
 from app.cache.vectors import VectorCache
 from app.engine.engine import Engine
-from app.engine.work import Job, Need, Sequence
+from app.engine.work import Job, Need, Planned, Sequence
 from app.errors import EmptyInput, InternalError, NotReady, Unsupported, ValidationFailed
 from app.metrics import Metrics
 from app.model.manifest import MANIFEST_NAME
@@ -86,8 +86,8 @@ class Service:
     # --- endpoints --------------------------------------------------------------------------------
 
     @timed
-    async def embed(self, inputs: str | list[str], options: EmbedOptions) -> Answer[list[np.ndarray]]:
-        """One float32 vector per input, in input order."""
+    async def embed(self, inputs: str | list[str], options: EmbedOptions) -> Answer[np.ndarray]:
+        """One float32 vector per input, in input order: [inputs, width]."""
         names = listed("inputs", inputs)
         vectors, timings, _ = await self._vectors(self._texts(inputs, names), options, names)
         return Answer(vectors, timings)
@@ -132,7 +132,7 @@ class Service:
     @timed
     async def embeddings(
         self, inputs: str | list[str] | list[int] | list[list[int]], dimensions: int | None
-    ) -> Answer[tuple[list[np.ndarray], int]]:
+    ) -> Answer[tuple[np.ndarray, int]]:
         """The OpenAI-compatible call: default options, one vector per input, and the tokens counted.
 
         ``inputs`` are texts, or token ids run as given, as TEI runs them (:mod:`app.token_ids`).
@@ -191,10 +191,10 @@ class Service:
             texts = self._texts([source, *sentences], names)
         vectors, timings, _ = await self._vectors(texts, options, names)
         if pairs is not None:
-            scores = [float(vectors[2 * i] @ vectors[2 * i + 1]) for i in range(len(pairs))]
+            scores = np.einsum("ij,ij->i", vectors[0::2], vectors[1::2])
         else:
-            scores = [float(vectors[0] @ v) for v in vectors[1:]]
-        return Answer(scores, timings)
+            scores = vectors[1:] @ vectors[0]
+        return Answer(scores.astype(float).tolist(), timings)
 
     @timed
     async def fill_mask(
@@ -323,8 +323,9 @@ class Service:
         check_ready: bool = True,
         use_cache: bool = True,
         count_tokens: bool = False,
-    ) -> tuple[list[np.ndarray], Timings, dict[str, int]]:
-        """The combined (and optionally normalised) float32 vector of each text, through the cache.
+    ) -> tuple[np.ndarray, Timings, dict[str, int]]:
+        """The combined (and optionally normalised) float32 vector of each text, [texts, width], through
+        the cache when there is one.
 
         ``names`` name the texts in error messages, ``too_long`` says what to do about one over the
         model's length. With ``given``, the texts are keys of token ids that run as they are.
@@ -338,42 +339,54 @@ class Service:
         need = Need(layers=resolved.layers, pooling=options.pooling)
         first = {text: i for i, text in reversed(list(enumerate(texts)))}
         computed = _Computed()
+        info = self.model.manifest.tokenizer
+        limit = self.model.tokenizer.max_length
 
-        async def compute(todo: list[str]) -> list[np.ndarray]:
-            if given is not None:
-                ids = [given[t] for t in todo]
-            else:
-                encodings, tokenization_ms = await self._tokenize(todo, offsets=False)
-                computed.tokenization_ms += tokenization_ms
-                ids = [np.asarray(e.ids, dtype=np.int64) for e in encodings]
-                if empty := [t for t, x in zip(todo, ids, strict=True) if len(x) <= 2]:
-                    raise no_tokens(names.item(first[empty[0]]))
-            computed.tokens.update((t, len(x)) for t, x in zip(todo, ids, strict=True))
-            info = self.model.manifest.tokenizer
+        def planned(todo: list[str], ids: list[np.ndarray]) -> Planned:
             prepared = prepare(
                 ids,
                 options,
-                self.model.tokenizer.max_length,
+                limit,
                 (info.cls_id, info.sep_id),
                 lambda i: names.item(first[todo[i]]),
                 too_long,
             )
-            job = await self._run(prepared.sequences, need)
+            lengths = [len(x) for x in ids] if count_tokens else None
+            return Planned(prepared.sequences, need, (prepared.windows, lengths))
+
+        async def compute(todo: list[str]) -> np.ndarray:
+            if given is not None:
+                work = planned(todo, [given[t] for t in todo])
+                job = await self._run(work.ids, need)
+                job.context = work.context
+            else:
+
+                def plan(encodings: list[TokenEncoding]) -> Planned:  # on the tokenisation thread
+                    ids = [np.asarray(e.ids, dtype=np.int64) for e in encodings]
+                    if empty := [k for k, x in enumerate(ids) if len(x) <= 2]:
+                        raise no_tokens(names.item(first[todo[empty[0]]]))
+                    return planned(todo, ids)
+
+                job = await self.engine.run_texts(todo, plan)
+                computed.tokenization_ms += ms(job.tokenized_s)
+            windows, lengths = job.context
+            if lengths is not None:
+                computed.tokens.update(zip(todo, lengths, strict=True))
             computed.jobs.append(job)
             if job.vectors is None:
                 raise InternalError("an /embed job came back without its pooled vectors")
-            return list(
-                layers.input_vectors(
-                    len(todo), job.vectors, resolved.mix, options.normalize, prepared.windows
-                )
-            )
+            return layers.input_vectors(len(todo), job.vectors, resolved.mix, options.normalize, windows)
 
         # Permits cover every input, cached or not: they bound the in-flight map and the queues behind it.
         with self.engine.admit(len(texts)):
-            if use_cache:
+            if use_cache and self.cache.enabled:
                 prefix = self._key_prefix(options, resolved, token_ids=given is not None)
-                vectors = await self.cache.vectors(prefix, texts, compute)
-            else:
+                vectors = np.stack(await self.cache.vectors(prefix, texts, compute))
+            elif len(first) < len(texts):  # repeated texts: each computed once
+                distinct = list(dict.fromkeys(texts))
+                row = {t: i for i, t in enumerate(distinct)}
+                vectors = (await compute(distinct))[[row[t] for t in texts]]
+            else:  # no cache: no keys, no flights, nothing per text beyond the work itself
                 vectors = await compute(texts)
             if count_tokens and (uncounted := [t for t in first if t not in computed.tokens]):
                 encodings, _ = await self._tokenize(uncounted, offsets=False)

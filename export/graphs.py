@@ -1,8 +1,14 @@
 """Stage 2: PyTorch → fp32 ONNX graphs.
 
 Two graphs serve every endpoint. The encoder returns each layer's hidden state as its own output (the
-service fetches only the ones a batch needs) plus the pooler; the masked-LM head is a separate small graph
-``[k, hidden] → [k, vocab]`` so fill-mask runs it on [MASK] positions only.
+service fetches only the ones a batch needs), the pooler, and each layer's pooled vectors ``cls_{i}`` and
+``mean_{i}`` [batch, hidden]: a pooled batch leaves the device as [batch, hidden], not [batch, seq, hidden]
+(bert-base, batch 32 × 256 tokens: 98 KB instead of 25 MB per layer). The masked-LM head is a separate
+small graph ``[k, hidden] → [k, vocab]`` so fill-mask runs it on [MASK] positions only.
+
+The pooling is elementwise (Mul, ReduceSum, Div, Clip; Gather for [CLS]), never a MatMul: the int8 rewrite
+quantises MatMuls, and pooling must stay exact float. ``pooling_nodes`` finds its nodes by the outputs they
+produce, so the fp16 conversion keeps them float32 and the dynamic int8 recipe leaves them alone.
 """
 
 from __future__ import annotations
@@ -18,13 +24,36 @@ from app.model.manifest import (
     LAST_HIDDEN_STATE,
     MLM_INPUT,
     MLM_OUTPUT,
+    POOLED_MODES,
     POOLER_OUTPUT,
+    PooledMode,
     TensorSpec,
     layer_output_name,
+    pooled_output_name,
 )
 from export.source import LoadedModel
 
 BATCH_SEQ = ["batch", "sequence"]
+# The only operators a pooled output may be computed with (``pooling_nodes`` checks): elementwise float
+# arithmetic, reductions and indexing. No MatMul/Gemm/einsum, which the int8 passes would quantise.
+POOLING_OPS = frozenset(
+    {"Gather", "Mul", "ReduceSum", "Div", "Clip", "Max", "Cast", "Unsqueeze", "Squeeze", "Constant"}
+)
+
+
+class _Pooling(torch.nn.Module):
+    """Each layer's [CLS] state and masked mean, exactly as app/engine/pooling.py computes them in numpy:
+    sum over real tokens of hidden × mask, divided by max(mask sum, 1). A submodule, so that its nodes are
+    named ``/pooling/...`` in the exported graph."""
+
+    def forward(
+        self, layers: tuple[torch.Tensor, ...], attention_mask: torch.Tensor
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        weights = attention_mask.unsqueeze(-1).to(layers[0].dtype)  # [batch, seq, 1]
+        count = weights.sum(dim=1).clamp(min=1.0)  # [batch, 1]: shared by every layer
+        cls = [h[:, 0] for h in layers]
+        mean = [(h * weights).sum(dim=1) / count for h in layers]
+        return cls, mean
 
 
 class _Encoder(torch.nn.Module):
@@ -33,6 +62,7 @@ class _Encoder(torch.nn.Module):
         self.bert = loaded.bert
         self.all_layers = all_layers
         self.has_pooler = loaded.has_pooler
+        self.pooling = _Pooling()
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
@@ -45,13 +75,25 @@ class _Encoder(torch.nn.Module):
             return_dict=True,
         )
         # hidden_states[0] is the embedding output; layers are 1..L, and L is last_hidden_state.
-        layers = tuple(out.hidden_states[1:-1]) if self.all_layers else ()
+        layers = tuple(out.hidden_states[1:]) if self.all_layers else (out.last_hidden_state,)
         pooler = (out.pooler_output,) if self.has_pooler else ()
-        return (*layers, out.last_hidden_state, *pooler)
+        cls, mean = self.pooling(layers, attention_mask)
+        return (*layers, *pooler, *cls, *mean)
+
+
+def pooled_outputs(num_layers: int, all_layers: bool = True) -> dict[PooledMode, dict[int, str]]:
+    """Pooling mode → 1-based layer → the encoder output holding it (the manifest's ``pooled_outputs``);
+    the last layer only for an ``all_layers=False`` graph."""
+    first = 1 if all_layers else num_layers
+    return {
+        mode: {i: pooled_output_name(mode, i, num_layers) for i in range(first, num_layers + 1)}
+        for mode in POOLED_MODES
+    }
 
 
 def encoder_outputs(loaded: LoadedModel, all_layers: bool = True) -> list[TensorSpec]:
-    """The encoder graph's outputs, in graph order."""
+    """The encoder graph's outputs, in graph order: per-token states, the pooler, then the pooled vectors
+    (all [CLS] vectors, then all means), so the older outputs keep their positions."""
     layers = loaded.config.num_hidden_layers
     hidden = loaded.config.hidden_size
     names = [layer_output_name(i, layers) for i in range(1, layers)] if all_layers else []
@@ -59,7 +101,62 @@ def encoder_outputs(loaded: LoadedModel, all_layers: bool = True) -> list[Tensor
     specs.append(TensorSpec(name=LAST_HIDDEN_STATE, dtype="float32", shape=[*BATCH_SEQ, hidden]))
     if loaded.has_pooler:
         specs.append(TensorSpec(name=POOLER_OUTPUT, dtype="float32", shape=["batch", hidden]))
+    for per_layer in pooled_outputs(layers, all_layers).values():
+        specs.extend(TensorSpec(name=n, dtype="float32", shape=["batch", hidden]) for n in per_layer.values())
     return specs
+
+
+def is_pooled_output(name: str) -> bool:
+    """Whether ``name`` is a pooled output (``cls_{i}``/``mean_{i}``) by the manifest's naming."""
+    mode, _, layer = name.rpartition("_")
+    return mode in POOLED_MODES and layer.isdigit()
+
+
+def pooling_nodes(model: onnx.ModelProto) -> list[str]:
+    """The names of the nodes that compute the graph's pooled outputs and nothing else.
+
+    Found by walking back from each pooled output to the per-token outputs and graph inputs it reads,
+    so it works on the exported, fused and int8 graphs alike, whatever the nodes are called (not on an
+    fp16-converted graph, whose per-token outputs are casts of inner tensors: list the nodes before).
+
+    Raises:
+        ValueError: a pooled output depends on an operator outside ``POOLING_OPS`` (the walk would have
+            left the pooling, or someone computed it with a MatMul the int8 passes would quantise).
+    """
+    graph = model.graph
+    pooled = [o.name for o in graph.output if is_pooled_output(o.name)]
+    stops = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    stops |= {o.name for o in graph.output if not is_pooled_output(o.name)}
+    producer = {out: node for node in graph.node for out in node.output}
+    found: dict[str, onnx.NodeProto] = {}
+    todo = list(pooled)
+    while todo:
+        tensor = todo.pop()
+        node = producer.get(tensor)
+        if tensor in stops or node is None or node.name in found:
+            continue
+        if node.op_type not in POOLING_OPS:
+            raise ValueError(
+                f"pooled output reaches {node.op_type} node {node.name!r}: not a pooling operator"
+            )
+        if not node.name:
+            raise ValueError(f"an unnamed {node.op_type} node computes a pooled output: it cannot be listed")
+        found[node.name] = node
+        todo.extend(i for i in node.input if i)
+    # A node that also feeds the encoder (a constant the exporter shared) is not the pooling's alone: leave
+    # it out, and with it what feeds it, until every listed node feeds listed nodes or pooled outputs only.
+    readers: dict[str, set[str]] = {}
+    for node in graph.node:
+        for i in node.input:
+            readers.setdefault(i, set()).add(node.name)
+    shared = True
+    while shared:
+        shared = False
+        for name, node in list(found.items()):
+            if any(r not in found for out in node.output for r in readers.get(out, ())):
+                del found[name]
+                shared = True
+    return [n.name for n in graph.node if n.name in found]
 
 
 def encoder_inputs() -> list[TensorSpec]:

@@ -1,8 +1,11 @@
 """Stage 4: every variant against PyTorch on the same inputs; a miss fails loudly with every mismatch.
 
 The inputs are at least 32 Chinese sentences of mixed length, run in padded batches so that padding is
-exercised. Metrics: pooled-vector cosine ([CLS], mean and pooler; min and mean over sentences), the max
-absolute difference of every layer's hidden states on real tokens, and masked-LM top-1 / top-5 agreement.
+exercised. Metrics: pooled-vector cosine (min and mean over sentences of every vector the service returns:
+each layer's pooled outputs ``cls_{i}``/``mean_{i}`` against PyTorch's pooling of its own hidden states,
+and the pooler), the same minimum per pooled output (``cosine_min/mean_3``: a miss names the output), the
+max absolute difference of every layer's hidden states on real tokens and of every pooled output, and
+masked-LM top-1 / top-5 agreement.
 """
 
 from __future__ import annotations
@@ -19,17 +22,23 @@ from transformers import PreTrainedTokenizerFast
 from app.model.manifest import (
     LAST_HIDDEN_STATE,
     MLM_INPUT,
+    POOLED_MODES,
     POOLER_OUTPUT,
     Metric,
+    PooledMode,
     Validation,
     Variant,
     layer_output_name,
+    pooled_output_name,
 )
 from export.source import ExportError, LoadedModel
 from export.spec import SEED, THRESHOLDS, Threshold
 
 BATCH = 8
 MASK_SHARE = 0.15
+# A metric of one output is named "{metric}/{output}" (``cosine_min/mean_3``) and judged by the threshold
+# of "{metric}".
+PER_OUTPUT = "/"
 
 
 class ValidationFailedError(ExportError):
@@ -114,10 +123,11 @@ def reference(loaded: LoadedModel, batches: list[Batch]) -> Reference:
     return Reference(layers, pooler, logits)
 
 
-def _pooled(layer: np.ndarray, mask: np.ndarray) -> list[np.ndarray]:
+def _pooled(layer: np.ndarray, mask: np.ndarray) -> dict[PooledMode, np.ndarray]:
+    """PyTorch's side of the pooled outputs: its hidden states [batch, seq, hidden], pooled."""
     weights = mask[..., None].astype(np.float32)
     mean = (layer * weights).sum(1) / weights.sum(1)
-    return [layer[:, 0], mean]
+    return {"cls": layer[:, 0], "mean": mean}
 
 
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -137,10 +147,15 @@ def measure_sessions(
     head: ort.InferenceSession | None,
 ) -> dict[str, float]:
     """The raw metrics of one variant's sessions against the reference."""
-    names = [layer_output_name(i, num_layers) for i in range(1, num_layers + 1)]
-    if has_pooler:
-        names.append(POOLER_OUTPUT)
-    cosines: list[np.ndarray] = []
+    layers = [layer_output_name(i, num_layers) for i in range(1, num_layers + 1)]
+    pooled = {
+        (mode, i): pooled_output_name(mode, i, num_layers)
+        for mode in POOLED_MODES
+        for i in range(1, num_layers + 1)
+    }
+    vectors = [*pooled.values(), *([POOLER_OUTPUT] if has_pooler else [])]
+    names = [*layers, *vectors]
+    cosines: dict[str, list[np.ndarray]] = {name: [] for name in vectors}
     max_abs = 0.0
     top1: list[np.ndarray] = []
     top5: list[float] = []
@@ -148,14 +163,14 @@ def measure_sessions(
         got = dict(zip(names, encoder.run(names, b.feed()), strict=True))
         real = b.attention_mask.astype(bool)
         for layer in range(num_layers):
-            diff = np.abs(got[names[layer]] - ref.layers[i][layer])[real]
+            diff = np.abs(got[layers[layer]] - ref.layers[i][layer])[real]
             max_abs = max(max_abs, float(diff.max()))
-        mine = _pooled(got[LAST_HIDDEN_STATE], b.attention_mask)
-        theirs = _pooled(ref.layers[i][-1], b.attention_mask)
+            for mode, theirs in _pooled(ref.layers[i][layer], b.attention_mask).items():
+                mine = got[pooled[mode, layer + 1]]
+                max_abs = max(max_abs, float(np.abs(mine - theirs).max()))
+                cosines[pooled[mode, layer + 1]].append(_cosines(mine, theirs))
         if has_pooler:
-            mine.append(got[POOLER_OUTPUT])
-            theirs.append(ref.pooler[i])  # type: ignore[arg-type]
-        cosines.extend(_cosines(m, t) for m, t in zip(mine, theirs, strict=True))
+            cosines[POOLER_OUTPUT].append(_cosines(got[POOLER_OUTPUT], ref.pooler[i]))  # type: ignore[arg-type]
         ref_logits = ref.mlm_logits[i]
         if head is not None and ref_logits is not None:
             hidden = encoder.run([LAST_HIDDEN_STATE], b.feed(masked=True))[0][b.masked]
@@ -163,7 +178,8 @@ def measure_sessions(
             a, t = _topk(logits, 5), _topk(ref_logits, 5)
             top1.append(a[:, 0] == t[:, 0])
             top5.extend(len(set(x) & set(y)) / 5 for x, y in zip(a.tolist(), t.tolist(), strict=True))
-    all_cos = np.concatenate(cosines)
+    per_output = {name: np.concatenate(c) for name, c in cosines.items()}
+    all_cos = np.concatenate(list(per_output.values()))
     metrics = {
         "cosine_min": float(all_cos.min()),
         "cosine_mean": float(all_cos.mean()),
@@ -172,6 +188,9 @@ def measure_sessions(
     if top1:
         metrics["mlm_top1"] = float(np.concatenate(top1).mean())
         metrics["mlm_top5"] = float(np.mean(top5))
+    metrics.update(
+        {f"cosine_min{PER_OUTPUT}{name}": float(per_output[name].min()) for name in pooled.values()}
+    )
     return metrics
 
 
@@ -187,7 +206,7 @@ def judge(
     metrics: dict[str, Metric] = {}
     by_name = {t.metric: t for t in thresholds.get(variant, ())}
     for name, value in raw.items():
-        t = by_name.get(name)
+        t = by_name.get(name) or by_name.get(name.partition(PER_OUTPUT)[0])
         if t is None:
             metrics[name] = Metric(value=value, threshold=None, op=None, enforced=False, passed=True)
             continue

@@ -4,6 +4,10 @@ fp16 uses onnxruntime.transformers' optimizer (BERT fusions) and its fp16 conver
 outputs; onnxconverter-common 1.16 writes fp16 graphs that fail to load, so it is not used. int8 is
 signed int8 weights (QInt8: uint8 weights run 3-4x slower on VNNI/AMX CPUs), activations quantised at run
 time per token (export/quantize.py) or, with the ``dynamic`` recipe, per tensor by onnxruntime.
+
+The encoder's pooled outputs stay float32 in every variant: fp16 blocks the pooling nodes from conversion
+(``graphs.pooling_nodes``), and neither int8 pass quantises them (they hold no MatMul, and the dynamic
+recipe excludes them by name as well).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from onnxruntime.quantization import QuantType, quantize_dynamic
 from onnxruntime.transformers.onnx_model import OnnxModel
 from onnxruntime.transformers.optimizer import optimize_model
 
-from export import quantize
+from export import graphs, quantize
 from export.spec import INT8_RECIPE, Int8Recipe
 
 
@@ -48,16 +52,21 @@ def fuse(src: Path, dst: Path, num_heads: int, hidden_size: int, use_gpu: bool =
 def to_fp16(
     src: Path, dst: Path, num_heads: int, hidden_size: int, fused: bool = True
 ) -> dict[str, str | bool]:
-    """fp16 weights and compute, fp32 inputs and outputs; ``fused`` applies the BERT fusions first."""
-    if fused:
-        model = _fuse(src, num_heads, hidden_size, use_gpu=True)
-        model.convert_float_to_float16(keep_io_types=True)
-        model.save_model_to_file(str(dst))
-    else:
-        plain = OnnxModel(onnx.load(str(src)))
-        plain.convert_float_to_float16(keep_io_types=True)
-        plain.save_model_to_file(str(dst))
-    return {"tool": "onnxruntime.transformers", "fused": fused, "keep_io_types": True}
+    """fp16 weights and compute, fp32 inputs and outputs; ``fused`` applies the BERT fusions first.
+
+    The pooling stays float32: it reads the fp16 hidden states cast to float32 (the same values the
+    per-token outputs return), so a pooled output equals numpy pooling of the per-token output.
+    """
+    model = _fuse(src, num_heads, hidden_size, use_gpu=True) if fused else OnnxModel(onnx.load(str(src)))
+    blocked = graphs.pooling_nodes(model.model)
+    model.convert_float_to_float16(keep_io_types=True, node_block_list=blocked)
+    model.save_model_to_file(str(dst))
+    return {
+        "tool": "onnxruntime.transformers",
+        "fused": fused,
+        "keep_io_types": True,
+        "fp32_pooling": bool(blocked),
+    }
 
 
 def to_int8(
@@ -90,6 +99,7 @@ def to_int8(
             dst,
             weight_type=QuantType.QInt8,
             per_channel=recipe.per_channel,
+            nodes_to_exclude=graphs.pooling_nodes(onnx.load(str(model_input), load_external_data=False)),
             extra_options=extra,
         )
     return {"tool": "onnxruntime.quantization.quantize_dynamic", "weight_type": "QInt8", **recipe.describe()}

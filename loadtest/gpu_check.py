@@ -61,11 +61,12 @@ import onnxruntime as ort
 import orjson
 import uvloop
 
-from app.workers import AUTO_CUDA_WORKERS
+from app.cluster import AUTO_CUDA_WORKERS
 from loadtest import loadgen
 from loadtest.corpus import load_corpus, unique_texts
 from loadtest.flops import BertShape, session_options, synthetic_feed
 from loadtest.overhead import BATCH_COUNT, BATCH_SUM, INFERENCE_SUM, answered_vectors, delta, scrape
+from loadtest.raw_onnx import service_output
 from loadtest.server import HOST, ServiceProcess
 from loadtest.table import cell, reliability_warning
 
@@ -227,16 +228,18 @@ def raw(
 ) -> dict[tuple[int, int], float]:
     """Sentences/s of the fp16 encoder at each (batch, sequence) of ``RAW_GRID``, printed as a table."""
     session = _session(model / manifest["graphs"]["encoder"]["fp16"]["file"], provider)
-    print(f"raw fp16 encoder on {provider}, numpy feeds, {seconds:g} s a row")
+    # What a default /embed fetches: the pooled [batch, hidden] mean, not [batch, seq, hidden] states.
+    fetch = [service_output(session)]
+    print(f"raw fp16 encoder on {provider}, numpy feeds, fetching {fetch[0]}, {seconds:g} s a row")
     print(f"{'seq':>5}{'batch':>7}{'sentences/s':>13}{'TFLOP/s':>10}{'% peak':>8}")
     rates: dict[tuple[int, int], float] = {}
     for seq, batches in RAW_GRID:
         for batch in batches:
             feed = synthetic_feed(batch, seq)
-            session.run(["last_hidden_state"], feed)  # first run of a shape: allocations, kernel choice
+            session.run(fetch, feed)  # first run of a shape: allocations, kernel choice
             count, start = 0, time.perf_counter()
             while count == 0 or time.perf_counter() - start < seconds:
-                session.run(["last_hidden_state"], feed)
+                session.run(fetch, feed)
                 count += 1
             rate = count * batch / (time.perf_counter() - start)
             rates[batch, seq] = rate
@@ -358,7 +361,7 @@ def service_cells(args: argparse.Namespace, model: Path) -> Measured:
         **SERVICE_ENV,
         "ZHEMBED_MODEL": str(model),
         "ZHEMBED_PROVIDERS": args.provider,
-        # one budget across workers (app.workers): twice the most inputs any cell has in flight
+        # one budget across workers (app.cluster): twice the most inputs any cell has in flight
         "ZHEMBED_MAX_CONCURRENT_INPUTS": str(max(512, 2 * args.clients * 32)),
     }
     print(

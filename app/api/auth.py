@@ -26,12 +26,13 @@ def _digest(key: str | bytes) -> bytes:
     return hashlib.sha256(key.encode() if isinstance(key, str) else key).digest()
 
 
-class ApiKeyMiddleware:
-    def __init__(self, app: ASGIApp, keys: tuple[str, ...], open_paths: frozenset[str]) -> None:
+class ApiKeys:
+    """The configured keys, as digests; :meth:`problem` is the whole check, for the middleware and the
+    data path (:mod:`app.api.fast`) alike."""
+
+    def __init__(self, keys: tuple[str, ...]) -> None:
         if not keys:
-            raise ValueError("ApiKeyMiddleware needs at least one key")
-        self.app = app
-        self.open_paths = open_paths
+            raise ValueError("ApiKeys needs at least one key")
         self._digests = tuple(_digest(k) for k in keys)
 
     def valid(self, presented: bytes) -> bool:
@@ -41,20 +42,36 @@ class ApiKeyMiddleware:
             ok |= hmac.compare_digest(digest, known)
         return ok
 
+    def problem(self, authorization: bytes | None) -> str | None:
+        """What is wrong with the request's ``Authorization`` header (its first), or None: it may pass."""
+        if authorization is None:
+            return "no API key: send the header Authorization: Bearer <key>"
+        scheme, _, token = authorization.partition(b" ")
+        if scheme.lower() != b"bearer" or not token.strip():
+            return "malformed Authorization header: send Authorization: Bearer <key>"
+        if not self.valid(token.strip()):
+            return "unknown API key"
+        return None
+
+
+class ApiKeyMiddleware:
+    def __init__(self, app: ASGIApp, keys: tuple[str, ...], open_paths: frozenset[str]) -> None:
+        if not keys:
+            raise ValueError("ApiKeyMiddleware needs at least one key")
+        self.app = app
+        self.open_paths = open_paths
+        self.keys = ApiKeys(keys)
+
+    def valid(self, presented: bytes) -> bool:
+        return self.keys.valid(presented)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("path") in self.open_paths:
             await self.app(scope, receive, send)
             return
         authorization = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), None)
-        if authorization is None:
-            problem = "no API key: send the header Authorization: Bearer <key>"
-        else:
-            scheme, _, token = authorization.partition(b" ")
-            if scheme.lower() != b"bearer" or not token.strip():
-                problem = "malformed Authorization header: send Authorization: Bearer <key>"
-            elif not self.valid(token.strip()):
-                problem = "unknown API key"
-            else:
-                await self.app(scope, receive, send)
-                return
+        problem = self.keys.problem(authorization)
+        if problem is None:
+            await self.app(scope, receive, send)
+            return
         await send_error(Unauthorized(problem), scope, send)

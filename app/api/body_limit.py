@@ -9,8 +9,23 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.api.drain import CLOSE
 from app.api.errors import send_error
 from app.errors import PayloadTooLarge
+
+
+def too_large(max_body_bytes: int) -> PayloadTooLarge:
+    """The 413 for a body over the limit; answered with ``connection: close`` (the rest goes unread)."""
+    return PayloadTooLarge(f"request body is larger than the limit of {max_body_bytes} bytes")
+
+
+def declared_length(value: bytes) -> int:
+    """A ``Content-Length`` value; 0 when malformed (the server rejects it, and the stream count still
+    applies)."""
+    try:
+        return int(value)
+    except ValueError:
+        return 0
 
 
 class BodyLimitMiddleware:
@@ -18,25 +33,17 @@ class BodyLimitMiddleware:
         self.app = app
         self.max_body_bytes = max_body_bytes
 
-    def _error(self) -> PayloadTooLarge:
-        return PayloadTooLarge(f"request body is larger than the limit of {self.max_body_bytes} bytes")
-
     async def _send_413(self, scope: Scope, send: Send) -> None:
-        await send_error(self._error(), scope, send, [(b"connection", b"close")])
+        await send_error(too_large(self.max_body_bytes), scope, send, [CLOSE])
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         for name, value in scope.get("headers", ()):
-            if name == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    declared = 0  # malformed; the server rejects it, and the stream count still applies
-                if declared > self.max_body_bytes:
-                    await self._send_413(scope, send)
-                    return
+            if name == b"content-length" and declared_length(value) > self.max_body_bytes:
+                await self._send_413(scope, send)
+                return
 
         received = 0
         over = False

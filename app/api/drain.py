@@ -29,7 +29,7 @@ from app.errors import NotReady
 # Answered while draining: liveness and metrics. Everything else is refused.
 LIVE_PATHS = frozenset({"/health", "/metrics"})
 
-_CLOSE = (b"connection", b"close")
+CLOSE = (b"connection", b"close")
 
 
 class Drain:
@@ -51,8 +51,13 @@ class Drain:
         return 0.0 if self.since is None else time.monotonic() - self.since
 
 
-def _with_close(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    return [*(h for h in headers if h[0].lower() != b"connection"), _CLOSE]
+def with_close(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    return [*(h for h in headers if h[0].lower() != b"connection"), CLOSE]
+
+
+def shutting_down() -> NotReady:
+    """What a request that comes in while draining is answered (503), with ``connection: close``."""
+    return NotReady("the service is shutting down; retry on another replica")
 
 
 class DrainMiddleware:
@@ -65,14 +70,13 @@ class DrainMiddleware:
             await self.app(scope, receive, send)
             return
         if self.drain.draining and scope.get("path") not in LIVE_PATHS:
-            error = NotReady("the service is shutting down; retry on another replica")
-            await send_error(error, scope, send, [_CLOSE])
+            await send_error(shutting_down(), scope, send, [CLOSE])
             return
 
         async def closing_send(message: Message) -> None:
             # A request accepted before the signal that answers after it: its connection closes too.
             if message["type"] == "http.response.start" and self.drain.draining:
-                message = {**message, "headers": _with_close(list(message.get("headers", [])))}
+                message = {**message, "headers": with_close(list(message.get("headers", [])))}
             await send(message)
 
         await self.app(scope, receive, closing_send)

@@ -281,17 +281,19 @@ HTTP_STATUS_ERRORS: dict[int, type[ServiceError]] = {
 
 async def send_error(
     exc: ServiceError, scope: Scope, send: Send, extra_headers: Iterable[tuple[bytes, bytes]] = ()
-) -> None:
-    """Answer the request of ``scope`` with ``exc`` straight from ASGI (the middleware below FastAPI).
+) -> int:
+    """Answer the request of ``scope`` with ``exc`` straight from ASGI (the middleware, the data path).
 
-    ``extra_headers`` replace any of the same name (e.g. ``connection: close``).
+    ``extra_headers`` replace any of the same name (e.g. ``connection: close``). Returns the status.
     """
     status, body, headers = error_parts(exc, scope)
     extra = list(extra_headers)
-    names = {name for name, _ in extra}
-    headers = [h for h in headers if h[0] not in names] + extra
+    if extra:
+        names = {name for name, _ in extra}
+        headers = [h for h in headers if h[0] not in names] + extra
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+    return status
 
 
 async def _on_service_error(request: Request, exc: Exception) -> Response:

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from app.api.disconnect import unless_disconnected
-from app.api.encoding import encode_vector
+from app.api.encoding import encode_vectors
 from app.api.errors import OPENAI_PATHS, openapi_responses
 from app.api.openai_schemas import (
     OpenAIEmbeddingRequest,
@@ -31,8 +31,8 @@ async def embeddings(body: OpenAIEmbeddingRequest, request: Request, service: Se
     answer = await unless_disconnected(request, service.embeddings(body.input, body.dimensions))
     vectors, tokens = answer.value
     data = [
-        {"object": "embedding", "index": i, "embedding": encode_vector(v, body.encoding_format)}
-        for i, v in enumerate(vectors)
+        {"object": "embedding", "index": i, "embedding": v}
+        for i, v in enumerate(encode_vectors(vectors, body.encoding_format))
     ]
     payload = {
         "object": "list",

@@ -3,7 +3,8 @@
 The outermost middleware, so 401s and 413s answered by the middleware below it are counted too. The
 route label is the route's path, or ``unmatched`` for paths the app does not serve (a scanner must not
 be able to grow the label set). The failure reason is the ``error_type`` the error path left in the
-scope; an exception that escapes every handler is a server fault, ``internal``.
+scope; an exception that escapes every handler is a server fault, ``internal``. POST on a data route
+never reaches this stack: :mod:`app.api.fast` counts it the same way.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from app.api.disconnect import unless_disconnected
-from app.api.encoding import encode_rows, encode_vector
+from app.api.encoding import encode_rows, encode_vectors
 from app.api.errors import openapi_responses
 from app.api.schemas import (
     EmbedAllRequest,
@@ -26,12 +26,12 @@ from app.api.schemas import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from app.cluster import Cluster
 from app.errors import EmptyInput, NotReady, Unsupported
 from app.info import describe
 from app.metrics import CONTENT_TYPE, Metrics
 from app.options import FloatEncoding
 from app.service import Service, Timings, TokenVectors
-from app.workers import Cluster
 
 router = APIRouter()
 
@@ -47,21 +47,43 @@ async def get_service(request: Request) -> Service:
 ServiceDep = Annotated[Service, Depends(get_service)]
 
 
-def timing_headers(timings: Timings) -> dict[str, str]:
+def timing_headers(timings: Timings) -> list[tuple[bytes, bytes]]:
     """The ``x-*-time`` headers: milliseconds the request spent in each stage (TEI's names)."""
-    return {
-        "x-queue-time": f"{timings.queue_ms:.3f}",
-        "x-tokenization-time": f"{timings.tokenization_ms:.3f}",
-        "x-inference-time": f"{timings.inference_ms:.3f}",
-        "x-total-time": f"{timings.total_ms:.3f}",
-    }
+    return [
+        (b"x-queue-time", b"%.3f" % timings.queue_ms),
+        (b"x-tokenization-time", b"%.3f" % timings.tokenization_ms),
+        (b"x-inference-time", b"%.3f" % timings.inference_ms),
+        (b"x-total-time", b"%.3f" % timings.total_ms),
+    ]
 
 
-def json_response(payload: Any, timings: Timings | None = None) -> Response:
-    """``payload`` as JSON; numpy arrays in it are written natively (float32 in its shortest form)."""
-    headers = timing_headers(timings) if timings is not None else None
+class JSONAnswer(Response):
+    """A JSON body with its headers already as ASGI's byte pairs: no header assembly by Starlette on
+    every request. FastAPI sends it as it sends any Response; the data path (:mod:`app.api.fast`) sends
+    ``status_code``, ``raw_headers`` and ``body`` as ASGI messages itself."""
+
+    media_type = "application/json"
+
+    def __init__(self, body: bytes, raw_headers: list[tuple[bytes, bytes]]) -> None:
+        self.status_code = 200
+        self.background = None
+        self.body = body
+        self.raw_headers = raw_headers
+
+
+_CONTENT_TYPE = (b"content-type", b"application/json")
+
+
+def json_response(payload: Any, timings: Timings | None = None) -> JSONAnswer:
+    """``payload`` as JSON; numpy arrays in it are written natively (float32 in its shortest form).
+
+    The headers as Starlette would write them, in its order: the timings, then length and type.
+    """
     body = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
-    return Response(body, media_type="application/json", headers=headers)
+    headers = timing_headers(timings) if timings is not None else []
+    headers.append((b"content-length", b"%d" % len(body)))
+    headers.append(_CONTENT_TYPE)
+    return JSONAnswer(body, headers)
 
 
 def token_vectors_payload(answer: TokenVectors, encoding: FloatEncoding) -> Any:
@@ -82,7 +104,7 @@ def token_vectors_payload(answer: TokenVectors, encoding: FloatEncoding) -> Any:
 async def embed(body: EmbedRequest, request: Request, service: ServiceDep) -> Response:
     """One vector per input, in input order."""
     answer = await unless_disconnected(request, service.embed(body.inputs, body.options(body.normalize)))
-    return json_response([encode_vector(v, body.encoding) for v in answer.value], answer.timings)
+    return json_response(encode_vectors(answer.value, body.encoding), answer.timings)
 
 
 @router.post(
@@ -101,7 +123,7 @@ async def root(body: RootRequest, request: Request, service: ServiceDep) -> Resp
         )
         return json_response(scores.value, scores.timings)
     answer = await unless_disconnected(request, service.embed(body.inputs, body.options(body.normalize)))
-    return json_response([encode_vector(v, body.encoding) for v in answer.value], answer.timings)
+    return json_response(encode_vectors(answer.value, body.encoding), answer.timings)
 
 
 @router.post("/embed_all", response_model=EmbedAllResponse, responses=openapi_responses(EmptyInput))

@@ -121,6 +121,12 @@ class PoolingFields(LayerFields):
     )
 
     def options(self, normalize: bool = True) -> EmbedOptions:
+        if self.model_fields_set.isdisjoint(_POOLING_OPTIONS):
+            # None of them sent, the usual request: the options of the defaults, built once.
+            return _DEFAULT_OPTIONS[normalize]
+        return self._options(normalize)
+
+    def _options(self, normalize: bool) -> EmbedOptions:
         return EmbedOptions(
             pooling=self.pooling,
             layers=self._layers(),
@@ -130,6 +136,11 @@ class PoolingFields(LayerFields):
             truncation_direction=self._direction(),
             normalize=normalize,
         )
+
+
+# The fields EmbedOptions is read from (prompt_name only ever refuses a request).
+_POOLING_OPTIONS = frozenset(PoolingFields.model_fields) - {"prompt_name"}
+_DEFAULT_OPTIONS = {n: PoolingFields()._options(n) for n in (False, True)}
 
 
 class EmbedFields(PoolingFields):

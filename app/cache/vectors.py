@@ -25,7 +25,8 @@ from app.metrics import Metrics
 if TYPE_CHECKING:  # redis-py is imported only when Redis is configured (6 MB resident)
     from app.cache.redis_tier import RedisTier
 
-Compute = Callable[[list[str]], Awaitable[list[np.ndarray]]]
+# Distinct texts → their vectors, in order (a list of vectors or the rows of one array).
+Compute = Callable[[list[str]], Awaitable[list[np.ndarray] | np.ndarray]]
 
 DTYPE = np.dtype("<f4")
 MEMORY = "memory"
@@ -37,6 +38,13 @@ class VectorCache:
         self.shared = shared
         self.metrics = metrics
         self._flights: dict[str, asyncio.Future[bytes | None]] = {}
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any tier is configured. Without one the service skips the cache altogether: no keys
+        hashed, no in-flight futures, nothing per text (issue 19); repeats within a request are still
+        computed once, and concurrent requests of the same text each compute it."""
+        return self.memory is not None or self.shared is not None
 
     @property
     def in_flight(self) -> int:

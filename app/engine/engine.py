@@ -1,24 +1,25 @@
-"""The engine: the five stages wired together, started and stopped as one.
+"""The engine: the stages wired together, started and stopped as one.
 
-admission (per request, on the event loop) → tokenisation thread → batch queue + assembler thread →
-inference thread → post-processing thread → the awaiting request.
+admission (per request, on the event loop) → tokenisation thread → batch queue → inference thread
+(assembles a batch, runs it, post-processes it) → the awaiting request. Two threads besides the event
+loop, and for /embed one wake-up of the loop per request (:meth:`Engine.run_texts`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-import threading
+import time
 from typing import Any
 
 from tokenizers import Encoding
 
 from app.engine.admission import Admission, Ledger, Permits
-from app.engine.batching import Batcher, run_assembler
+from app.engine.batching import Batcher
 from app.engine.inference import Inference
-from app.engine.postprocess import PostProcessing
 from app.engine.tokenization import Tokenization
-from app.engine.work import Job, Sequence
+from app.engine.work import Job, Plan, Sequence
+from app.errors import InternalError, ServiceError
 from app.metrics import Metrics
 from app.model.runtime import OnnxModel
 from app.settings import Settings
@@ -44,26 +45,15 @@ class Engine:
             company_expected=lambda: self.tokenization.pending_texts > 0,
             overhead_tokens=settings.batch_overhead_tokens,
         )
-        self.post = PostProcessing()
-        self.inference = Inference(model, self.post, self.metrics)
-        self._assembler = threading.Thread(
-            target=run_assembler,
-            args=(self.batcher, self.inference.wait_for_slot, self.inference.deliver),
-            name="zhembed-assemble",
-            daemon=True,
-        )
+        self.inference = Inference(model, self.batcher, self.metrics)
 
     def start(self) -> None:
         self.tokenization.start()
-        self.post.start()
         self.inference.start()
-        self._assembler.start()
 
     def stop(self) -> None:
         self.batcher.stop()
         self.inference.stop()
-        self._assembler.join(timeout=10)
-        self.post.stop()
         self.tokenization.stop()
 
     def admit(self, inputs: int) -> Permits:
@@ -83,6 +73,40 @@ class Engine:
         assembler and the inference stage drop whatever of it has not run yet.
         """
         self.batcher.submit(sequences)
+        return await self._wait(job)
+
+    async def run_texts(self, texts: list[str], plan: Plan) -> Job:
+        """Tokenise ``texts``, turn their encodings into sequences with ``plan`` and run them as one job;
+        the job's results (and ``context``, what ``plan`` left) once all have run.
+
+        ``plan`` runs on the tokenisation thread, which queues the sequences itself: the event loop is
+        woken once, with the answer (or with the ServiceError ``plan`` raised, or a tokeniser fault).
+        """
+        job = Job(asyncio.get_running_loop(), 0)
+        created = time.perf_counter()
+
+        def planned(encodings: list[Encoding]) -> None:
+            job.tokenized_s = time.perf_counter() - created
+            self.metrics.tokenized(job.tokenized_s)
+            try:
+                work = plan(encodings)
+            except ServiceError as exc:  # the request's own fault: its 4xx
+                job.fail(exc)
+                return
+            if not work.ids:
+                raise InternalError("a plan gave no sequences to run")
+            job.context = work.context
+            job.expect(len(work.ids))
+            enqueued = time.perf_counter()
+            self.batcher.submit(
+                [Sequence(ids, work.need, job, i, enqueued) for i, ids in enumerate(work.ids)]
+            )
+
+        # A tokeniser fault reaches the request as it is: a logged 500, as on every other path.
+        self.tokenization.then(texts, planned, job.fail, lambda: not job.cancelled)
+        return await self._wait(job)
+
+    async def _wait(self, job: Job) -> Job:
         try:
             return await job.future
         except asyncio.CancelledError:

@@ -1,14 +1,20 @@
-"""Stage 4, inference: a dedicated thread runs one padded batch at a time on ONNX Runtime.
+"""Stage 4, inference: one thread cuts a batch, runs it on ONNX Runtime and writes the results back.
 
-ONNX Runtime releases the GIL while it computes, so the event loop, the tokenisation thread and the
-assembler keep working during a batch. The hand-over from the assembler is a single slot, freed when a
-batch has run: the next batch is cut from everything that arrived meanwhile. Only the outputs some item of the batch needs are fetched.
+ONNX Runtime releases the GIL while it computes, so the event loop and the tokenisation thread keep
+working during a batch. The same thread asks the assembler (:mod:`app.engine.batching`) for the next
+batch only once the current one has run, so each batch is cut from everything that arrived meanwhile;
+then post-processing (:mod:`app.engine.postprocess`) writes the batch's results into its jobs and wakes
+each finished request. With the pooled vectors computed in the graph, that is a few array copies per
+batch: a thread of its own would cost two hand-offs per batch and save nothing (issue 19).
+
+Only the outputs some item of the batch needs are fetched: a pooled vector needs ``[batch, hidden]`` per
+layer (the graph's ``cls_{i}`` / ``mean_{i}`` outputs), not ``[batch, sequence, hidden]``; a graph
+exported without them is pooled in numpy from the per-token states.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from dataclasses import dataclass
@@ -16,7 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from app.engine import pooling
-from app.engine.postprocess import FinishedBatch, PostProcessing
+from app.engine.batching import Batcher
+from app.engine.postprocess import FinishedBatch, split_batch
 from app.engine.work import Sequence
 from app.errors import InternalError
 from app.metrics import Metrics
@@ -35,44 +42,35 @@ class InferenceStats:
 
 
 class Inference:
-    def __init__(self, model: OnnxModel, post: PostProcessing, metrics: Metrics) -> None:
+    def __init__(self, model: OnnxModel, batcher: Batcher | None, metrics: Metrics) -> None:
+        """``batcher``: where the thread takes its batches from (None: only :meth:`run_batch` is used)."""
         self.model = model
         self.metrics = metrics
-        self.post = post
+        self.batcher = batcher
         self.stats = InferenceStats()
-        self._handoff: queue.Queue[list[Sequence] | None] = queue.Queue(maxsize=1)
-        self._slot = threading.Semaphore(1)
-        self._stopped = False
         self._thread = threading.Thread(target=self._run, name="zhembed-inference", daemon=True)
         self._names = {layer: model.output_name(layer) for layer in range(1, model.num_layers + 1)}
+        # (layer, mode) → the graph output with that pooled vector; absent: pooled in numpy.
+        self.pooled_names = {
+            (layer, mode): name
+            for layer in self._names
+            for mode in pooling.POOLERS
+            if (name := model.pooled_output(layer, mode)) is not None
+        }
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
-        self._stopped = True
-        self._slot.release()  # wake an assembler waiting for the slot
-        self._handoff.put(None)
-        self._thread.join(timeout=30)
-
-    def wait_for_slot(self) -> bool:
-        """Block until the stage can take one more batch; False once stopping."""
-        self._slot.acquire()
-        return not self._stopped
-
-    def deliver(self, batch: list[Sequence]) -> None:
-        # Never blocks: the slot was taken by wait_for_slot.
-        self._handoff.put_nowait(batch)
+        """Join the thread; the batcher must have been stopped first (its next_batch returns None)."""
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
 
     def _run(self) -> None:
-        while (batch := self._handoff.get()) is not None:
-            try:
-                self._run_one(batch)
-            finally:
-                # The next batch is cut only now, from everything that arrived while this one ran: the
-                # later the cut, the more lengths the assembler can choose from, the less padding.
-                # Cutting costs microseconds; padding the arrays happens here, in run_batch, anyway.
-                self._slot.release()
+        if self.batcher is None:
+            raise InternalError("the inference thread was started without a batcher")
+        while (batch := self.batcher.next_batch()) is not None:
+            self._run_one(batch)
 
     def _run_one(self, batch: list[Sequence]) -> None:
         live = [seq for seq in batch if not seq.job.cancelled]
@@ -83,48 +81,65 @@ class Inference:
             finished = self.run_batch(live)
         except Exception as exc:  # a server fault: fail these requests loudly, keep serving
             log.exception("inference failed for a batch of %d", len(live))
-            error = InternalError(f"inference failed: {type(exc).__name__}: {exc}")
-            for job in {id(seq.job): seq.job for seq in live}.values():
-                job.fail(error)
+            self._fail(live, InternalError(f"inference failed: {type(exc).__name__}: {exc}"))
             return
         self.metrics.batch_ran(
             finished.finished_at - finished.started_at,
-            [finished.started_at - item.enqueued_at for item in live],
+            finished.cpu_s,
+            finished.started_at - np.fromiter((item.enqueued_at for item in live), np.float64, len(live)),
         )
-        self.post.put(finished)
+        try:
+            done = split_batch(finished)
+        except Exception as exc:  # a broken invariant: fail these requests loudly, keep serving
+            log.exception("post-processing failed for a batch of %d", len(live))
+            self._fail(live, InternalError(f"post-processing failed: {exc}"))
+            return
+        for job, count in done:
+            job.finish(count)
+
+    @staticmethod
+    def _fail(batch: list[Sequence], error: InternalError) -> None:
+        for job in {id(seq.job): seq.job for seq in batch}.values():
+            job.fail(error)
 
     def run_batch(self, items: list[Sequence]) -> FinishedBatch:
         """Pad ``items`` into one batch, run the encoder (and the masked-LM head on masked positions)."""
-        longest = max(item.length for item in items)
+        lengths = np.fromiter((item.length for item in items), np.int64, len(items))
+        longest = int(lengths.max())
+        attention_mask = (np.arange(longest)[None, :] < lengths[:, None]).astype(np.int64)
         input_ids = np.full((len(items), longest), self.model.manifest.tokenizer.pad_id, dtype=np.int64)
-        attention_mask = np.zeros((len(items), longest), dtype=np.int64)
-        for row, item in enumerate(items):
-            input_ids[row, : item.length] = item.ids
-            attention_mask[row, : item.length] = 1
+        input_ids[attention_mask.astype(bool)] = np.concatenate([item.ids for item in items])
 
         wanted: dict[str, None] = {}  # ordered set of the outputs this batch needs
         last = self._names[self.model.num_layers]
         mask_rows: dict[int, slice] = {}
         positions: list[tuple[int, int]] = []
+        seen: set[int] = set()  # needs already planned: a batch has few distinct ones
         for row, item in enumerate(items):
             need = item.need
-            if need.pooling == pooling.POOLER:
-                wanted[POOLER_OUTPUT] = None
-            if need.pooling in pooling.POOLERS or need.tokens:
-                wanted.update((self._names[layer], None) for layer in need.layers)
             if need.mask_positions:
                 wanted[last] = None
                 mask_rows[row] = slice(len(positions), len(positions) + len(need.mask_positions))
                 positions.extend((row, p) for p in need.mask_positions)
+            if id(need) in seen:
+                continue
+            seen.add(id(need))
+            if need.pooling == pooling.POOLER:
+                wanted[POOLER_OUTPUT] = None
+            elif need.pooling in pooling.POOLERS and not need.tokens:
+                for layer in need.layers:
+                    wanted[self.pooled_names.get((layer, need.pooling), self._names[layer])] = None
+            if need.tokens:
+                wanted.update((self._names[layer], None) for layer in need.layers)
 
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         names = list(wanted)
         outputs = dict(zip(names, self.model.encode(input_ids, attention_mask, names), strict=True))
         logits = None
         if positions:
             rows, cols = zip(*positions, strict=True)
             logits = self.model.mask_logits(outputs[last][list(rows), list(cols)])
-        finished = time.perf_counter()
+        finished, cpu = time.perf_counter(), time.thread_time() - cpu
 
         self.stats.batches += 1
         self.stats.items += len(items)
@@ -136,6 +151,8 @@ class Inference:
             mask_rows=mask_rows,
             mask_logits=logits,
             output_names=self._names,
+            pooled_names=self.pooled_names,
             started_at=started,
             finished_at=finished,
+            cpu_s=cpu,
         )

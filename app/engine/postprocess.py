@@ -1,17 +1,15 @@
 """Stage 5, post-processing in numpy, per batch.
 
-On the post-processing thread, so the inference thread goes straight on to the next batch: pooling of the
-layers each item asked for (:mod:`app.engine.pooling`), the unpadded token rows of items that want every
-token (/embed_all), and masked-LM probabilities. What is done per request with the results (layer
+On the inference thread, right after the batch ran (:mod:`app.engine.inference` says why): the pooled
+vectors each item asked for (the graph's own pooled outputs, or pooled here with :mod:`app.engine.pooling`
+when the graph has none), the unpadded token rows of items that want every token (/embed_all), and
+masked-LM probabilities. What is done per request with the results (layer
 combination, window averages, normalisation) is in :mod:`app.layers`; wire encodings in the API layer.
 """
 
 from __future__ import annotations
 
-import logging
-import queue
-import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -19,8 +17,6 @@ from app.engine import pooling
 from app.engine.work import Job, Need, Sequence
 from app.errors import InternalError
 from app.model.manifest import POOLER_OUTPUT
-
-log = logging.getLogger(__name__)
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -42,12 +38,16 @@ class FinishedBatch:
     output_names: dict[int, str]  # 1-based layer → encoder output name
     started_at: float
     finished_at: float
+    cpu_s: float = 0.0  # the running thread's CPU seconds inside ONNX Runtime
+    # (1-based layer, pooling mode) → the encoder output holding that pooled vector, where the graph has it
+    pooled_names: dict[tuple[int, str], str] = field(default_factory=dict)
 
 
 def split_batch(batch: FinishedBatch) -> list[tuple[Job, int]]:
     """Write one finished batch's results into the jobs of its sequences.
 
-    Pooled vectors are computed once per (layer, pooling) for the whole batch and copied into each job
+    Pooled vectors are taken from the graph's pooled outputs where the batch fetched them, else computed
+    once per (layer, pooling) for the whole batch; either way they are copied into each job
     with one array assignment per (job, need), not per sequence; token rows (/embed_all) and mask
     probabilities (fill-mask) are per sequence. Returns each job with how many of its sequences were
     in this batch (the caller counts them done).
@@ -55,12 +55,17 @@ def split_batch(batch: FinishedBatch) -> list[tuple[Job, int]]:
     Raises:
         InternalError: a sequence asked for masked positions but the batch ran no masked-LM head.
     """
-    pooled: dict[tuple[str, str], np.ndarray] = {}
+    pooled: dict[tuple[int, str], np.ndarray] = {}
 
-    def pool(name: str, mode: str) -> np.ndarray:
-        key = (name, mode)
+    def pool(layer: int, mode: str) -> np.ndarray:
+        key = (layer, mode)
         if key not in pooled:
-            pooled[key] = pooling.pool(mode, batch.outputs[name], batch.attention_mask)
+            name = batch.pooled_names.get(key)
+            if name is not None and name in batch.outputs:
+                pooled[key] = batch.outputs[name]
+            else:
+                states = batch.outputs[batch.output_names[layer]]
+                pooled[key] = pooling.pool(mode, states, batch.attention_mask)
         return pooled[key]
 
     probs = softmax(batch.mask_logits) if batch.mask_logits is not None else None
@@ -78,8 +83,9 @@ def split_batch(batch: FinishedBatch) -> list[tuple[Job, int]]:
         if need.pooling == pooling.POOLER:
             _store_vectors(job, slots, batch.outputs[POOLER_OUTPUT][rows][:, None, :])
         elif need.pooling is not None:
-            names = [batch.output_names[layer] for layer in need.layers]
-            _store_vectors(job, slots, np.stack([pool(name, need.pooling)[rows] for name in names], axis=1))
+            _store_vectors(
+                job, slots, np.stack([pool(layer, need.pooling)[rows] for layer in need.layers], axis=1)
+            )
         if need.tokens:
             if not job.token_states:
                 job.token_states = [None] * job.count
@@ -89,14 +95,15 @@ def split_batch(batch: FinishedBatch) -> list[tuple[Job, int]]:
                 job.token_states[slot] = np.stack(
                     [batch.outputs[batch.output_names[layer]][row, :length] for layer in need.layers]
                 )
-        for row, slot in zip(rows, slots, strict=True):
-            if batch.sequences[row].need.mask_positions:
-                if probs is None:
-                    raise InternalError("a sequence asked for masked positions but the batch ran no MLM head")
-                if not job.mask_probs:
-                    job.mask_probs = [None] * job.count
+        if need.mask_positions:
+            if probs is None:
+                raise InternalError("a sequence asked for masked positions but the batch ran no MLM head")
+            if not job.mask_probs:
+                job.mask_probs = [None] * job.count
+            for row, slot in zip(rows, slots, strict=True):
                 job.mask_probs[slot] = probs[batch.mask_rows[row]]
-        waited = batch.started_at - min(batch.sequences[row].enqueued_at for row in rows)
+        # A job's sequences are queued together, so its first one here waited as long as any.
+        waited = batch.started_at - batch.sequences[rows[0]].enqueued_at
         job.queued_s = max(job.queued_s, waited)
         job.batches[batch.started_at] = inference_s
         _, count = done.get(id(job), (job, 0))
@@ -109,35 +116,3 @@ def _store_vectors(job: Job, slots: list[int], vectors: np.ndarray) -> None:
     if job.vectors is None:
         job.vectors = np.empty((job.count, *vectors.shape[1:]), dtype=np.float32)
     job.vectors[slots] = vectors
-
-
-class PostProcessing:
-    """The post-processing thread: writes finished batches into their jobs and resolves finished jobs."""
-
-    def __init__(self, capacity: int = 2) -> None:
-        # Small bound: if this stage falls behind, the inference thread waits instead of piling up.
-        self._batches: queue.Queue[FinishedBatch | None] = queue.Queue(maxsize=capacity)
-        self._thread = threading.Thread(target=self._run, name="zhembed-postprocess", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._batches.put(None)
-        self._thread.join(timeout=10)
-
-    def put(self, batch: FinishedBatch) -> None:
-        self._batches.put(batch)
-
-    def _run(self) -> None:
-        while (batch := self._batches.get()) is not None:
-            try:
-                done = split_batch(batch)
-            except Exception as exc:  # a broken invariant: fail these requests loudly, keep serving
-                log.exception("post-processing failed for a batch of %d", len(batch.sequences))
-                error = InternalError(f"post-processing failed: {exc}")
-                for job in {id(seq.job): seq.job for seq in batch.sequences}.values():
-                    job.fail(error)
-                continue
-            for job, count in done:
-                job.finish(count)

@@ -1,7 +1,12 @@
 """Stage 2, tokenisation: one thread turns queued texts into encodings, many requests per call.
 
 Requests put their texts on a bounded queue; the thread drains what is there and encodes it in one
-``encode_batch`` call, off the event loop, while the inference thread runs the previous batch.
+``encode_batch`` call, off the event loop, while the inference thread runs the previous batch. Each
+request then gets its encodings in one of two ways: :meth:`Tokenization.encode` wakes the event loop
+with them (for answers built from the tokens: /embed_all, fill-mask, /tokenize), :meth:`Tokenization.then`
+hands them to a callback right here on this thread, which queues the request's sequences for batching
+(/embed and the routes like it): the loop is not woken between tokenisation and batching, so a request
+wakes it once, when its answer is ready.
 
 Encoding a few short texts on the event loop instead was tried and measured (``loadtest.overhead``,
 32 × 1 and 256 × 1, two interleaved rounds): no less CPU per request, and since requests then reached
@@ -13,13 +18,17 @@ and throughput lower in three of the four paired cells (520 / 462 against 544 / 
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tokenizers import Encoding
 
 from app.model.tokenizer import TextTokenizer
+
+log = logging.getLogger(__name__)
 
 # Texts encoded per call: large enough to amortise the call, small enough that one huge request does
 # not hold up the next request's first encodings for long.
@@ -31,8 +40,9 @@ class _Job:
     texts: list[str]
     add_special_tokens: bool
     offsets: bool
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[list[Encoding]]
+    done: Callable[[list[Encoding]], object]  # called on this thread with the job's encodings
+    failed: Callable[[BaseException], object]  # called on this thread if encoding raised
+    wanted: Callable[[], bool]  # False once the request is gone: its texts are skipped
 
 
 class Tokenization:
@@ -43,8 +53,15 @@ class Tokenization:
         self._thread = threading.Thread(target=self._run, name="zhembed-tokenize", daemon=True)
         self.calls = 0
         self.texts = 0
-        # Texts queued or being encoded; changed on the event loop only, read by the batch assembler.
-        self.pending_texts = 0
+        # Texts queued and texts done: each counter has one writer (the event loop, this thread), so
+        # their difference is read without a lock by the batch assembler (pending_texts).
+        self._queued = 0
+        self._done = 0
+
+    @property
+    def pending_texts(self) -> int:
+        """Texts queued or being encoded, whose sequences may soon reach the batch queue."""
+        return self._queued - self._done
 
     def start(self) -> None:
         self._thread.start()
@@ -60,13 +77,34 @@ class Tokenization:
         caller reads the tokens' character spans."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[list[Encoding]] = loop.create_future()
+        self._put(
+            _Job(
+                texts,
+                add_special_tokens,
+                offsets,
+                lambda part: loop.call_soon_threadsafe(_resolve, future, part),
+                lambda exc: loop.call_soon_threadsafe(_fail, future, exc),
+                lambda: not future.cancelled(),
+            )
+        )
+        return await future
+
+    def then(
+        self,
+        texts: list[str],
+        done: Callable[[list[Encoding]], None],
+        failed: Callable[[BaseException], None],
+        wanted: Callable[[], bool],
+        add_special_tokens: bool = True,
+    ) -> None:
+        """Encode ``texts`` (no offsets) and call ``done`` with their encodings on the tokenisation thread,
+        or ``failed`` if encoding raised; neither once ``wanted()`` is False. From the event loop."""
+        self._put(_Job(texts, add_special_tokens, False, done, failed, wanted))
+
+    def _put(self, job: _Job) -> None:
         # Never blocks: admission bounds the requests in flight below the queue's capacity.
-        self._jobs.put_nowait(_Job(texts, add_special_tokens, offsets, loop, future))
-        self.pending_texts += len(texts)
-        try:
-            return await future
-        finally:
-            self.pending_texts -= len(texts)
+        self._jobs.put_nowait(job)
+        self._queued += len(job.texts)
 
     def _run(self) -> None:
         while True:
@@ -87,31 +125,37 @@ class Tokenization:
                 count += len(more.texts)
             for special in (True, False):
                 for offsets in (True, False):
-                    group = [
-                        j
-                        for j in jobs
-                        if j.add_special_tokens is special
-                        and j.offsets is offsets
-                        and not j.future.cancelled()
-                    ]
+                    group = [j for j in jobs if j.add_special_tokens is special and j.offsets is offsets]
                     if group:
                         self._encode(group, special, offsets)
 
     def _encode(self, jobs: list[_Job], add_special_tokens: bool, offsets: bool) -> None:
-        texts = [t for j in jobs for t in j.texts]
+        live = [j for j in jobs if j.wanted()]
+        self._done += sum(len(j.texts) for j in jobs if j not in live)
+        if not live:
+            return
+        texts = [t for j in live for t in j.texts]
         try:
             encodings = self.tokenizer.encode_batch(texts, add_special_tokens, offsets)
         except Exception as exc:  # handed to the requests, which fail loudly; the thread lives on
-            for j in jobs:
-                j.loop.call_soon_threadsafe(_fail, j.future, exc)
+            self._done += len(texts)
+            for j in live:
+                j.failed(exc)
             return
         self.calls += 1
         self.texts += len(texts)
         start = 0
-        for j in jobs:
+        for j in live:
             part = encodings[start : start + len(j.texts)]
             start += len(j.texts)
-            j.loop.call_soon_threadsafe(_resolve, j.future, part)
+            # Counted done before its sequences are queued: the assembler, woken by them, must not wait
+            # for company that is this very job.
+            self._done += len(j.texts)
+            try:
+                j.done(part)
+            except Exception as exc:  # a callback's fault is its request's, not this thread's
+                log.exception("tokenisation callback failed")
+                j.failed(exc)
 
 
 def _resolve(future: asyncio.Future[list[Encoding]], value: list[Encoding]) -> None:

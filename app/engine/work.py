@@ -2,7 +2,10 @@
 
 A :class:`Job` is one request's engine call: it is created on the event loop, carries the request's
 results as arrays, and is resolved ONCE, when its last sequence has been post-processed (one thread-safe
-wake-up of the event loop per request, not one per text). A :class:`Sequence` is one input, or one
+wake-up of the event loop per request, not one per text). A job whose texts the engine tokenises itself
+(:meth:`app.engine.engine.Engine.run_texts`) learns its sequence count on the tokenisation thread, from
+its :data:`Plan`, which turns the encodings into :class:`Planned` token ids there: the request's texts go
+from the loop to the batch queue without waking the loop in between. A :class:`Sequence` is one input, or one
 window of a long input; it knows its job and its row (``slot``) in the job's results. Both use
 ``__slots__`` and plain attributes: every text of every request passes through here, and what runs per
 text is what a GPU waits on.
@@ -12,9 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+from tokenizers import Encoding
 
 from app.engine.pooling import Pooling
 
@@ -34,6 +40,20 @@ class Need:
     mask_positions: tuple[int, ...] = ()
 
 
+@dataclass(frozen=True)
+class Planned:
+    """What a request's encodings become on the tokenisation thread: the token ids of its sequences,
+    what they need, and ``context`` for the request to read back on the loop (``Job.context``)."""
+
+    ids: list[np.ndarray]
+    need: Need
+    context: Any = None
+
+
+# Encodings → sequences, run on the tokenisation thread; raises a ServiceError for input it refuses.
+Plan = Callable[[list[Encoding]], Planned]
+
+
 class Job:
     """One request's sequences in the engine, their results, and the future the request awaits.
 
@@ -43,7 +63,9 @@ class Job:
     - ``token_states``: per sequence [len(layers), length, hidden], every real token's state (/embed_all);
     - ``mask_probs``: per sequence one [vocab] probability row per mask position (fill-mask);
     - ``queued_s``: the longest any sequence waited for its batch; ``batches``: the inference seconds of
-      each batch the job used, by the batch's start time.
+      each batch the job used, by the batch's start time;
+    - ``tokenized_s``: seconds from the job's creation until its texts were encoded (``run_texts`` only);
+      ``context``: what its :data:`Plan` left for the request.
 
     Cancelling (its client left) makes every stage drop its sequences that have not run yet.
     """
@@ -51,6 +73,7 @@ class Job:
     __slots__ = (
         "batches",
         "cancelled",
+        "context",
         "count",
         "future",
         "loop",
@@ -58,6 +81,7 @@ class Job:
         "queued_s",
         "remaining",
         "token_states",
+        "tokenized_s",
         "vectors",
     )
 
@@ -72,6 +96,13 @@ class Job:
         self.mask_probs: list[np.ndarray | None] = []
         self.queued_s = 0.0
         self.batches: dict[float, float] = {}
+        self.tokenized_s = 0.0
+        self.context: Any = None
+
+    def expect(self, count: int) -> None:
+        """Set the number of sequences, for a job created before its texts were tokenised (count 0);
+        on the tokenisation thread, before any of them is queued."""
+        self.count = self.remaining = count
 
     def cancel(self) -> None:
         self.cancelled = True

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 from pathlib import Path, PurePath
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 1
+# 2: the encoder also returns each layer's pooled vectors (``pooled_outputs``).
+SCHEMA_VERSION = 2
 MANIFEST_NAME = "manifest.json"
 
 # The CPU an int8 graph was exported for (its recipe's "cpu"): any x86-64, or only CPUs with VNNI.
@@ -22,6 +24,9 @@ ANY_CPU = "any"
 VNNI = "vnni"
 
 Variant = Literal["fp32", "fp16", "int8"]
+# The poolings the encoder graph computes itself, per layer (app/engine/pooling.py has the same in numpy).
+PooledMode = Literal["cls", "mean"]
+POOLED_MODES: tuple[PooledMode, ...] = ("cls", "mean")
 VARIANTS: tuple[Variant, ...] = ("fp32", "fp16", "int8")
 GraphName = Literal["encoder", "mlm_head"]
 
@@ -39,6 +44,17 @@ def layer_output_name(layer: int, num_layers: int) -> str:
     if not 1 <= layer <= num_layers:
         raise ValueError(f"layer {layer} is outside 1..{num_layers}")
     return LAST_HIDDEN_STATE if layer == num_layers else f"hidden_state_{layer}"
+
+
+def pooled_output_name(mode: PooledMode, layer: int, num_layers: int) -> str:
+    """The encoder output that holds 1-based ``layer``'s ``mode``-pooled vector [batch, hidden]: the
+    [CLS] state (``cls_{layer}``) or the mean over real tokens, [CLS] and [SEP] included (``mean_{layer}``).
+    """
+    if mode not in POOLED_MODES:
+        raise ValueError(f"pooling {mode!r} is not computed in the graph (only {', '.join(POOLED_MODES)})")
+    if not 1 <= layer <= num_layers:
+        raise ValueError(f"layer {layer} is outside 1..{num_layers}")
+    return f"{mode}_{layer}"
 
 
 class _Frozen(BaseModel):
@@ -129,6 +145,9 @@ class Manifest(_Frozen):
     tokenizer: TokenizerInfo
     graphs: dict[GraphName, dict[Variant, GraphFile]]
     layer_outputs: dict[int, str] = Field(description="1-based layer -> encoder output name")
+    pooled_outputs: dict[PooledMode, dict[int, str]] = Field(
+        description="pooling mode -> 1-based layer -> encoder output of that pooled vector [batch, hidden]"
+    )
     validation: dict[Variant, Validation]
     versions: dict[str, str]
     timings_s: dict[str, float]
@@ -149,6 +168,20 @@ class ManifestError(RuntimeError):
     """The model folder is missing, incomplete, or its files do not match the manifest."""
 
 
+class OutdatedManifestError(ManifestError):
+    """The folder was exported for an older schema_version than this build reads: it needs a re-export,
+    and the message gives the exact command."""
+
+    def __init__(self, folder: Path, found: int, command: str) -> None:
+        super().__init__(
+            f"{folder / MANIFEST_NAME} has schema_version {found}, older than the {SCHEMA_VERSION} this build "
+            f"reads: export it again with: {command}"
+        )
+        self.folder = folder
+        self.found = found
+        self.command = command
+
+
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
@@ -157,10 +190,54 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+def _section(raw: dict[str, object], key: str) -> dict[str, object]:
+    value = raw.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def reexport_command(folder: Path, raw: dict[str, object]) -> str:
+    """The ``python -m export`` command that exports ``folder`` again from the source and options its
+    manifest (``raw``, as read: any schema version) records, replacing it."""
+    source, options = _section(raw, "source"), _section(raw, "options")
+    variants = options.get("variants")
+    command = ["python", "-m", "export", "--model", str(source.get("model") or "SRC"), "--out", str(folder)]
+    if source.get("revision"):
+        command += ["--revision", str(source["revision"])]
+    if isinstance(variants, list):
+        command += ["--variants", ",".join(str(v) for v in variants)]
+    if isinstance(options.get("opset"), int):
+        command += ["--opset", str(options["opset"])]
+    if options.get("twin") is True:
+        command.append("--twin")
+    return shlex.join([*command, "--force"])
+
+
+def _refuse_outdated(folder: Path, raw: dict[str, object]) -> None:
+    found = raw.get("schema_version")
+    if isinstance(found, int) and found < SCHEMA_VERSION:
+        raise OutdatedManifestError(folder, found, reexport_command(folder, raw))
+
+
+def check_schema(folder: Path) -> None:
+    """Refuse a folder exported for an older schema; anything else wrong is ``load_manifest``'s to report.
+
+    Raises:
+        OutdatedManifestError: ``folder/manifest.json`` has an older schema_version (the message gives
+            the command that exports it again).
+    """
+    try:
+        raw = json.loads((folder / MANIFEST_NAME).read_text())
+    except (OSError, ValueError):
+        return  # absent or unreadable: load_manifest says which
+    if isinstance(raw, dict):
+        _refuse_outdated(folder, raw)
+
+
 def load_manifest(folder: Path) -> Manifest:
     """Read and parse ``folder/manifest.json``.
 
     Raises:
+        OutdatedManifestError: it is of an older schema version (the message says how to re-export).
         ManifestError: the file is absent, unreadable, of another schema version or malformed.
     """
     path = folder / MANIFEST_NAME
@@ -172,6 +249,9 @@ def load_manifest(folder: Path) -> Manifest:
         raw = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise ManifestError(f"{path} is not readable JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ManifestError(f"{path} is not a JSON object")
+    _refuse_outdated(folder, raw)
     if raw.get("schema_version") != SCHEMA_VERSION:
         raise ManifestError(
             f"{path} has schema_version {raw.get('schema_version')!r}; this build reads {SCHEMA_VERSION}"

@@ -1,7 +1,9 @@
 """Find the model folder for ``--model``: a folder with a manifest, or an export made on first use.
 
 A hub id (or a plain Hugging Face folder) is exported into ``--cache-dir`` by running the exporter as a
-subprocess: the service process never imports torch.
+subprocess: the service process never imports torch. An export there of an older schema is ours: it is
+exported again. A folder the user exported is not ours to rewrite: it is refused with the command that
+re-exports it.
 """
 
 from __future__ import annotations
@@ -13,7 +15,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from app.model.manifest import MANIFEST_NAME, ManifestError
+from app.model.manifest import (
+    MANIFEST_NAME,
+    SCHEMA_VERSION,
+    ManifestError,
+    OutdatedManifestError,
+    check_schema,
+)
 
 log = logging.getLogger(__name__)
 
@@ -34,18 +42,35 @@ def resolve_model(model: str, revision: str | None, cache_dir: Path) -> Path:
     """The folder holding ``manifest.json`` for ``model``, exporting it first when needed.
 
     Raises:
+        OutdatedManifestError: ``model`` is an exported folder of an older schema (the message gives the
+            command that exports it again).
         ManifestError: the exporter failed or is not installed (its last line of output says why).
     """
     given = Path(model).expanduser()
     if (given / MANIFEST_NAME).is_file():
+        check_schema(given)
         return given
     out = cache_folder(str(given.resolve()) if given.is_dir() else model, revision, cache_dir)
-    if (out / MANIFEST_NAME).is_file():
-        return out
     command = [sys.executable, "-m", "export", "--model", model, "--out", str(out)]
     if revision:
         command += ["--revision", revision]
-    log.info("no exported model for %s; exporting into %s: %s", model, out, " ".join(command))
+    if (out / MANIFEST_NAME).is_file():
+        try:
+            check_schema(out)
+        except OutdatedManifestError as old:
+            # --force: an outdated folder must never pass for up to date, whatever the exporter checks.
+            command.append("--force")
+            log.info(
+                "the export in %s has schema_version %d, older than this build's %d; exporting it again: %s",
+                out,
+                old.found,
+                SCHEMA_VERSION,
+                " ".join(command),
+            )
+        else:
+            return out
+    else:
+        log.info("no exported model for %s; exporting into %s: %s", model, out, " ".join(command))
     out.parent.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode == EXIT_HUB_UNREACHABLE:

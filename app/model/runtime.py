@@ -151,6 +151,13 @@ class OnnxModel:
         self._encoder = ort.InferenceSession(str(folder / encoder.file), options, providers=choice.providers)
         self.providers: list[str] = self._encoder.get_providers()
         self._outputs = {o.name for o in self._encoder.get_outputs()}
+        # (1-based layer, mode) → the encoder output with that pooled vector, where the graph has it.
+        self._pooled: dict[tuple[int, str], str] = {
+            (layer, mode): name
+            for mode, per_layer in manifest.pooled_outputs.items()
+            for layer, name in per_layer.items()
+            if name in self._outputs
+        }
         self._mlm: ort.InferenceSession | None = None
         head = manifest.graphs.get("mlm_head", {}).get(choice.variant)
         if manifest.config.has_mlm_head and head is not None:
@@ -175,6 +182,12 @@ class OnnxModel:
 
     def output_name(self, layer: int) -> str:
         return self.manifest.layer_outputs.get(layer) or layer_output_name(layer, self.num_layers)
+
+    def pooled_output(self, layer: int, mode: str) -> str | None:
+        """The encoder output holding 1-based ``layer``'s ``mode``-pooled ("cls", "mean") vector
+        [batch, hidden], computed in the graph; None when the graph has none (pool its token states then).
+        """
+        return self._pooled.get((layer, mode))
 
     def encode(
         self, input_ids: np.ndarray, attention_mask: np.ndarray, outputs: list[str]

@@ -36,8 +36,9 @@ class Running:
         return self.app.state.service
 
 
-def start_server(settings: Settings) -> tuple[Running, uvicorn.Server, threading.Thread]:
-    app = create_app(settings)
+def start_server(settings: Settings, model: Any = None) -> tuple[Running, uvicorn.Server, threading.Thread]:
+    """A real server on a free port; ``model``: an already loaded one (else loaded from ``settings``)."""
+    app = create_app(settings, model=model)
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", loop="asyncio")
     )
@@ -220,9 +221,9 @@ def own_redis() -> Iterator[RedisProcess]:
 
 
 @contextmanager
-def serving(settings: Settings) -> Iterator[Running]:
-    """A real server for ``settings``, stopped on exit."""
-    running, uv, thread = start_server(settings)
+def serving(settings: Settings, model: Any = None) -> Iterator[Running]:
+    """A real server for ``settings`` (on ``model``, if given), stopped on exit."""
+    running, uv, thread = start_server(settings, model)
     try:
         yield running
     finally:

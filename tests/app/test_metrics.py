@@ -6,10 +6,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import httpx
+import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.metrics import LATENCY_BUCKETS, Metrics
+from app.metrics import LATENCY_BUCKETS, Metrics, observe_many
 from app.settings import Settings
 from tests.app.conftest import Running, metric, samples, serving, with_cache
 
@@ -120,3 +121,27 @@ def test_model_info_names_the_loaded_model(cclient: httpx.Client, cached: Runnin
         "weights": source.weights,
     }
     assert samples(cclient, "zhembed_model_info")[labels] == 1
+
+
+@pytest.mark.parametrize("count", [0, 5, 300])  # the bisect branch and the numpy branch
+def test_observe_many_counts_as_observing_each_value(count: int) -> None:
+    rng = np.random.default_rng(count)
+    # Values on the bounds themselves, beyond the last one, and between.
+    values = np.concatenate([rng.random(count) * 12, np.asarray(LATENCY_BUCKETS[: min(count, 15)])])
+    one, many = Metrics(), Metrics()
+    for v in values:
+        one.queue_duration.observe(float(v))
+    observe_many(many.queue_duration, values)
+
+    def series(m: Metrics) -> dict[tuple[str, str], float]:
+        return {
+            (s.name, s.labels.get("le", "")): s.value
+            for metric in m.queue_duration.collect()
+            for s in metric.samples
+            if not s.name.endswith("_created")
+        }
+
+    got, want = series(many), series(one)
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value), key

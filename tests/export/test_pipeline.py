@@ -57,15 +57,31 @@ def test_encoder_graph_inputs_and_outputs_match_the_manifest(tiny_model_dir: Pat
         outputs = {o.name: o.type.tensor_type for o in model.graph.output}
         assert list(inputs) == ["input_ids", "attention_mask", "token_type_ids"], variant
         assert all(t.elem_type == onnx.TensorProto.INT64 for t in inputs.values())
+        pooled = [f"{mode}_{i}" for mode in ("cls", "mean") for i in range(1, layers + 1)]
         expected = [f"hidden_state_{i}" for i in range(1, layers)] + ["last_hidden_state", "pooler_output"]
-        assert list(outputs) == expected, variant
+        assert list(outputs) == expected + pooled, variant
         # fp16 keeps fp32 inputs/outputs: the service never converts.
         assert all(t.elem_type == onnx.TensorProto.FLOAT for t in outputs.values()), variant
-        assert [s.name for s in graph.outputs] == expected
+        assert [s.name for s in graph.outputs] == expected + pooled
+        for spec in graph.outputs:
+            width = ["batch", "sequence"] if spec.name in expected[:layers] else ["batch"]
+            assert spec.shape == [*width, manifest.config.hidden_size], spec
         dims = [d.dim_param for d in inputs["input_ids"].shape.dim]
         assert dims == ["batch", "sequence"]
     assert manifest.layer_outputs[layers] == "last_hidden_state"
     assert manifest.layer_outputs[1] == "hidden_state_1"
+
+
+def test_manifest_declares_each_layers_pooled_outputs(tiny_model_dir: Path) -> None:
+    manifest = load_manifest(tiny_model_dir)
+    layers = range(1, manifest.config.num_layers + 1)
+    assert manifest.pooled_outputs == {
+        "cls": {i: f"cls_{i}" for i in layers},
+        "mean": {i: f"mean_{i}" for i in layers},
+    }
+    for graph in manifest.graphs["encoder"].values():
+        declared = {s.name for s in graph.outputs}
+        assert all(n in declared for per in manifest.pooled_outputs.values() for n in per.values())
 
 
 def test_mlm_head_is_a_small_graph_from_hidden_to_vocab(tiny_model_dir: Path) -> None:
@@ -105,6 +121,18 @@ def test_every_variant_passed_parity_within_its_thresholds(tiny_model_dir: Path)
     assert fp32["cosine_min"].value >= 0.99999
     assert fp32["mlm_top1"].value == 1.0
     assert fp32["max_abs_diff"].value < 1e-4
+
+
+def test_every_pooled_output_is_validated_on_its_own(tiny_model_dir: Path) -> None:
+    manifest = load_manifest(tiny_model_dir)
+    names = [n for per in manifest.pooled_outputs.values() for n in per.values()]
+    for variant in VARIANTS:
+        metrics = manifest.validation[variant].metrics
+        total = metrics["cosine_min"]
+        for name in names:
+            metric = metrics[f"cosine_min/{name}"]
+            assert metric.threshold == total.threshold and metric.enforced == total.enforced, name
+            assert metric.passed and metric.value >= total.value, name
 
 
 def test_rerun_with_same_source_and_options_is_a_noop(tiny_source_dir: Path, tmp_path: Path) -> None:
@@ -174,6 +202,32 @@ def test_a_tampered_graph_fails_validation(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_wrong_pooled_output_fails_validation_naming_each_one(
+    tiny_source_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two layers' means swapped in the graph (a mislabelled output): both are listed, by name."""
+    real_export = graphs.export_encoder
+
+    def swapped(loaded: object, path: Path, opset: int, all_layers: bool = True) -> None:
+        real_export(loaded, path, opset, all_layers)  # type: ignore[arg-type]
+        model = onnx.load(str(path))
+        rename = {"mean_2": "mean_3", "mean_3": "mean_2"}
+        for node in model.graph.node:
+            node.output[:] = [rename.get(o, o) for o in node.output]
+        onnx.save(model, str(path))
+
+    monkeypatch.setattr(graphs, "export_encoder", swapped)
+    with pytest.raises(ValidationFailedError) as failure:
+        run_export(
+            ExportOptions(out=tmp_path / "model", model=str(tiny_source_dir), variants=("fp32",)), _quiet
+        )
+    message = str(failure.value)
+    assert "fp32 cosine_min/mean_2" in message and "fp32 cosine_min/mean_3" in message
+    assert "fp32 max_abs_diff" in message
+    assert "mean_1" not in message and "cls_" not in message
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_an_exception_mid_export_leaves_no_partial_folder(
     tiny_source_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -188,5 +242,6 @@ def test_an_exception_mid_export_leaves_no_partial_folder(
 
 def test_manifest_is_plain_json_the_service_can_read(tiny_model_dir: Path) -> None:
     raw = json.loads((tiny_model_dir / "manifest.json").read_text())
-    assert raw["schema_version"] == 1
+    assert raw["schema_version"] == 2
+    assert raw["pooled_outputs"]["mean"]["1"] == "mean_1"  # JSON keys are strings; the model reads ints
     assert set(raw["graphs"]) == {"encoder", "mlm_head"}

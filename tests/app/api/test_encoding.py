@@ -1,4 +1,4 @@
-"""Wire encodings: float, base64 and int8, for vectors and token rows."""
+"""Wire encodings: float, base64 and int8, for a request's vectors, one vector, and token rows."""
 
 from __future__ import annotations
 
@@ -6,8 +6,10 @@ import base64
 
 import numpy as np
 import orjson
+import pytest
 
-from app.api.encoding import encode_rows, encode_vector
+from app.api.encoding import encode_rows, encode_vector, encode_vectors
+from app.options import Encoding
 
 
 def test_encodings_round_trip() -> None:
@@ -48,3 +50,52 @@ def test_rows_encode() -> None:
         b"[[3.0,4.0],[0.0,0.0]]"
     )
     assert len(encode_rows(np.zeros((0, 2), np.float32), "float")) == 0
+
+
+def encode_one(vector: np.ndarray, encoding: Encoding) -> np.ndarray | str | dict[str, object]:
+    """The per-vector encoding the routes used before encode_vectors: the reference it must match."""
+    v = np.ascontiguousarray(vector, dtype=np.float32)
+    if encoding == "float":
+        return v
+    if encoding == "base64":
+        return base64.b64encode(v.astype("<f4").tobytes()).decode("ascii")
+    peak = float(np.abs(v).max()) if v.size else 0.0
+    scale = peak / 127 if peak > 0 else 1.0
+    values = np.clip(np.rint(v / scale), -127, 127).astype(np.int8)
+    return {"values": values, "scale": scale}
+
+
+def random_vectors(n: int, width: int) -> np.ndarray:
+    rng = np.random.default_rng(n * 1000 + width)
+    vectors = (rng.standard_normal((n, width)) * rng.uniform(1e-3, 1e3, (n, 1))).astype(np.float32)
+    vectors[n // 2] = 0.0  # a zero vector among them
+    return vectors
+
+
+@pytest.mark.parametrize("encoding", ["float", "base64", "int8"])
+@pytest.mark.parametrize(("n", "width"), [(1, 768), (3, 5), (32, 768), (7, 1)])
+def test_a_whole_request_encodes_as_each_vector_did(encoding: Encoding, n: int, width: int) -> None:
+    vectors = random_vectors(n, width)
+    want = orjson.dumps([encode_one(v, encoding) for v in vectors], option=orjson.OPT_SERIALIZE_NUMPY)
+    for given in (vectors, list(vectors)):  # the service's 2-D array, or one array per input
+        got = orjson.dumps(encode_vectors(given, encoding), option=orjson.OPT_SERIALIZE_NUMPY)
+        assert got == want
+
+
+def test_int8_scales_and_values_equal_the_per_vector_ones() -> None:
+    vectors = random_vectors(64, 768)
+    for got, v in zip(encode_vectors(vectors, "int8"), vectors, strict=True):
+        want = encode_one(v, "int8")
+        assert isinstance(got, dict) and isinstance(want, dict)
+        assert type(got["scale"]) is float and got["scale"] == want["scale"]
+        np.testing.assert_array_equal(got["values"], want["values"])
+    zero = encode_vectors(vectors, "int8")[32]
+    assert isinstance(zero, dict) and zero["scale"] == 1.0  # the zero vector
+
+
+def test_no_vectors_encode_to_an_empty_list() -> None:
+    assert orjson.dumps(encode_vectors([], "float"), option=orjson.OPT_SERIALIZE_NUMPY) == b"[]"
+    empty = np.zeros((0, 4), np.float32)
+    encodings: tuple[Encoding, ...] = ("float", "base64", "int8")
+    for encoding in encodings:
+        assert orjson.dumps(encode_vectors(empty, encoding), option=orjson.OPT_SERIALIZE_NUMPY) == b"[]"

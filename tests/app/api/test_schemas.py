@@ -30,6 +30,26 @@ def test_embed_request_becomes_options() -> None:
     )
 
 
+@pytest.mark.parametrize("normalize", [True, False])
+@pytest.mark.parametrize(
+    "sent",
+    [
+        {},
+        {"pooling": "mean"},
+        {"truncate": False},
+        {"layers": None},
+        {"prompt_name": None},
+        {"pooling": "cls"},
+    ],
+)
+def test_options_are_the_same_whether_defaults_are_sent_or_not(
+    sent: dict[str, object], normalize: bool
+) -> None:
+    body = EmbedRequest.model_validate({"inputs": "a", **sent})
+    built = EmbedOptions(pooling=sent.get("pooling", "mean"), normalize=normalize)  # type: ignore[arg-type]
+    assert body.options(normalize) == built
+
+
 def test_long_text_wins_over_truncate_and_defaults_to_error() -> None:
     assert (
         EmbedRequest.model_validate({"inputs": "x", "truncate": True, "long_text": "chunk"})

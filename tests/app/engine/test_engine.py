@@ -75,10 +75,9 @@ def job_of(lengths: list[int]) -> tuple[Job, list[Sequence]]:
 
 def test_cancelled_requests_are_dropped_before_inference(tiny_model: Any, tiny_settings: Settings) -> None:
     engine = Engine(tiny_model, tiny_settings, Metrics())
-    # Everything but the assembler runs, so the cancelled request's items are still queued when it leaves.
+    # Everything but the inference thread (which assembles the batches) runs, so the cancelled request's
+    # items are still queued when it leaves.
     engine.tokenization.start()
-    engine.post.start()
-    engine.inference.start()
 
     async def main() -> None:
         gone, sequences = job_of([5, 9, 12])
@@ -89,7 +88,7 @@ def test_cancelled_requests_are_dropped_before_inference(tiny_model: Any, tiny_s
         with contextlib.suppress(asyncio.CancelledError):
             await task
         assert gone.cancelled
-        engine._assembler.start()
+        engine.inference.start()
         stays = await engine.run(*job_of([7]))
         assert stays.vectors is not None and stays.vectors.shape[0] == 1
 

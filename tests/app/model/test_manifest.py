@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -11,10 +12,13 @@ import pytest
 from app.model.manifest import (
     LAST_HIDDEN_STATE,
     MANIFEST_NAME,
+    SCHEMA_VERSION,
     ManifestError,
+    OutdatedManifestError,
     Source,
     layer_output_name,
     load_manifest,
+    pooled_output_name,
     verify_files,
 )
 
@@ -24,6 +28,32 @@ def test_layer_output_names() -> None:
     assert layer_output_name(6, 12) == "hidden_state_6"
     with pytest.raises(ValueError):
         layer_output_name(13, 12)
+
+
+def test_pooled_output_names() -> None:
+    assert pooled_output_name("cls", 12, 12) == "cls_12"
+    assert pooled_output_name("mean", 1, 12) == "mean_1"
+    with pytest.raises(ValueError, match="outside"):
+        pooled_output_name("mean", 0, 12)
+    with pytest.raises(ValueError, match="not computed in the graph"):
+        pooled_output_name("pooler", 12, 12)  # type: ignore[arg-type]
+
+
+def test_an_older_schema_is_refused_with_the_command_that_exports_it_again(
+    tmp_path: Path, tiny_source_dir: Path, old_export: Callable[[Path], Path]
+) -> None:
+    assert SCHEMA_VERSION == 2
+    folder = old_export(tmp_path / "my model")
+    with pytest.raises(OutdatedManifestError) as caught:
+        load_manifest(folder)
+    command = (
+        f"python -m export --model {tiny_source_dir} --out '{folder}' --variants fp32,fp16,int8 --opset 17 "
+        "--force"
+    )
+    assert caught.value.command == command and caught.value.found == 1
+    assert str(caught.value).endswith(
+        f"has schema_version 1, older than the 2 this build reads: export it again with: {command}"
+    )
 
 
 def test_missing_unreadable_and_other_versions_are_refused(tmp_path: Path, tiny_model_dir: Path) -> None:

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from app.model.manifest import ManifestError
+from app.model.manifest import (
+    SCHEMA_VERSION,
+    ManifestError,
+    OutdatedManifestError,
+    load_manifest,
+    sha256_file,
+)
 from app.model.resolve import cache_folder, resolve_model
 
 
@@ -19,6 +26,38 @@ def test_an_earlier_export_in_the_cache_is_reused(tiny_model_dir: Path, tmp_path
     target.mkdir(parents=True)
     (target / "manifest.json").write_text((tiny_model_dir / "manifest.json").read_text())
     assert resolve_model("some/hub-model", "main", tmp_path) == target
+
+
+def test_an_older_export_in_the_cache_is_exported_again(
+    tiny_source_dir: Path, tmp_path: Path, old_export: Callable[[Path], Path]
+) -> None:
+    """The cache is ours: an export made by an older build is redone (the exporter runs with --force)."""
+    target = cache_folder(str(tiny_source_dir.resolve()), None, tmp_path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    old_export(target)
+    assert resolve_model(str(tiny_source_dir), None, tmp_path) == target
+    manifest = load_manifest(target)
+    assert manifest.schema_version == SCHEMA_VERSION and manifest.pooled_outputs["mean"][1] == "mean_1"
+    assert sha256_file(target / "encoder.fp32.onnx") == manifest.graphs["encoder"]["fp32"].sha256
+
+
+def test_an_exported_folder_of_an_older_schema_is_refused_with_the_command(
+    tiny_source_dir: Path, tmp_path: Path, old_export: Callable[[Path], Path]
+) -> None:
+    """The user's own folder is not ours to rewrite: refused, untouched, with the command to run."""
+    folder = old_export(tmp_path / "model")
+    before = (folder / "manifest.json").read_text()
+    with pytest.raises(OutdatedManifestError) as refused:
+        resolve_model(str(folder), None, tmp_path / "cache")
+    assert f"python -m export --model {tiny_source_dir} --out {folder} " in str(refused.value)
+    assert str(refused.value).endswith("--force")
+    assert (folder / "manifest.json").read_text() == before
+    assert not (tmp_path / "cache").exists()
+
+
+def test_a_broken_manifest_is_left_for_the_loader_to_report(tmp_path: Path) -> None:
+    (tmp_path / "manifest.json").write_text("{not json")
+    assert resolve_model(str(tmp_path), None, tmp_path / "cache") == tmp_path
 
 
 def test_cache_folders_differ_by_revision(tmp_path: Path) -> None:

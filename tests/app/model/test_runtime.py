@@ -6,11 +6,12 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from app.model.manifest import ManifestError, load_manifest
-from app.model.runtime import CPU, CUDA, choose, load_model
+from app.model.runtime import CPU, CUDA, OnnxModel, choose, load_model
 from app.settings import Settings
 
 
@@ -28,6 +29,26 @@ def test_auto_picks_int8_on_cpu_and_fp16_on_cuda(tiny_model_dir: Path) -> None:
 def test_loads_the_configured_variant(tiny_model: object) -> None:
     assert getattr(tiny_model, "variant") == "fp32"  # noqa: B009
     assert getattr(tiny_model, "has_mlm_head") and getattr(tiny_model, "has_pooler")  # noqa: B009
+
+
+def test_pooled_outputs_are_named_by_layer_and_mode(tiny_model: Any) -> None:
+    assert tiny_model.pooled_output(1, "mean") == "mean_1"
+    assert tiny_model.pooled_output(tiny_model.num_layers, "cls") == f"cls_{tiny_model.num_layers}"
+    assert tiny_model.pooled_output(1, "pooler") is None  # the pooler is an output of its own
+    assert tiny_model.pooled_output(tiny_model.num_layers + 1, "mean") is None
+
+
+def test_a_graph_without_pooled_outputs_has_none_to_name(tiny_model_dir: Path) -> None:
+    """A graph that lacks an output the manifest declares: None, so the engine pools in numpy."""
+    manifest = load_manifest(tiny_model_dir)
+    stripped = {"cls": manifest.pooled_outputs["cls"], "mean": {1: "no_such_output"}}
+    model = OnnxModel(
+        tiny_model_dir,
+        manifest.model_copy(update={"pooled_outputs": stripped}),
+        choose(manifest, "fp32", None, [CPU]),
+        intra_op_threads=1,
+    )
+    assert model.pooled_output(1, "mean") is None and model.pooled_output(1, "cls") == "cls_1"
 
 
 def test_corrupt_or_missing_files_refuse_to_load(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -1,9 +1,9 @@
-"""Several workers behind one port: one admission budget, readiness of all, one /metrics, drain, faults."""
+"""Several workers behind one port, as ``python -m app`` starts them: each serves, one /metrics counts
+them all, the server's budget holds, a killed worker is replaced, drain, faults."""
 
 from __future__ import annotations
 
 import asyncio
-import multiprocessing as mp
 import os
 import shutil
 import signal
@@ -13,66 +13,12 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-from app import workers
-from app.engine.admission import Admission
-from app.errors import Overloaded
-from app.settings import Settings
+from app.supervisor import MIN_UPTIME_S
 from tests.app.conftest import free_port, wait_until
-
-
-def _hold(permits: Any, index: int, count: int, held: Any, release: Any) -> None:
-    """In another process: take ``count`` permits as worker ``index``, hold them until told."""
-    admission = Admission(10, workers.SharedLedger(permits, index))
-    with admission.try_acquire(count):
-        held.set()
-        release.wait(30)
-
-
-def test_the_permit_budget_is_the_servers_not_each_workers() -> None:
-    ctx = mp.get_context("spawn")
-    permits = ctx.Array("q", 2)
-    held, release = ctx.Event(), ctx.Event()
-    other = ctx.Process(target=_hold, args=(permits, 1, 7, held, release))
-    other.start()
-    try:
-        assert held.wait(60)
-        mine = Admission(10, workers.SharedLedger(permits, 0))
-        assert mine.in_use == 7
-        with pytest.raises(Overloaded, match="7 of 10 inputs in flight"):
-            mine.try_acquire(4)
-        with mine.try_acquire(3):
-            assert mine.in_use == 10
-        release.set()
-        other.join(30)
-        assert mine.in_use == 0 and list(permits[:]) == [0, 0]
-    finally:
-        release.set()
-        other.join(30)
-
-
-def test_readiness_needs_every_worker() -> None:
-    ctx = mp.get_context("spawn")
-    shared = workers.Shared(ctx.Array("q", 2), ctx.Array("b", 2), "/nonexistent")
-    first, second = workers.Cluster(shared, 0), workers.Cluster(shared, 1)
-    first.set_ready(True)
-    assert not first.all_ready() and not second.all_ready()
-    second.set_ready(True)
-    assert first.all_ready()
-
-
-def test_worker_count_auto_is_one_on_cpu_and_four_on_cuda() -> None:
-    assert workers.resolve_count(Settings(workers=3)) == 3
-    assert workers.resolve_count(Settings(providers="CPUExecutionProvider")) == 1
-    cuda = Settings(providers="CUDAExecutionProvider,CPUExecutionProvider")
-    assert workers.resolve_count(cuda) == workers.AUTO_CUDA_WORKERS
-
-
-# --- a real server with two workers -------------------------------------------------------------------
 
 
 class Server:
@@ -185,7 +131,7 @@ def test_a_killed_worker_is_replaced_and_the_server_keeps_serving(tiny_model_dir
     proc, url = server.proc, server.url
     try:
         victim = httpx.get(url + "/info", timeout=10).json()["worker"]["pid"]
-        time.sleep(workers.MIN_UPTIME_S)  # past the start-up window, where a death stops the server
+        time.sleep(MIN_UPTIME_S)  # past the start-up window, where a death stops the server
         os.kill(victim, signal.SIGKILL)
         statuses: Counter[int] = Counter()
         deadline = time.monotonic() + 60

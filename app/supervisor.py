@@ -1,4 +1,7 @@
-"""Several worker processes behind one port: ``python -m app --workers N`` (``ZHEMBED_WORKERS``).
+"""Several worker processes behind one port: ``python -m app --workers N`` (``ZHEMBED_WORKERS``). This
+process, the supervisor, opens the socket, starts the workers, forwards signals to them and replaces one
+that crashes; what the workers share (one admission budget, ready flags, one /metrics) is
+:mod:`app.cluster`.
 
 Design: N whole services, each with its own ONNX Runtime session, tokeniser, batcher and event loop,
 accepting from ONE listening socket that the supervisor (this process) opens and hands to each. Why not
@@ -9,19 +12,11 @@ more session costs only its weights on the device (the fp16 graph is 204 MB; an 
 ONNX Runtime runs sessions of several processes on one GPU concurrently. Measured before this change on
 an H200: 1 / 2 / 4 separate processes served 2,560 / 4,333 / 7,136 sentences/s (issue 13).
 
-What holds with N > 1, as with one process:
+What the supervisor keeps, with N > 1 as with one process:
 
-- **429 before queueing**, against ONE budget: the permits in use are counted per worker in shared memory
-  (:class:`SharedLedger`) and a request is refused only when the server's total would pass
-  ``max_concurrent_inputs``. A worker that dies has its count cleared when it is replaced.
 - **SIGTERM drains with nothing lost**: the supervisor closes its own copy of the listening socket and
   forwards the signal once to every worker, which drains as a single process does (:mod:`app.server`);
   workers run in their own process group, so a terminal's Ctrl-C reaches them only through it.
-- **/metrics shows every worker in one scrape**: prometheus-client's multiprocess mode (each worker
-  writes its samples to files in a directory of the supervisor's; whichever worker answers the scrape
-  reads them all).
-- **/ready is true only when every worker is ready** (a flag per worker in shared memory).
-- Redis is shared as before; the in-process vector cache is per worker.
 
 A worker that exits on its own (a crash) is replaced; the supervisor exits 0 when every worker did.
 """
@@ -39,91 +34,25 @@ import socket
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
-from multiprocessing.sharedctypes import SynchronizedArray
 from types import FrameType
 from typing import Any
 
-import onnxruntime as ort
-
-from app.model.runtime import CPU, CUDA
+from app.cluster import Cluster, Shared, first_provider
+from app.main import create_app
+from app.model.manifest import ManifestError
+from app.model.runtime import CUDA, load_model
+from app.server import http_server
 from app.settings import Settings
 
 log = logging.getLogger("app")
 
-# Workers when ZHEMBED_WORKERS is 0 (auto): 4 on CUDA (1 / 2 / 4 processes measured 2,560 / 4,333 / 7,136
-# sentences/s on an H200), 1 on CPU, where ONNX Runtime's threads already use every core.
-AUTO_CUDA_WORKERS = 4
 # prometheus-client reads this variable when it is imported: it must be set before a worker starts.
 METRICS_DIR_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
 # A worker that dies sooner than this after its start is not replaced (it would only die again: a model
 # it cannot load, a port it cannot use); the server stops instead.
 MIN_UPTIME_S = 10.0
 PR_SET_PDEATHSIG = 1  # prctl(2)
-
-
-def resolve_count(settings: Settings) -> int:
-    """How many workers to run: the setting, or for auto 4 when CUDA is the first provider, else 1."""
-    if settings.workers:
-        return settings.workers
-    return AUTO_CUDA_WORKERS if _first_provider(settings) == CUDA else 1
-
-
-def _first_provider(settings: Settings) -> str:
-    wanted = settings.provider_list
-    return wanted[0] if wanted else (CUDA if CUDA in ort.get_available_providers() else CPU)
-
-
-@dataclass
-class Shared:
-    """What the workers of one server share: their permit counts, ready flags and metrics directory."""
-
-    permits: SynchronizedArray[Any]  # ctypes c_longlong per worker
-    ready: SynchronizedArray[Any]  # ctypes c_byte per worker
-    metrics_dir: str
-
-
-class SharedLedger:
-    """Admission permits of every worker, counted per worker in shared memory (see module docstring)."""
-
-    def __init__(self, permits: SynchronizedArray[Any], index: int) -> None:
-        self._permits = permits
-        self._index = index
-
-    def try_take(self, count: int, limit: int) -> bool:
-        with self._permits.get_lock():
-            if sum(self._permits[:]) + count > limit:
-                return False
-            self._permits[self._index] += count
-            return True
-
-    def give_back(self, count: int) -> int:
-        with self._permits.get_lock():
-            self._permits[self._index] -= count
-            return int(self._permits[self._index])
-
-    def total(self) -> int:
-        return int(sum(self._permits[:]))
-
-
-class Cluster:
-    """One worker's view of the server it belongs to."""
-
-    def __init__(self, shared: Shared, index: int) -> None:
-        self.shared = shared
-        self.index = index
-        self.size = len(shared.ready)
-        self.ledger = SharedLedger(shared.permits, index)
-
-    def set_ready(self, ready: bool) -> None:
-        self.shared.ready[self.index] = int(ready)
-
-    def ready_count(self) -> int:
-        return sum(self.shared.ready[:])
-
-    def all_ready(self) -> bool:
-        return self.ready_count() == self.size
 
 
 def serve(settings: Settings, count: int) -> int:
@@ -181,7 +110,7 @@ def serve(settings: Settings, count: int) -> int:
 def _per_worker(settings: Settings, count: int) -> Settings:
     """Settings for each of ``count`` workers: on CPU, unless set, ONNX Runtime's threads split the cores
     among them (each session would otherwise start a thread per core, and they would contend)."""
-    if settings.intra_op_threads or _first_provider(settings) == CUDA:
+    if settings.intra_op_threads or first_provider(settings) == CUDA:
         return settings
     return settings.model_copy(update={"intra_op_threads": max(1, (os.cpu_count() or 1) // count)})
 
@@ -225,11 +154,6 @@ def _worker(settings: Settings, listener: socket.socket, index: int, shared: Sha
         level=settings.log_level.upper(),
         format=f"%(asctime)s %(levelname)s %(name)s[worker {index}]: %(message)s",
     )
-    from app.main import create_app
-    from app.model.manifest import ManifestError
-    from app.model.runtime import load_model
-    from app.server import http_server
-
     try:
         model = load_model(settings)
     except ManifestError as exc:

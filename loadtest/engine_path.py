@@ -1,0 +1,152 @@
+"""CPU per sentence of the service and engine alone, no HTTP: ``Service.embed`` on a real model (issue 19).
+
+    python -m loadtest.engine_path [--model DIR] [--cells 8x32,64x32,32x1] [--seconds 4] [--gpu-like]
+
+The other half of :mod:`loadtest.http_path`: the app's service and engine (tokenisation thread, batch
+assembly, inference thread, post-processing, layer arithmetic) built from the tiny model as
+``python -m app`` builds them (cache off, one intra-op thread), and closed-loop clients as asyncio
+tasks in the same process calling ``Service.embed`` with distinct texts (loadtest.corpus). Per cell:
+sentences/s, mean batch, and µs of CPU per sentence (``time.process_time`` of the whole process)
+split into the inference thread's CPU inside ``Session.run`` and the rest: the machinery of the engine
+and service plus the tokeniser (the floor's first half; the client's share is a few µs per request).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+from app.cache.vectors import VectorCache
+from app.engine.engine import Engine
+from app.metrics import Metrics
+from app.model.runtime import load_model
+from app.options import EmbedOptions
+from app.service import Service
+from app.settings import Settings
+from loadtest.corpus import load_corpus, unique_texts
+from loadtest.overhead import GPU_LIKE, LAYERS, parse_cells
+from loadtest.quick_model import export_tiny
+
+
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds of each of this process's threads, by name (Linux: /proc/self/task)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[str, float] = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            name = names.get(int(task.name), "other")
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended
+            continue
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def cpu_in_run(metrics: Metrics) -> float:
+    return float(metrics.inference_cpu._value.get())
+
+
+async def cell(
+    service: Service, metrics: Metrics, clients: int, texts: int, seconds: float, start: int
+) -> str:
+    corpus = load_corpus()
+    counter = iter(range(start, start + 10_000_000, texts))
+    done = 0
+    stop = False
+    per_thread: dict[str, float] = {}
+
+    async def client() -> None:
+        nonlocal done
+        while not stop:
+            batch = unique_texts(corpus, next(counter), texts)
+            await service.embed(batch[0] if texts == 1 else batch, EmbedOptions())
+            done += texts
+
+    async def measured() -> tuple[int, float, float, float, int, int]:
+        await asyncio.sleep(seconds / 4)  # warm: queues as deep as they get
+        threads0 = thread_cpu()
+        d0, c0, r0, t0 = done, time.process_time(), cpu_in_run(metrics), time.perf_counter()
+        b0, i0 = service.engine.batcher.stats.batches, service.engine.batcher.stats.items
+        await asyncio.sleep(seconds)
+        d1, c1, r1, t1 = done, time.process_time(), cpu_in_run(metrics), time.perf_counter()
+        b1, i1 = service.engine.batcher.stats.batches, service.engine.batcher.stats.items
+        threads1 = thread_cpu()
+        per_thread.update({k: v - threads0.get(k, 0.0) for k, v in threads1.items()})
+        return d1 - d0, c1 - c0, r1 - r0, t1 - t0, b1 - b0, i1 - i0
+
+    tasks = [asyncio.ensure_future(client()) for _ in range(clients)]
+    sentences, cpu, run, wall, batches, items = await measured()
+    stop = True
+    await asyncio.gather(*tasks)
+    per = 1e6 / max(items, 1)
+    threads = "  ".join(f"{k}: {v * per:.0f}" for k, v in sorted(per_thread.items()) if v * per >= 1)
+    return (
+        f"{clients}x{texts:<10}{sentences / wall:>9.0f}{items / max(batches, 1):>7.1f}"
+        f"{cpu * per:>9.0f}{run * per:>8.0f}{(cpu - run) * per:>9.0f}  {threads}"
+    )
+
+
+@contextmanager
+def _model(folder: Path | None) -> Iterator[Path]:
+    if folder is not None and (folder / "manifest.json").is_file():
+        yield folder
+        return
+    with tempfile.TemporaryDirectory(prefix="zhembed-engine-path-") as tmp:
+        out = folder if folder is not None else Path(tmp) / "model"
+        yield export_tiny(Path(tmp) / "source", out, ("fp32",), LAYERS)[0]
+
+
+async def run(args: argparse.Namespace, model: Path) -> None:
+    fields: dict[str, Any] = {
+        "model": str(model),
+        "variant": "fp32",
+        "cache_bytes": 0,
+        "intra_op_threads": 1,
+        "max_concurrent_inputs": 100_000,
+    }
+    if args.gpu_like:
+        fields.update({k.removeprefix("ZHEMBED_").lower(): int(v) for k, v in GPU_LIKE.items()})
+    settings = Settings(**fields)
+    metrics = Metrics()
+    engine = Engine(load_model(settings), settings, metrics)
+    engine.start()
+    service = Service(settings, engine.model, engine, VectorCache(None, None, metrics), metrics)
+    service.ready = True
+    print(f"engine path: {model}, {'GPU-like' if args.gpu_like else 'CPU default'} batches, cache off")
+    print(
+        f"{'cell':<14}{'sent/s':>9}{'batch':>7}{'us/sent':>9}{'in run':>8}{'outside':>9}  us/sent by thread"
+    )
+    try:
+        for k, (clients, texts) in enumerate(parse_cells(args.cells)):
+            print(
+                await cell(service, metrics, clients, texts, args.seconds, 10_000_000 * (k + 1)), flush=True
+            )
+    finally:
+        engine.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtest.engine_path", description=__doc__)
+    p.add_argument("--model", type=Path, default=None, help="export folder (reused, or exported into)")
+    p.add_argument("--cells", default="8x32,64x32,32x1", help="clients x texts per request")
+    p.add_argument("--seconds", type=float, default=4.0, help="measured seconds per cell")
+    p.add_argument("--gpu-like", action="store_true", help="the batch settings a GPU gets")
+    args = p.parse_args(argv)
+    with _model(args.model) as model:
+        uvloop.run(run(args, model))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

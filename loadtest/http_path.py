@@ -1,0 +1,202 @@
+"""CPU per request of the HTTP layer alone: the app as uvicorn calls it, in-process, no sockets (issue 19).
+
+    python -m loadtest.http_path [--requests 3000] [--repeats 5] [--keys] [--two-d]
+
+The app from ``create_app`` with a stub service whose ``embed`` answers a precomputed [texts, 768]
+answer (bert-base-chinese's width) on the next turn of the event loop, as the engine's answer comes;
+driven by ASGI calls on uvloop with uvicorn's receive semantics (the body, then nothing until the
+response is over). What it measures is everything outside the service: routing, middleware, body
+reading, JSON parsing, validation, options, encoding, JSON writing, headers, metrics. Cells: ``/embed``
+with 1 text and with 32 texts, floats and base64; µs of CPU (``time.process_time``) per request, the
+median over ``--repeats`` runs (and the least), for the app as served and, beside it, for the same
+request through the middleware stack and FastAPI route behind the data path (``app.api.fast``); and
+what this harness costs alone. ``--keys`` turns API keys on (every request presents one); ``--two-d``
+has the stub answer one 2-D array rather than one array per text. The issue's target: ≤ 250 µs per
+single-text request for the whole service, tokenising (~28 µs) included. About 15 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+import uvloop
+from fastapi import FastAPI
+from pydantic import SecretStr
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.answers import Answer, Timings
+from app.main import create_app
+from app.settings import Settings
+
+WIDTH = 768
+KEY = "bench-key"
+
+
+class StubService:
+    """What the routes call on /embed: the answer is computed before the request comes."""
+
+    def __init__(self, texts: int, two_d: bool) -> None:
+        rng = np.random.default_rng(0)
+        vectors = rng.standard_normal((texts, WIDTH)).astype(np.float32)
+        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+        self.value: Any = vectors if two_d else list(vectors)
+        self.timings = Timings(queue_ms=0.4, tokenization_ms=0.03, inference_ms=1.2, total_ms=1.7)
+        self.ready = True
+
+    async def embed(self, inputs: Any, options: Any) -> Answer[Any]:
+        # As the engine's answer does, this one comes on a later turn of the event loop.
+        loop = asyncio.get_running_loop()
+        answered = loop.create_future()
+        loop.call_soon(answered.set_result, None)
+        await answered
+        return Answer(self.value, self.timings)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    texts: int
+    encoding: str
+
+
+CASES = (Case("1 text", 1, "float"), Case("32 texts", 32, "float"), Case("32 texts, base64", 32, "base64"))
+
+
+def _scope(body: bytes, keys: bool) -> dict[str, Any]:
+    headers = [
+        (b"host", b"127.0.0.1:8000"),
+        (b"user-agent", b"python-httpx/0.28.1"),
+        (b"accept", b"*/*"),
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    if keys:
+        headers.append((b"authorization", f"Bearer {KEY}".encode()))
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "http_version": "1.1",
+        "server": ("127.0.0.1", 8000),
+        "client": ("127.0.0.1", 50000),
+        "scheme": "http",
+        "method": "POST",
+        "root_path": "",
+        "path": "/embed",
+        "raw_path": b"/embed",
+        "query_string": b"",
+        "headers": headers,
+        "state": {},
+    }
+
+
+async def _one(app: ASGIApp, scope: dict[str, Any], body: bytes) -> int:
+    """One request as uvicorn's httptools protocol serves it; the status."""
+    done = asyncio.Event()
+    read = False
+    status = 0
+
+    async def receive() -> Message:
+        nonlocal read
+        if not read:
+            read = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await done.wait()  # uvicorn: nothing more until the client leaves or the response is over
+        return {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+        elif not message.get("more_body", False):
+            done.set()
+
+    await app(dict(scope), receive, send)
+    return status
+
+
+async def _measure(app: ASGIApp, case: Case, keys: bool, requests: int, repeats: int) -> list[float]:
+    texts = [f"第{i}句：今天天气很好，我们去公园散步吧。" for i in range(case.texts)]
+    body = orjson.dumps({"inputs": texts[0] if case.texts == 1 else texts, "encoding": case.encoding})
+    scope = _scope(body, keys)
+    for _ in range(200):  # warm-up
+        status = await _one(app, scope, body)
+        assert status == 200, status
+    runs = []
+    for _ in range(repeats):
+        started = time.process_time()
+        for _ in range(requests):
+            await _one(app, scope, body)
+        runs.append((time.process_time() - started) / requests * 1e6)
+    return runs
+
+
+def build(texts: int, keys: bool, two_d: bool) -> FastAPI:
+    settings = Settings(
+        model="unused: the stub service has no model",
+        warmup=False,
+        cache_bytes=0,
+        api_keys=SecretStr(KEY) if keys else None,
+    )
+    app = create_app(settings)
+    app.state.service = StubService(texts, two_d)  # as the lifespan would, without loading a model
+    return app
+
+
+def through_stack(app: FastAPI) -> ASGIApp | None:
+    """The middleware stack and FastAPI behind the data path, as FastAPI would call them; None when the
+    app has no data path in front (a tree from before it)."""
+    front = app.middleware_stack
+    inner = getattr(front, "app", None)
+    if front is None or type(front).__name__ != "DataPath" or inner is None:
+        return None
+
+    async def stack(scope: Scope, receive: Receive, send: Send) -> None:
+        scope["app"] = app
+        await inner(scope, receive, send)
+
+    return stack
+
+
+async def _null(scope: Scope, receive: Receive, send: Send) -> None:
+    await receive()
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"[]"})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=3000, help="requests per run (a third for 32 texts)")
+    parser.add_argument("--repeats", type=int, default=5, help="runs per cell; the median is reported")
+    parser.add_argument("--keys", action="store_true", help="API keys on")
+    parser.add_argument("--two-d", action="store_true", help="the stub answers a 2-D array, not a list")
+    args = parser.parse_args(argv)
+    print(
+        f"HTTP layer, µs of CPU per request: median of {args.repeats} runs (min); keys {args.keys}, "
+        f"answer {'2-D array' if args.two_d else 'list of arrays'}"
+    )
+    print(f"  {'':<18} {'the app':>18} {'stack + FastAPI':>18}")
+    for case in CASES:
+        app = build(case.texts, args.keys, args.two_d)
+        n = args.requests if case.texts == 1 else max(args.requests // 3, 1)
+        cells = []
+        for target in (app, through_stack(app)):
+            if target is None:
+                cells.append(f"{'-':>18}")
+                continue
+            runs = uvloop.run(_measure(target, case, args.keys, n, args.repeats))
+            cells.append(f"{statistics.median(runs):9.1f} ({min(runs):6.1f})")
+        print(f"  {case.name:<18} {cells[0]:>18} {cells[1]:>18}")
+    runs = uvloop.run(_measure(_null, CASES[0], args.keys, args.requests, args.repeats))
+    print(f"  {'(this harness)':<18} {statistics.median(runs):9.1f} ({min(runs):6.1f})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
