@@ -12,6 +12,7 @@ Every other request passes the middleware, outermost first: request metrics → 
 from __future__ import annotations
 
 import asyncio
+import gc
 import inspect
 import logging
 from collections.abc import AsyncIterator
@@ -158,11 +159,30 @@ def _build_cache(settings: Settings, metrics: Metrics) -> VectorCache:
 async def _warm(service: Service, warmup: bool, metrics: Metrics, cluster: Cluster | None) -> None:
     if warmup:
         await service.warmup()
+    _quiet_gc()
     service.ready = True
     metrics.ready(True)
     if cluster is not None:
         cluster.set_ready(True)
     log.info("ready")
+
+
+# Allocations between young-generation collections (CPython's default is 700). A request allocates a few
+# hundred objects, almost all freed by reference counting; at 700 the collector ran every request or two.
+# Measured at 32 clients x 1 text (tiny model, 2 cores): server CPU per request 997 -> 830 µs, 1493 ->
+# 1750 requests/s; no change at 8 x 32.
+GC_YOUNG_THRESHOLD = 50_000
+
+
+def _quiet_gc() -> None:
+    """Move what start-up built (the model, the app, their modules) out of the collector's sight and
+    collect the young generation less often: py-spy put the cyclic collector at ~10% of the event loop at
+    32 clients x 1 text, scanning long-lived objects that never become garbage. Per process: each
+    worker calls it once it is warm."""
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
 
 async def _push_gauges(metrics: Metrics) -> None:

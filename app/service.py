@@ -247,7 +247,8 @@ class Service:
         return Answer(token_rows.token_table(encodings), Timings(tokenization_ms=tokenization_ms))
 
     async def warmup(self) -> None:
-        """Embed and fill a few inputs of typical shapes so the first real request pays no set-up."""
+        """Embed and fill a few inputs of typical shapes so the first real request pays no set-up (the app
+        marks the service ready once this is done: :mod:`app.main`)."""
         texts = list(_WARMUP_TEXTS)
         for batch in ([texts[0]], texts, texts * 3):
             await self._vectors(
@@ -267,7 +268,6 @@ class Service:
                 dtype=np.int64,
             )
             await self._run([ids], [Need(mask_positions=(1,))])
-        self.ready = True
 
     # --- shared steps -----------------------------------------------------------------------------
 
