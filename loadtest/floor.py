@@ -32,7 +32,7 @@ from loadtest.corpus import load_corpus, unique_texts
 # Texts per tokeniser call: what the floor was measured with (the service batches across requests).
 TOKENIZE_BATCH = 32
 # Repeats of each measurement: the fastest is kept (the least disturbed by the other processes).
-ROUNDS = 3
+ROUNDS = 5
 
 
 @dataclass(frozen=True)

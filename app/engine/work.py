@@ -57,7 +57,8 @@ Plan = Callable[[list[Encoding]], Planned]
 class Job:
     """One request's sequences in the engine, their results, and the future the request awaits.
 
-    Results (filled by the post-processing thread, read by the request once the future is done):
+    Results (filled by post-processing on the inference thread, read by the request once the future is
+    done):
 
     - ``vectors``: [sequences, len(layers), hidden] pooled vectors (pooler: one "layer");
     - ``token_states``: per sequence [len(layers), length, hidden], every real token's state (/embed_all);
@@ -89,7 +90,7 @@ class Job:
         self.loop = loop
         self.future: asyncio.Future[Job] = loop.create_future()
         self.count = count
-        self.remaining = count  # changed by the post-processing thread only
+        self.remaining = count  # changed by the inference thread only (post-processing)
         self.cancelled = False  # a plain store: read by the stage threads, set on the event loop
         self.vectors: np.ndarray | None = None
         self.token_states: list[np.ndarray | None] = []
@@ -110,7 +111,7 @@ class Job:
     def finish(self, sequences: int) -> None:
         """``sequences`` more of this job are done; wake the request when that was the last of them.
 
-        Called on the post-processing thread; safe because only that thread changes ``remaining``.
+        Called on the inference thread; safe because only that thread changes ``remaining``.
         """
         self.remaining -= sequences
         if self.remaining == 0:

@@ -15,10 +15,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 from app.supervisor import MIN_UPTIME_S
-from tests.app.conftest import free_port, wait_until
+from tests.app.conftest import Running, free_port, wait_until
 
 
 class Server:
@@ -183,3 +184,32 @@ def test_no_worker_outlives_a_killed_supervisor(tiny_model_dir: Path) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.slow
+def test_two_workers_answer_the_option_combinations_as_one_process_does(
+    two_workers: Server, server: Running
+) -> None:
+    """Issue 19's vectors-unchanged target with 2 workers: the pooled-in-graph answers of each worker
+    equal the in-process server's (which equal numpy pooling's: tests/app/engine/test_graph_pooling.py)."""
+    from tests.app.engine.test_graph_pooling import SHORT, bodies, decoded, tolerance
+
+    cases = list(bodies())[::5]  # a spread of the combinations; every one runs in the 1-process test
+    served_by: set[int] = set()
+    with httpx.Client(base_url=server.url, timeout=60) as one:
+        for body in cases:
+            body = {**body, "inputs": SHORT}  # within the 2-worker server's 16 inputs and 64 in flight
+            with httpx.Client(base_url=two_workers.url, timeout=60) as two:  # a fresh connection: any worker
+                got = two.post("/embed", json=body)
+                served_by.add(two.get("/info").json()["worker"]["pid"])
+            want = one.post("/embed", json=body)
+            assert got.status_code == want.status_code == 200, (body, got.text)
+            for g, w in zip(got.json(), want.json(), strict=True):
+                np.testing.assert_allclose(
+                    decoded(g, body["encoding"]),
+                    decoded(w, body["encoding"]),
+                    rtol=0,
+                    atol=tolerance(body) if body["encoding"] != "int8" else 1.01 * w["scale"] + 1e-6,
+                    err_msg=str(body),
+                )
+    assert len(served_by) == 2, served_by
