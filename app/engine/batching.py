@@ -224,18 +224,22 @@ class Batcher:
         company, still within the bound).
         """
         ends = np.cumsum(counts)  # exclusive end of each length's run in the sorted sequence
-        sizes = self._sizes
+        width = min(self.max_batch_size, int(ends[-1]))  # no window holds more than is pending
+        sizes = self._sizes[:, :width]
         starts = ends[:, None] - sizes  # first sequence of each (top, size) window
         valid = starts >= 0
-        run = np.searchsorted(ends, np.maximum(starts, 0), side="right")  # the length run it starts in
-        real = _window_tokens(lengths, counts, ends, run, np.maximum(starts, 0))
+        starts = np.maximum(starts, 0)
+        run = np.searchsorted(ends, starts, side="right")  # the length run each window starts in
+        # Real tokens: every run after the starting one up to the top, and the starting run's share.
+        tokens = np.cumsum(lengths * counts)
+        real = tokens[:, None] - tokens[run] + (ends[run] - starts) * lengths[run]
         computed = sizes * lengths[:, None]
-        valid &= (computed <= self.max_batch_tokens) | self._single
+        valid &= (computed <= self.max_batch_tokens) | self._single[:, :width]
         if anchor is not None:
             valid &= (np.arange(len(lengths))[:, None] >= anchor) & (starts < ends[anchor])
         efficiency = np.where(valid, real / (computed + self.overhead_tokens), -1.0)
         best = int(np.argmax(efficiency))
-        top, size = divmod(best, self.max_batch_size)
+        top, size = divmod(best, width)
         if efficiency.flat[best] < 0:
             raise InternalError(f"no batch window among {len(lengths)} lengths")
         return top, size + 1
@@ -265,15 +269,3 @@ class Batcher:
         s.padded_tokens += computed
         s.waits += int(waited)
         self.metrics.batch_assembled(len(batch), real, computed)
-
-
-def _window_tokens(
-    lengths: np.ndarray, counts: np.ndarray, ends: np.ndarray, run: np.ndarray, starts: np.ndarray
-) -> np.ndarray:
-    """Real tokens of each (top, size) window of the length-sorted sequence: every run from the one the
-    window starts in (``run``) up to the top, less the part of the starting run before the window."""
-    prefix = np.concatenate([[0], np.cumsum(lengths * counts)])
-    top = np.arange(len(lengths))[:, None]
-    begins = ends - counts
-    before = (starts - begins[run]) * lengths[run]
-    return prefix[top + 1] - prefix[run] - before

@@ -7,6 +7,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 from app.engine.batching import MAX_PASSED_OVER, Batcher
 from app.engine.work import Job, Need, Sequence
@@ -131,3 +132,38 @@ def test_an_item_passed_over_is_run_within_a_bounded_number_of_batches() -> None
             ran_after = n
             break
     assert ran_after is not None and ran_after <= MAX_PASSED_OVER + 1
+
+
+def _efficiency(
+    ordered: list[int], ends: np.ndarray, lengths: np.ndarray, top: int, k: int, overhead: int
+) -> float:
+    """Useful tokens per cost of the window of ``k`` sequences ending at run ``top`` of the sorted queue."""
+    window = ordered[int(ends[top]) - k : int(ends[top])]
+    return sum(window) / (k * int(lengths[top]) + overhead)
+
+
+def test_the_planner_finds_the_most_efficient_window_a_brute_force_search_finds() -> None:
+    """Every (top length, size) window of the length-sorted queue, in plain Python, against the numpy plan:
+    the same best useful-tokens-per-cost, with and without an anchor, for batch sizes 1 to 256."""
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        size, budget = int(rng.choice([1, 3, 8, 256])), int(rng.choice([64, 512, 4096]))
+        lengths = np.unique(rng.integers(3, 60, int(rng.integers(1, 12)))).astype(np.int64)
+        counts = rng.integers(1, 9, len(lengths)).astype(np.int64)
+        anchor = None if rng.random() < 0.6 else int(rng.integers(0, len(lengths)))
+        batcher = Batcher(
+            max_batch_tokens=budget, max_batch_size=size, max_wait_ms=0, capacity=10_000, metrics=Metrics()
+        )
+        ordered = [int(n) for n, c in zip(lengths, counts, strict=True) for _ in range(int(c))]
+        ends = np.cumsum(counts)
+        overhead = batcher.overhead_tokens
+        best = max(
+            _efficiency(ordered, ends, lengths, top, k, overhead)
+            for top in range(len(lengths))
+            for k in range(1, min(size, int(ends[top])) + 1)
+            if (k * int(lengths[top]) <= budget or k == 1)
+            and (anchor is None or (top >= anchor and int(ends[top]) - k < int(ends[anchor])))
+        )
+        top, k = batcher._most_efficient_window(lengths, counts, anchor)
+        got = _efficiency(ordered, ends, lengths, top, k, overhead)
+        assert got == pytest.approx(best), (size, budget, lengths, counts, anchor)
