@@ -63,8 +63,10 @@ class Int8Recipe:
                 # The graph rewrite's version: 2 quantises rows with one per-axis QuantizeLinear, into
                 # 128 levels (exact on CPUs without VNNI; export/quantize.py, LEVELS_VNNI); 3 runs the
                 # GEMMs as MatMulIntegerToFloat; 4 takes the zero point out inside the GEMM and leaves the
-                # bias Add to ONNX Runtime's fusions, and chooses 256 levels for VNNI CPUs.
-                "rewrite": 4,
+                # bias Add to ONNX Runtime's fusions, and chooses 256 levels for VNNI CPUs; 5 gives the rows of
+                # a 256-level graph one shared zero point (the middle level), the GEMM's scalar a_zero_point,
+                # and leaves GELU's outputs unsmoothed.
+                "rewrite": 5,
             }
         return {"method": self.method, "fused": self.fused, "per_channel": self.per_channel}
 

@@ -13,20 +13,32 @@ from onnx import TensorProto, helper, numpy_helper, save
 from app.model.manifest import ANY_CPU, VNNI
 from app.model.runtime import cpu_has_vnni
 from export import spec
-from export.quantize import LEVELS_ANY_CPU, LEVELS_VNNI, _zero_point_rows, quantize_per_token
+from export.quantize import (
+    LEVELS_ANY_CPU,
+    LEVELS_VNNI,
+    _zero_point_rows,
+    gelu_outputs,
+    quantize_per_token,
+    smooth,
+)
 from export.spec import Int8Recipe
 
 K, N = 48, 24
 
 
 def _reference(x: np.ndarray, weight: np.ndarray, top: int = LEVELS_ANY_CPU - 1) -> np.ndarray:
-    """Per-row asymmetric activations, per-column symmetric int8 weights, exact integer product."""
+    """Per-row activations, per-column symmetric int8 weights, exact integer product. 128 levels: each row its
+    own zero point (asymmetric); 256: each row its own scale around one zero point, the middle level."""
     w_scale = np.maximum(np.abs(weight).max(axis=0), 1e-12) / 127
     wq = np.clip(np.rint(weight / w_scale), -127, 127)
     hi = np.maximum(x.max(axis=-1, keepdims=True), 0)
     lo = np.minimum(x.min(axis=-1, keepdims=True), 0)
-    scale = np.maximum(hi - lo, 1e-12) / top
-    zp = np.rint(-lo / scale)
+    if top == LEVELS_VNNI - 1:
+        zp = (top + 1) // 2
+        scale = np.maximum(np.maximum(hi / (top - zp), lo / -zp), 1e-12)
+    else:
+        scale = np.maximum(hi - lo, 1e-12) / top
+        zp = np.rint(-lo / scale)
     xq = np.clip(np.rint(x / scale) + zp, 0, top)
     return ((xq - zp) @ wq) * scale * w_scale
 
@@ -87,6 +99,39 @@ def test_zero_point_rows_add_up_to_minus_the_column_sums() -> None:
         _zero_point_rows(np.array([127 * 3 + 1]), 3)
 
 
+def test_gelu_outputs_are_not_smoothed() -> None:
+    """The exporter's GELU (x·0.5·(1 + erf(x/√2))) feeding a MatMul: its output gets no smoothing Mul."""
+    inits = [
+        numpy_helper.from_array(np.array(2**0.5, dtype=np.float32), "sqrt2"),
+        numpy_helper.from_array(np.array(1.0, dtype=np.float32), "one"),
+        numpy_helper.from_array(np.array(0.5, dtype=np.float32), "half"),
+        numpy_helper.from_array(np.ones((K, N), dtype=np.float32), "w_in"),
+        numpy_helper.from_array(np.ones((N, K), dtype=np.float32), "w_out"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w_in"], ["h"]),
+        helper.make_node("Div", ["h", "sqrt2"], ["d"]),
+        helper.make_node("Erf", ["d"], ["e"]),
+        helper.make_node("Add", ["e", "one"], ["a"]),
+        helper.make_node("Mul", ["h", "a"], ["m"]),
+        helper.make_node("Mul", ["m", "half"], ["g"]),
+        helper.make_node("MatMul", ["g", "w_out"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "ffn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", K])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", K])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert gelu_outputs(model) == {"g"}
+    absmax = {"x": np.full(K, 4.0, dtype=np.float32), "g": np.full(N, 4.0, dtype=np.float32)}
+    assert smooth(model, absmax, 0.5) == 1
+    matmul_inputs = [n.input[0] for n in model.graph.node if n.op_type == "MatMul"]
+    assert matmul_inputs[1] == "g" and matmul_inputs[0] != "x"
+
+
 @pytest.mark.parametrize(("cpu", "levels", "target"), [("any", 128, ANY_CPU), ("vnni", 256, VNNI)])
 def test_the_recipe_records_levels_and_cpu(cpu: str, levels: int, target: str) -> None:
     recipe = Int8Recipe(cpu=cpu)  # type: ignore[arg-type]
@@ -110,7 +155,12 @@ def test_256_levels_are_exact_on_vnni(tmp_path: Path) -> None:
     src, dst = tmp_path / "fp32.onnx", tmp_path / "int8.onnx"
     save(_one_matmul(weight), str(src))
     quantize_per_token(src, dst, levels=LEVELS_VNNI)
+    ops = [n.op_type for n in onnx.load(str(dst)).graph.node]
+    assert "Concat" not in ops  # one zero point for all rows: the GEMM takes it, nothing is appended
     x = np.random.default_rng(2).standard_normal((3, 5, K)).astype(np.float32) * 4
+    x[0, 1] = 0
+    x[1, 2] = np.abs(x[1, 2])
     (y,) = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"]).run(["y"], {"x": x})
+    np.testing.assert_array_equal(y[0, 1], 0)
     expected = _reference(x.astype(np.float64), weight, LEVELS_VNNI - 1)
     np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)

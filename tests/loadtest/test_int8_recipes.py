@@ -7,9 +7,11 @@ graph's does). Speed is printed, never asserted: CI machines are shared."""
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 import pytest
 
+from loadtest.int8_recipes import cpu_features, split
 from tests.loadtest.conftest import run_module
 
 
@@ -30,3 +32,17 @@ def test_quick_comparison_shows_precision_batch_independence_and_speed() -> None
         rates = _row(speed, name)
         assert len(rates) == 8 and all(r > 0 for r in rates[0::2]), (name, rates)
     assert "MatMulIntegerToFloat" in out[out.index("kernel time per op type") :]
+    assert "CPU features: avx2 " in out
+    split_table = out[out.index("GEMM and the rest") :]
+    assert _row(split_table, "per_token (default)") and _row(split_table, "dynamic")
+
+
+def test_the_header_names_each_int8_feature() -> None:
+    flags = {"avx2", "avx512f", "avx_vnni", "fpu"}
+    assert cpu_features(flags) == "avx2 yes, avx512 yes, vnni yes (avx_vnni), amx no"
+    assert cpu_features(set()) == "avx2 no, avx512 no, vnni no, amx no"
+
+
+def test_gemm_time_is_split_from_the_rest() -> None:
+    per_op = Counter({"MatMulIntegerToFloat": 30, "DynamicQuantizeMatMul": 20, "Mul": 7, "QuantizeLinear": 3})
+    assert split(per_op) == (50, 10)
