@@ -23,9 +23,10 @@ the worst mean-pooled cosine from 0.97 (per-token alone) to 0.994. GELU's output
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -52,6 +53,18 @@ class _Rows:
     q: str  # uint8 [..., width + pieces]: the rows, then `pieces` copies of the row's zero point
     scale: str  # float [..., 1]
     pieces: int  # 0 with the shared zero point (``LEVELS_VNNI``), which the GEMM takes as its a_zero_point
+
+
+def _namer(prefix: str) -> tuple[Callable[..., onnx.NodeProto], Callable[[str], str]]:
+    """``n(op, inputs, out, **attrs)``: a node whose output is ``prefix.out``; ``p(name)``: ``prefix.name``."""
+
+    def n(op: str, inputs: list[str], out: str, **attrs: Any) -> onnx.NodeProto:
+        return helper.make_node(op, inputs, [f"{prefix}.{out}"], **attrs)
+
+    def p(name: str) -> str:
+        return f"{prefix}.{name}"
+
+    return n, p
 
 
 def _per_channel(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -124,6 +137,18 @@ class _Rewriter:
         self.new_inits.append(numpy_helper.from_array(value, name))
         return name
 
+    def _row_extremes(
+        self, x: str, n: Callable[..., onnx.NodeProto]
+    ) -> tuple[onnx.NodeProto, onnx.NodeProto]:
+        """The ReduceMax and ReduceMin over the last axis of ``x`` (axes as an input from opset 18 on)."""
+        if self.axes_as_input:
+            return n("ReduceMax", [x, "zq.axes"], "max", keepdims=1), n(
+                "ReduceMin", [x, "zq.axes"], "min", keepdims=1
+            )
+        return n("ReduceMax", [x], "max", axes=[-1], keepdims=1), n(
+            "ReduceMin", [x], "min", axes=[-1], keepdims=1
+        )
+
     def _rows_shared_zero_point(self, x: str, prefix: str, width: int) -> tuple[list[onnx.NodeProto], _Rows]:
         """Nodes that turn float ``x`` [..., width] into uint8 rows, each with its own scale and all with one
         zero point, the middle level: the 256-level (VNNI) graph.
@@ -135,14 +160,8 @@ class _Rewriter:
         all-MiniLM-L6-v2 0.0003 of worst pooled cosine with 256 levels but 0.005 with 128 (0.9921 against
         0.9969), hence only with 256.
         """
-        n = lambda op, ins, out, **kw: helper.make_node(op, ins, [f"{prefix}.{out}"], **kw)  # noqa: E731
-        p = lambda name: f"{prefix}.{name}"  # noqa: E731
-        if self.axes_as_input:
-            reduce_max = n("ReduceMax", [x, "zq.axes"], "max", keepdims=1)
-            reduce_min = n("ReduceMin", [x, "zq.axes"], "min", keepdims=1)
-        else:
-            reduce_max = n("ReduceMax", [x], "max", axes=[-1], keepdims=1)
-            reduce_min = n("ReduceMin", [x], "min", axes=[-1], keepdims=1)
+        n, p = _namer(prefix)
+        reduce_max, reduce_min = self._row_extremes(x, n)
         rows_shape = self._const(p("rows_shape"), np.array([-1, width], dtype=np.int64))
         nodes = [
             reduce_max,
@@ -172,14 +191,8 @@ class _Rewriter:
         as Div, Round, Add, Clip and Cast, in one pass instead of five: 2.9x faster on [512, 3072]).
         """
         pieces = self.pieces[x]
-        n = lambda op, ins, out, **kw: helper.make_node(op, ins, [f"{prefix}.{out}"], **kw)  # noqa: E731
-        p = lambda name: f"{prefix}.{name}"  # noqa: E731
-        if self.axes_as_input:
-            reduce_max = n("ReduceMax", [x, "zq.axes"], "max", keepdims=1)
-            reduce_min = n("ReduceMin", [x, "zq.axes"], "min", keepdims=1)
-        else:
-            reduce_max = n("ReduceMax", [x], "max", axes=[-1], keepdims=1)
-            reduce_min = n("ReduceMin", [x], "min", axes=[-1], keepdims=1)
+        n, p = _namer(prefix)
+        reduce_max, reduce_min = self._row_extremes(x, n)
         rows_shape = self._const(p("rows_shape"), np.array([-1, width], dtype=np.int64))
         wide = self._const(p("wide"), np.array([width + pieces], dtype=np.int64))
         repeat = self._const(p("repeat"), np.array([1, pieces], dtype=np.int64))
