@@ -358,7 +358,7 @@ class Service:
             if given is not None:
                 work = planned(todo, [given[t] for t in todo])
                 job = await self._run(work.ids, need)
-                job.context = work.context
+                context = work.context
             else:
 
                 def plan(encodings: list[TokenEncoding]) -> Planned:  # on the tokenisation thread
@@ -369,7 +369,8 @@ class Service:
 
                 job = await self.engine.run_texts(todo, plan)
                 computed.tokenization_ms += ms(job.tokenized_s)
-            windows, lengths = job.context
+                context = job.context
+            windows, lengths = context
             if lengths is not None:
                 computed.tokens.update(zip(todo, lengths, strict=True))
             computed.jobs.append(job)

@@ -95,11 +95,11 @@ class Tokenization:
         done: Callable[[list[Encoding]], None],
         failed: Callable[[BaseException], None],
         wanted: Callable[[], bool],
-        add_special_tokens: bool = True,
     ) -> None:
-        """Encode ``texts`` (no offsets) and call ``done`` with their encodings on the tokenisation thread,
-        or ``failed`` if encoding raised; neither once ``wanted()`` is False. From the event loop."""
-        self._put(_Job(texts, add_special_tokens, False, done, failed, wanted))
+        """Encode ``texts`` ([CLS]/[SEP] added, no offsets) and call ``done`` with their encodings on the
+        tokenisation thread, or ``failed`` if encoding raised; neither once ``wanted()`` is False. From the
+        event loop."""
+        self._put(_Job(texts, True, False, done, failed, wanted))
 
     def _put(self, job: _Job) -> None:
         # Never blocks: admission bounds the requests in flight below the queue's capacity.
@@ -130,8 +130,12 @@ class Tokenization:
                         self._encode(group, special, offsets)
 
     def _encode(self, jobs: list[_Job], add_special_tokens: bool, offsets: bool) -> None:
-        live = [j for j in jobs if j.wanted()]
-        self._done += sum(len(j.texts) for j in jobs if j not in live)
+        live: list[_Job] = []
+        for j in jobs:
+            if j.wanted():
+                live.append(j)
+            else:  # its request is gone: counted done, never encoded
+                self._done += len(j.texts)
         if not live:
             return
         texts = [t for j in live for t in j.texts]
