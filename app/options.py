@@ -15,6 +15,7 @@ from typing import Literal
 
 from app.engine.pooling import POOLER, Pooling
 from app.errors import EmptyInput, Unsupported, ValidationFailed
+from app.model.manifest import Defaults
 
 __all__ = ["Pooling"]  # declared with its functions in app.engine.pooling; reused from here
 
@@ -31,7 +32,11 @@ FloatEncoding = Literal["float", "base64"]
 
 @dataclass(frozen=True)
 class EmbedOptions:
-    """What /embed, /similarity and the OpenAI route compute for each input."""
+    """What /embed, /similarity and the OpenAI route compute for each input.
+
+    These defaults are a plain BERT's; a model's own (:func:`model_defaults`) replace them for every
+    option a request leaves out.
+    """
 
     pooling: Pooling = "mean"
     layers: tuple[int, ...] | None = None  # as requested: 1-based, negatives from the end; None = last
@@ -40,6 +45,37 @@ class EmbedOptions:
     long_text: LongText = "error"
     truncation_direction: Direction = "right"
     normalize: bool = True
+    prompt_name: str | None = None  # one of the model's prompts, put before each text
+
+
+def model_defaults(defaults: Defaults) -> EmbedOptions:
+    """The options a request gets for what it leaves out: the manifest's ``defaults`` (a
+    sentence-transformers folder's pooling, normalisation, truncation and default prompt)."""
+    return EmbedOptions(
+        pooling=defaults.pooling,  # type: ignore[arg-type]
+        long_text=defaults.long_text,
+        normalize=defaults.normalize,
+        prompt_name=defaults.default_prompt_name,
+    )
+
+
+def prompt_text(name: str | None, prompts: dict[str, str]) -> str | None:
+    """The text of the model's prompt ``name`` (None: no prompt).
+
+    Raises:
+        ValidationFailed: the model has no prompt of that name.
+    """
+    if name is None:
+        return None
+    if name not in prompts:
+        if not prompts:
+            raise ValidationFailed(
+                f"prompt_name {name!r} is not one of this model's prompts: it defines none, so leave prompt_name out"
+            )
+        raise ValidationFailed(
+            f"prompt_name {name!r} is not one of this model's prompts: {', '.join(map(repr, prompts))}"
+        )
+    return prompts[name]
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ header names belong to the API layer.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
@@ -18,36 +19,60 @@ from typing import Any, cast
 import numpy as np
 from tokenizers import Encoding as TokenEncoding
 
-from app import fill_mask, layers, token_rows
+from app import dense, entities, fill_mask, layers, token_rows
 from app.answers import Answer, Timings, TokenVectors, ms, timed, timings_of
 from app.cache import keys as cache_keys
 from app.cache.vectors import VectorCache
 from app.engine.engine import Engine
+from app.engine.postprocess import head_scores
 from app.engine.work import Job, Need, Planned, Sequence
 from app.errors import EmptyInput, InternalError, NotReady, Unsupported, ValidationFailed
 from app.metrics import Metrics
-from app.model.manifest import MANIFEST_NAME
+from app.model.manifest import KIND_NAMES, MANIFEST_NAME, Kind
 from app.model.runtime import OnnxModel
+from app.model.tokenizer import TextInput, TextInputs
 from app.options import (
+    Direction,
     EmbedAllOptions,
     EmbedOptions,
+    LongText,
     Names,
     Resolved,
     check_dimensions,
     listed,
+    model_defaults,
     no_tokens,
+    prompt_text,
     resolve_embed,
     resolve_embed_all,
     texts_of,
 )
 from app.settings import Settings
 from app.token_ids import token_id_inputs, token_id_lists
-from app.windows import TOO_LONG_EMBED, TOO_LONG_OPENAI, prepare
+from app.windows import (
+    TOO_LONG_EMBED,
+    TOO_LONG_HEAD,
+    TOO_LONG_OPENAI,
+    check_length,
+    prepare,
+    truncate_pair,
+    truncated_positions,
+)
 
 __all__ = ["Answer", "Service", "Timings", "TokenVectors"]
 
 # Texts embedded at start-up: short, medium and long Chinese inputs, alone and batched.
 _WARMUP_TEXTS = ("你好", "今天天气很好，我们去公园散步吧。", "北京是中华人民共和国的首都。" * 12)
+
+# The routes each kind of model serves beside the embedding routes, which every kind serves (a fine-tuned
+# head's encoder computes vectors too), and the route a kind's POST / answers as.
+HEAD_ROUTES: dict[str, tuple[str, ...]] = {
+    "embedding": (),
+    "classifier": ("/predict",),
+    "reranker": ("/predict", "/rerank"),
+    "tagger": ("/token-classification",),
+}
+EMBEDDING_ROUTES = ("/", "/embed", "/embed_all", "/similarity", "/v1/embeddings", "/tokenize")
 
 
 @dataclass
@@ -78,10 +103,24 @@ class Service:
         self.served_name = settings.served_model_name or m.source.name()
         # OpenAI's model card has a creation time: when this export was written.
         self.created = int((model.folder / MANIFEST_NAME).stat().st_mtime)
-        # The exact graph file and tokenizer that compute the vectors: part of every cache key.
+        # The exact graph file and tokenizer that compute the vectors (and the Dense modules after the
+        # pooling): part of every cache key.
         self.model_digest = cache_keys.model_digest(
-            m.graphs["encoder"][model.variant].sha256, m.tokenizer.files.get("tokenizer.json", "")
+            m.graphs["encoder"][model.variant].sha256,
+            m.tokenizer.files.get("tokenizer.json", "") + "".join(sorted(m.extra_files.values())),
         )
+        self.kind: Kind = m.kind
+        # What a request gets for the options it leaves out: the model's own (its sentence-transformers
+        # settings), or a plain BERT's.
+        self.defaults = model_defaults(m.defaults)
+        self.dense = dense.load(model.folder, m.defaults.dense)
+        self.width = dense.width(m.defaults.dense, m.config.hidden_size)
+        # Prompt name → its text and the tokens it takes ([CLS] and the prompt's own, not [SEP]: how
+        # sentence-transformers counts the positions that include_prompt false leaves out of the pooling).
+        prompts = m.defaults.prompts
+        encoded = model.tokenizer.encode_batch(list(prompts.values()), offsets=False) if prompts else []
+        self.prompt_tokens = {name: len(e.ids) - 1 for name, e in zip(prompts, encoded, strict=True)}
+        self.vocabulary = entities.vocabulary(model.tokenizer.backend) if self.kind == "tagger" else None
 
     # --- endpoints --------------------------------------------------------------------------------
 
@@ -145,7 +184,7 @@ class Service:
                 over the model's length; over the per-request limits.
             EmptyInput: no inputs, or an empty one.
         """
-        check_dimensions(dimensions, self.model.hidden_size)
+        check_dimensions(dimensions, self.width)
         if (id_inputs := token_id_lists(inputs)) is not None:
             sequences, names = id_inputs
             given = token_id_inputs(
@@ -156,12 +195,12 @@ class Service:
                 self.model.manifest.config.vocab_size,
             )
             texts = list(given)
-            vectors, timings, _ = await self._vectors(texts, EmbedOptions(), names, TOO_LONG_OPENAI, given)
+            vectors, timings, _ = await self._vectors(texts, self.defaults, names, TOO_LONG_OPENAI, given)
             return Answer((vectors, sum(len(given[t]) for t in texts)), timings)
         names = listed("input", inputs)
         texts = self._texts(cast(str | list[str], inputs), names)
         vectors, timings, tokens = await self._vectors(
-            texts, EmbedOptions(), names, TOO_LONG_OPENAI, count_tokens=True
+            texts, self.defaults, names, TOO_LONG_OPENAI, count_tokens=True
         )
         return Answer((vectors, sum(tokens[t] for t in texts)), timings)
 
@@ -246,6 +285,221 @@ class Service:
             encodings, tokenization_ms = await self._tokenize(texts, add_special_tokens)
         return Answer(token_rows.token_table(encodings), Timings(tokenization_ms=tokenization_ms))
 
+    @timed
+    async def predict(
+        self, inputs: list[TextInput], raw_scores: bool, long_text: LongText, direction: Direction
+    ) -> Answer[list[list[dict[str, Any]]]]:
+        """Per input (a text or a pair), every label with its score, best first: softmax (or sigmoid
+        for one label or multi-label) of the head's logits, or the logits with ``raw_scores``, as
+        transformers' ``pipeline("text-classification", top_k=None)`` answers.
+
+        Raises:
+            Unsupported: the model has no sequence head.
+            ValidationFailed: an input over the model's length without truncation.
+        """
+        head = self._head("/predict", "classifier", "reranker")
+        logits, timings = await self._head_logits(inputs, long_text, direction)
+        scores = logits if raw_scores else head_scores(logits, head.activation)
+        labels = head.labels
+        answer = []
+        for row in scores:
+            order = np.argsort(-row, kind="stable")
+            answer.append(
+                [{"score": float(row[k]), "label": labels.get(int(k), f"LABEL_{k}")} for k in order]
+            )
+        return Answer(answer, timings)
+
+    @timed
+    async def rerank(
+        self,
+        query: str,
+        texts: list[str],
+        raw_scores: bool,
+        return_text: bool,
+        long_text: LongText,
+        direction: Direction,
+    ) -> Answer[list[dict[str, Any]]]:
+        """Each text's relevance to ``query``, best first (``index`` is its position in ``texts``): the
+        cross-encoder's score of the pair (query, text), as sentence-transformers' ``CrossEncoder.predict``.
+
+        Raises:
+            Unsupported: the model is not a cross-encoder (one label).
+            EmptyInput: no texts, or an empty query or text.
+        """
+        head = self._head("/rerank", "reranker")
+        if not texts:
+            raise EmptyInput("texts is empty: send at least one text to rank")
+        self._texts([query], Names("query", lambda _i: "query"))
+        self._texts(texts, listed("texts", texts))
+        logits, timings = await self._head_logits([(query, t) for t in texts], long_text, direction, "texts")
+        scores = (logits if raw_scores else head_scores(logits, head.activation))[:, 0]
+        order = np.argsort(-scores, kind="stable")
+        ranks = []
+        for k in order.tolist():
+            rank: dict[str, Any] = {"index": k, "score": float(scores[k])}
+            if return_text:
+                rank["text"] = texts[k]
+            ranks.append(rank)
+        return Answer(ranks, timings)
+
+    @timed
+    async def token_classification(
+        self,
+        inputs: str | list[str],
+        strategy: entities.AggregationStrategy,
+        ignore_labels: list[str],
+        long_text: LongText,
+        direction: Direction,
+    ) -> Answer[list[Any]]:
+        """The entities of each input, as transformers' ``pipeline("token-classification")`` with
+        ``aggregation_strategy`` answers (:mod:`app.entities`); a string's answer alone, a list's one
+        answer per input.
+
+        Raises:
+            Unsupported: the model is not a token classifier.
+            ValidationFailed: an input over the model's length without truncation; an unknown strategy.
+        """
+        head = self._head("/token-classification", "tagger")
+        names = listed("inputs", inputs)
+        texts = self._texts(inputs, names)
+        limit = self.model.tokenizer.max_length
+        with self.engine.admit(len(texts)):
+            encodings, tokenization_ms = await self._tokenize(texts)
+            kept = []
+            for i, enc in enumerate(encodings):
+                if len(enc.ids) <= 2:
+                    raise no_tokens(names.item(i))
+                if len(enc.ids) > limit and long_text == "error":
+                    check_length(names.item(i), len(enc.ids), limit, TOO_LONG_HEAD)
+                kept.append(
+                    truncated_positions(len(enc.ids), limit, direction)
+                    if len(enc.ids) > limit
+                    else np.arange(len(enc.ids))
+                )
+            ids = [np.asarray(e.ids, dtype=np.int64)[k] for e, k in zip(encodings, kept, strict=True)]
+            job = await self._run(ids, Need(head=True))
+        answer = []
+        for text, enc, k, states in zip(texts, encodings, kept, job.token_states, strict=True):
+            if states is None:
+                raise InternalError("a tagger job came back without its token logits")
+            offsets, special = enc.offsets, enc.special_tokens_mask
+            answer.append(
+                entities.entities(
+                    text,
+                    [enc.ids[j] for j in k],
+                    [offsets[j] for j in k],
+                    [special[j] for j in k],
+                    head_scores(states[0], "softmax").astype(np.float32),
+                    head.labels,
+                    cast(entities.Vocabulary, self.vocabulary),
+                    strategy,
+                    ignore_labels,
+                )
+            )
+        value: list[Any] = answer[0] if isinstance(inputs, str) else answer
+        return Answer(value, timings_of([job], tokenization_ms))
+
+    def routes(self) -> list[str]:
+        """The data routes this model serves (the embedding routes, fill-mask with an MLM head, and its
+        head's routes)."""
+        return [
+            *EMBEDDING_ROUTES,
+            *(("/fill-mask",) if self.model.has_mlm_head else ()),
+            *HEAD_ROUTES[self.kind],
+        ]
+
+    def _head(self, route: str, *kinds: str) -> Any:
+        """The model's head, if it is of one of ``kinds``.
+
+        Raises:
+            Unsupported: it is not (the message names the model's kind and what it serves).
+        """
+        self._check_ready()
+        head = self.model.manifest.head
+        if self.kind not in kinds or head is None or not self.model.has_head:
+            wanted = " or ".join(KIND_NAMES[k] for k in kinds)
+            raise Unsupported(
+                f"{route} needs {wanted}; this model ({self.served_name}) is {KIND_NAMES[self.kind]}, "
+                f"which serves {', '.join(self.routes())}"
+            )
+        return head
+
+    async def _head_logits(
+        self,
+        inputs: list[TextInput],
+        long_text: LongText,
+        direction: Direction,
+        field_name: str = "inputs",
+    ) -> tuple[np.ndarray, Timings]:
+        """The head's logits [inputs, labels] of texts and pairs, through the cache when there is one."""
+        if not inputs:
+            raise EmptyInput(f"{field_name} is empty: send at least one input")
+        texts = [x if isinstance(x, str) else x[0] for x in inputs]
+        pairs = [x[1] for x in inputs if not isinstance(x, str)]
+        self._texts(texts, listed(field_name, texts))
+        if pairs:
+            self._texts(pairs, listed(field_name, pairs))
+        # Each input's cache key is its JSON: a text's a JSON string, a pair's a JSON array, never the same.
+        keys = [json.dumps(x, ensure_ascii=False) for x in inputs]
+        item = dict(zip(keys, inputs, strict=True))
+        position = {k: i for i, k in reversed(list(enumerate(keys)))}  # a key's first input, for messages
+        limit = self.model.tokenizer.max_length
+        jobs: list[Job] = []
+        tokenization_ms = 0.0
+
+        async def compute(todo: list[str]) -> np.ndarray:
+            nonlocal tokenization_ms
+            todo_inputs = [item[k] for k in todo]
+            encodings, took = await self._tokenize(todo_inputs, offsets=False)
+            tokenization_ms += took
+            ids, types = [], []
+            for k, (x, enc) in enumerate(zip(todo_inputs, encodings, strict=True)):
+                name = f"{field_name}[{position[todo[k]]}]"
+                row = np.asarray(enc.ids, dtype=np.int64)
+                kinds = np.asarray(enc.type_ids, dtype=np.int64)
+                if len(row) > limit:
+                    if long_text == "error":
+                        check_length(name, len(row), limit, TOO_LONG_HEAD)
+                    if isinstance(x, str):
+                        keep = truncated_positions(len(row), limit, direction)
+                        row, kinds = row[keep], kinds[keep]
+                    else:
+                        row, kinds = truncate_pair(row, kinds, limit, direction)
+                ids.append(row)
+                types.append(kinds if not isinstance(x, str) else None)
+            job = Job(asyncio.get_running_loop(), len(ids))
+            enqueued = time.perf_counter()
+            need = Need(head=True)
+            work = [
+                Sequence(x, need, job, i, enqueued, t)
+                for i, (x, t) in enumerate(zip(ids, types, strict=True))
+            ]
+            await self.engine.run(job, work)
+            jobs.append(job)
+            if job.vectors is None:
+                raise InternalError("a /predict job came back without its logits")
+            return job.vectors[:, 0, :]
+
+        with self.engine.admit(len(inputs)):
+            if self.cache.enabled:
+                prefix = cache_keys.space(
+                    self.model_digest,
+                    {
+                        **dict.fromkeys(("pooling", "layers", "layer_combine", "layer_weights", "normalize")),
+                        "long_text": long_text,
+                        "truncation_direction": direction,
+                        "input": "json",  # keys are each text or pair as JSON
+                        "prompt": None,
+                        "output": "head_logits",
+                    },
+                )
+                logits = np.stack(await self.cache.vectors(prefix, keys, compute))
+            else:
+                distinct = list(dict.fromkeys(keys))
+                row_of = {k: i for i, k in enumerate(distinct)}
+                logits = (await compute(distinct))[[row_of[k] for k in keys]]
+        return logits, timings_of(jobs, tokenization_ms)
+
     async def warmup(self) -> None:
         """Embed and fill a few inputs of typical shapes so the first real request pays no set-up (the app
         marks the service ready once this is done: :mod:`app.main`)."""
@@ -253,7 +507,7 @@ class Service:
         for batch in ([texts[0]], texts, texts * 3):
             await self._vectors(
                 batch,
-                EmbedOptions(long_text="truncate"),
+                replace(self.defaults, long_text="truncate"),
                 listed("inputs", batch),
                 check_ready=False,
                 use_cache=False,
@@ -279,7 +533,7 @@ class Service:
         return texts_of(inputs, self.settings.max_inputs_per_request, self.settings.max_input_chars, names)
 
     async def _tokenize(
-        self, texts: list[str], add_special_tokens: bool = True, offsets: bool = True
+        self, texts: TextInputs, add_special_tokens: bool = True, offsets: bool = True
     ) -> tuple[list[TokenEncoding], float]:
         """Encodings of ``texts`` and the milliseconds it took; ``offsets=False`` when no span is read."""
         started = time.perf_counter()
@@ -336,7 +590,20 @@ class Service:
         if check_ready:
             self._check_ready()
         resolved = resolve_embed(options, self.model.num_layers, self.model.has_pooler)
-        need = Need(layers=resolved.layers, pooling=options.pooling)
+        pool_from = 0
+        asked = texts
+        if given is None and (
+            prompt := prompt_text(options.prompt_name, self.model.manifest.defaults.prompts)
+        ):
+            texts = [prompt + t for t in texts]
+            if not self.model.manifest.defaults.include_prompt:
+                pool_from = self.prompt_tokens[cast(str, options.prompt_name)]
+                if options.long_text == "chunk":
+                    raise ValidationFailed(
+                        "long_text 'chunk' cannot go with this model's prompts: its pooling leaves the prompt "
+                        "out, and only the first window holds it; use long_text 'truncate'"
+                    )
+        need = Need(layers=resolved.layers, pooling=options.pooling, pool_from=pool_from)
         first = {text: i for i, text in reversed(list(enumerate(texts)))}
         computed = _Computed()
         info = self.model.manifest.tokenizer
@@ -376,7 +643,8 @@ class Service:
             computed.jobs.append(job)
             if job.vectors is None:
                 raise InternalError("an /embed job came back without its pooled vectors")
-            return layers.input_vectors(len(todo), job.vectors, resolved.mix, options.normalize, windows)
+            pooled = dense.apply(job.vectors, self.dense) if self.dense else job.vectors
+            return layers.input_vectors(len(todo), pooled, resolved.mix, options.normalize, windows)
 
         # Permits cover every input, cached or not: they bound the in-flight map and the queues behind it.
         with self.engine.admit(len(texts)):
@@ -392,7 +660,10 @@ class Service:
             if count_tokens and (uncounted := [t for t in first if t not in computed.tokens]):
                 encodings, _ = await self._tokenize(uncounted, offsets=False)
                 computed.tokens.update((t, len(e.ids)) for t, e in zip(uncounted, encodings, strict=True))
-        return vectors, timings_of(computed.jobs, computed.tokenization_ms), computed.tokens
+        tokens = computed.tokens
+        if count_tokens and texts is not asked:  # counted with the prompt, reported by the texts sent
+            tokens = {a: tokens[t] for a, t in zip(asked, texts, strict=True)}
+        return vectors, timings_of(computed.jobs, computed.tokenization_ms), tokens
 
     def _key_prefix(self, options: EmbedOptions, resolved: Resolved, token_ids: bool = False) -> str:
         """Everything besides the text that changes a vector: model, pooling, layers and the rest; and
@@ -410,5 +681,8 @@ class Service:
                 "long_text": options.long_text,
                 "truncation_direction": options.truncation_direction,
                 "input": "token_ids" if token_ids else "text",
+                # The texts carry the prompt; its name keys whether it was pooled (include_prompt).
+                "prompt": options.prompt_name if not token_ids else None,
+                "output": "vector",
             },
         )

@@ -19,6 +19,7 @@ TOO_LONG_OPENAI = (
     "this route does not truncate: shorten it, or use POST /embed with long_text 'truncate' or 'chunk'"
 )
 TOO_LONG_MASKS = "fill-mask cannot truncate: shorten the text around the masks"
+TOO_LONG_HEAD = "send truncate: true to keep its start (truncation_direction left keeps its end)"
 
 
 def truncated_positions(length: int, limit: int, direction: Direction) -> np.ndarray:
@@ -27,6 +28,40 @@ def truncated_positions(length: int, limit: int, direction: Direction) -> np.nda
     body = limit - 2
     start = 1 if direction == "right" else length - 1 - body
     return np.concatenate([[0], np.arange(start, start + body), [length - 1]])
+
+
+def truncate_pair(
+    ids: np.ndarray, types: np.ndarray, limit: int, direction: Direction
+) -> tuple[np.ndarray, np.ndarray]:
+    """A pair ``[CLS] a [SEP] b [SEP]`` (``types`` 0 for [CLS] a [SEP], 1 for b [SEP]) cut to ``limit``
+    tokens the way Hugging Face tokenizers' ``longest_first`` does: the longer text loses tokens until
+    both fit, and when both are over half the room each keeps half (the second the odd one).
+    """
+    if len(ids) <= limit:
+        return ids, types
+    first = np.flatnonzero(types == 0)[1:-1]  # a's positions
+    second = np.flatnonzero(types == 1)[:-1]  # b's positions
+    room = limit - 3
+    n1, n2 = len(first), len(second)
+    swap = n1 > n2
+    if swap:
+        n1, n2 = n2, n1
+    n2 = n1 if n1 > room else max(n1, room - n1)
+    if n1 + n2 > room:
+        n1 = room // 2
+        n2 = n1 + room % 2
+    if swap:
+        n1, n2 = n2, n1
+
+    def kept(positions: np.ndarray, n: int) -> np.ndarray:
+        if len(positions) <= n:
+            return positions
+        return positions[:n] if direction == "right" else positions[len(positions) - n :]
+
+    a, b = kept(first, n1), kept(second, n2)
+    last_a = int(np.flatnonzero(types == 0)[-1])
+    keep = np.concatenate([[0], a, [last_a], b, [len(ids) - 1]]).astype(np.int64)
+    return ids[keep], types[keep]
 
 
 def windows(

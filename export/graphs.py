@@ -20,6 +20,8 @@ import onnx
 import torch
 
 from app.model.manifest import (
+    ALWAYS_POOLED,
+    HEAD_OUTPUT,
     INPUT_NAMES,
     LAST_HIDDEN_STATE,
     MLM_INPUT,
@@ -38,31 +40,70 @@ BATCH_SEQ = ["batch", "sequence"]
 # arithmetic, reductions and indexing. No MatMul/Gemm/einsum, which the int8 passes would quantise.
 POOLING_OPS = frozenset(
     {"Gather", "Mul", "ReduceSum", "Div", "Clip", "Max", "Cast", "Unsqueeze", "Squeeze", "Constant"}
+    # A sentence-transformers model's own mode (max, mean_sqrt_len, weightedmean, lasttoken) adds these.
+    | {"ReduceMax", "Where", "Equal", "Sqrt", "Sub", "Add", "Range", "Shape", "Expand", "Reshape"}
+    | {"GatherElements", "ConstantOfShape", "Slice", "Concat"}
 )
 
 
 class _Pooling(torch.nn.Module):
-    """Each layer's [CLS] state and masked mean, exactly as app/engine/pooling.py computes them in numpy:
-    sum over real tokens of hidden × mask, divided by max(mask sum, 1). A submodule, so that its nodes are
-    named ``/pooling/...`` in the exported graph."""
+    """Each layer's pooled vectors, exactly as app/engine/pooling.py computes them in numpy: [CLS]; the
+    mean over real tokens (sum of hidden × mask over max(mask sum, 1)); and for a sentence-transformers
+    model its own mode (``modes``). A submodule, so that its nodes are named ``/pooling/...`` in the
+    exported graph."""
+
+    def __init__(self, modes: tuple[PooledMode, ...]) -> None:
+        super().__init__()
+        self.modes = modes
 
     def forward(
         self, layers: tuple[torch.Tensor, ...], attention_mask: torch.Tensor
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    ) -> list[list[torch.Tensor]]:
         weights = attention_mask.unsqueeze(-1).to(layers[0].dtype)  # [batch, seq, 1]
         count = weights.sum(dim=1).clamp(min=1.0)  # [batch, 1]: shared by every layer
-        cls = [h[:, 0] for h in layers]
-        mean = [(h * weights).sum(dim=1) / count for h in layers]
-        return cls, mean
+        out: list[list[torch.Tensor]] = []
+        for mode in self.modes:
+            if mode == "cls":
+                out.append([h[:, 0] for h in layers])
+            elif mode == "mean":
+                out.append([(h * weights).sum(dim=1) / count for h in layers])
+            elif mode == "mean_sqrt_len":
+                out.append([(h * weights).sum(dim=1) / count.sqrt() for h in layers])
+            elif mode == "max":
+                padding = (weights == 0).expand_as(layers[0])
+                out.append([h.masked_fill(padding, float("-inf")).amax(dim=1) for h in layers])
+            elif mode == "weightedmean":
+                positions = torch.arange(1, weights.shape[1] + 1, dtype=weights.dtype).view(1, -1, 1)
+                w = weights * positions
+                total = w.sum(dim=1).clamp(min=1.0)
+                out.append([(h * w).sum(dim=1) / total for h in layers])
+            elif mode == "lasttoken":
+                last = (attention_mask.sum(dim=1) - 1).clamp(min=0).view(-1, 1, 1)
+                index = last.expand(-1, 1, layers[0].shape[-1])
+                out.append([torch.gather(h, 1, index)[:, 0] for h in layers])
+            else:
+                raise ValueError(f"pooling {mode!r} has no graph form")
+        return out
+
+
+def graph_modes(extra: str | None) -> tuple[PooledMode, ...]:
+    """The poolings a graph computes: [CLS], mean, and a sentence-transformers model's own mode."""
+    if extra is None or extra in ALWAYS_POOLED:
+        return ALWAYS_POOLED
+    if extra not in POOLED_MODES:
+        raise ValueError(f"pooling {extra!r} has no graph form")
+    return (*ALWAYS_POOLED, extra)
 
 
 class _Encoder(torch.nn.Module):
-    def __init__(self, loaded: LoadedModel, all_layers: bool) -> None:
+    def __init__(self, loaded: LoadedModel, all_layers: bool, modes: tuple[PooledMode, ...]) -> None:
         super().__init__()
         self.bert = loaded.bert
         self.all_layers = all_layers
         self.has_pooler = loaded.has_pooler
-        self.pooling = _Pooling()
+        self.pooling = _Pooling(modes)
+        self.head = loaded.head
+        self.token_head = loaded.head_architecture == "BertForTokenClassification"
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
@@ -77,23 +118,32 @@ class _Encoder(torch.nn.Module):
         # hidden_states[0] is the embedding output; layers are 1..L, and L is last_hidden_state.
         layers = tuple(out.hidden_states[1:]) if self.all_layers else (out.last_hidden_state,)
         pooler = (out.pooler_output,) if self.has_pooler else ()
-        cls, mean = self.pooling(layers, attention_mask)
-        return (*layers, *pooler, *cls, *mean)
+        pooled = [v for per_mode in self.pooling(layers, attention_mask) for v in per_mode]
+        head: tuple[torch.Tensor, ...] = ()
+        if self.head is not None:
+            # Dropout is off in eval mode: the classifier reads the pooler (sequence) or the last layer (tokens).
+            head = (self.head(out.last_hidden_state if self.token_head else out.pooler_output),)
+        return (*layers, *pooler, *pooled, *head)
 
 
-def pooled_outputs(num_layers: int, all_layers: bool = True) -> dict[PooledMode, dict[int, str]]:
+def pooled_outputs(
+    num_layers: int, all_layers: bool = True, modes: tuple[PooledMode, ...] = ALWAYS_POOLED
+) -> dict[PooledMode, dict[int, str]]:
     """Pooling mode → 1-based layer → the encoder output holding it (the manifest's ``pooled_outputs``);
     the last layer only for an ``all_layers=False`` graph."""
     first = 1 if all_layers else num_layers
     return {
         mode: {i: pooled_output_name(mode, i, num_layers) for i in range(first, num_layers + 1)}
-        for mode in POOLED_MODES
+        for mode in modes
     }
 
 
-def encoder_outputs(loaded: LoadedModel, all_layers: bool = True) -> list[TensorSpec]:
-    """The encoder graph's outputs, in graph order: per-token states, the pooler, then the pooled vectors
-    (all [CLS] vectors, then all means), so the older outputs keep their positions."""
+def encoder_outputs(
+    loaded: LoadedModel, all_layers: bool = True, modes: tuple[PooledMode, ...] = ALWAYS_POOLED
+) -> list[TensorSpec]:
+    """The encoder graph's outputs, in graph order: per-token states, the pooler, the pooled vectors
+    (all [CLS] vectors, then all means, then the model's own mode), then a fine-tuned head's logits, so
+    the older outputs keep their positions."""
     layers = loaded.config.num_hidden_layers
     hidden = loaded.config.hidden_size
     names = [layer_output_name(i, layers) for i in range(1, layers)] if all_layers else []
@@ -101,8 +151,16 @@ def encoder_outputs(loaded: LoadedModel, all_layers: bool = True) -> list[Tensor
     specs.append(TensorSpec(name=LAST_HIDDEN_STATE, dtype="float32", shape=[*BATCH_SEQ, hidden]))
     if loaded.has_pooler:
         specs.append(TensorSpec(name=POOLER_OUTPUT, dtype="float32", shape=["batch", hidden]))
-    for per_layer in pooled_outputs(layers, all_layers).values():
+    for per_layer in pooled_outputs(layers, all_layers, modes).values():
         specs.extend(TensorSpec(name=n, dtype="float32", shape=["batch", hidden]) for n in per_layer.values())
+    if loaded.head is not None:
+        labels = loaded.config.num_labels
+        shape: list[str | int] = (
+            [*BATCH_SEQ, labels]
+            if loaded.head_architecture == "BertForTokenClassification"
+            else ["batch", labels]
+        )
+        specs.append(TensorSpec(name=HEAD_OUTPUT, dtype="float32", shape=shape))
     return specs
 
 
@@ -201,17 +259,24 @@ def _export(
     onnx.checker.check_model(str(path))
 
 
-def export_encoder(loaded: LoadedModel, path: Path, opset: int, all_layers: bool = True) -> None:
-    """Write the fp32 encoder graph; ``all_layers=False`` gives a last-layer-only graph (for benchmarks)."""
+def export_encoder(
+    loaded: LoadedModel,
+    path: Path,
+    opset: int,
+    all_layers: bool = True,
+    modes: tuple[PooledMode, ...] = ALWAYS_POOLED,
+) -> None:
+    """Write the fp32 encoder graph; ``all_layers=False`` gives a last-layer-only graph (for benchmarks),
+    ``modes`` the poolings it computes (:func:`graph_modes`)."""
     ids = torch.tensor([[101, 704, 1744, 102, 0], [101, 872, 1962, 8024, 102]], dtype=torch.int64)
     mask = (ids != 0).to(torch.int64)
     types = torch.zeros_like(ids)
     _export(
-        _Encoder(loaded, all_layers),
+        _Encoder(loaded, all_layers, modes),
         (ids, mask, types),
         path,
         encoder_inputs(),
-        encoder_outputs(loaded, all_layers),
+        encoder_outputs(loaded, all_layers, modes),
         opset,
     )
 

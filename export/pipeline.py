@@ -25,8 +25,12 @@ from app.model.manifest import (
     LAST_HIDDEN_STATE,
     MLM_INPUT,
     VARIANTS,
+    Defaults,
+    DenseLayer,
     GraphFile,
     GraphName,
+    Head,
+    Kind,
     Manifest,
     ManifestError,
     ModelConfig,
@@ -41,7 +45,7 @@ from app.model.manifest import (
     verify_files,
 )
 from app.model.runtime import return_freed_memory
-from export import graphs, source, validate, variants
+from export import graphs, sentence, source, validate, variants
 from export.spec import DEFAULT_MODEL, DEFAULT_OPSET, INT8_RECIPE, PROVIDERS, THRESHOLDS, Threshold
 
 Log = Callable[[str], None]
@@ -142,7 +146,7 @@ def _up_to_date(out: Path, fingerprint: str) -> Manifest | None:
         if manifest.source.fingerprint != fingerprint:
             return None
         files = {g.file: g.sha256 for per in manifest.graphs.values() for g in per.values()}
-        verify_files(out, files | manifest.tokenizer.files)
+        verify_files(out, files | manifest.files())
     except ManifestError:
         return None
     return manifest
@@ -229,25 +233,34 @@ def _export_into(
         loaded = source.load(src, options.twin)
     cfg = loaded.config
     heads, hidden = cfg.num_attention_heads, cfg.hidden_size
+    # A fine-tuned head is served as its checkpoint says; an encoder folder may be a sentence-transformers one.
+    st = sentence.read(src.folder) if loaded.head is None else None
     max_length = cfg.max_position_embeddings
+    if st is not None and st.max_seq_length is not None:
+        max_length = min(max_length, st.max_seq_length)
+    head = _head(loaded)
+    modes = graphs.graph_modes(st.pooling if st is not None else None)
 
     with clock.step("save tokenizer"):
         tokenizer = source.load_tokenizer(src.folder, max_length)
+        if st is not None and st.do_lower_case:
+            _lowercase(tokenizer)
         saved = tokenizer.save_pretrained(tmp)
         token_files = {Path(p).name: sha256_file(Path(p)) for p in saved if Path(p).is_file()}
+        dense_layers, dense_files = _save_dense(tmp, st.dense if st is not None else ())
 
     scratch = tmp / "scratch"
     scratch.mkdir()
     names: dict[GraphName, str] = {"encoder": "encoder.{}.onnx", "mlm_head": "mlm_head.{}.onnx"}
     fp32: dict[GraphName, Path] = {"encoder": scratch / "encoder.fp32.onnx"}
     with clock.step("export encoder fp32", lambda: _mb(fp32["encoder"])):
-        graphs.export_encoder(loaded, fp32["encoder"], options.opset)
+        graphs.export_encoder(loaded, fp32["encoder"], options.opset, modes=modes)
     if loaded.mlm_head is not None:
         fp32["mlm_head"] = scratch / "mlm_head.fp32.onnx"
         with clock.step("export mlm_head fp32", lambda: _mb(fp32["mlm_head"])):
             graphs.export_mlm_head(loaded, fp32["mlm_head"], options.opset)
     io: dict[GraphName, tuple[list[TensorSpec], list[TensorSpec]]] = {
-        "encoder": (graphs.encoder_inputs(), graphs.encoder_outputs(loaded))
+        "encoder": (graphs.encoder_inputs(), graphs.encoder_outputs(loaded, modes=modes))
     }
     if loaded.mlm_head is not None:
         io["mlm_head"] = (graphs.mlm_inputs(loaded), graphs.mlm_outputs(loaded))
@@ -259,6 +272,15 @@ def _export_into(
         reference = validate.reference(loaded, batches)
     # From here on only ONNX Runtime sessions are held: one model in memory at a time.
     has_pooler, has_mlm, weights = loaded.has_pooler, loaded.mlm_head is not None, loaded.weights
+    checks = validate.Checks(
+        modes=modes,
+        has_pooler=has_pooler,
+        head_activation=head.activation if head is not None else None,
+        token_head=loaded.head_architecture == "BertForTokenClassification",
+        sentence_pooling=st.pooling if st is not None and st.dense else None,
+        dense=st.dense if st is not None else (),
+    )
+    kind = _kind(loaded)
     del loaded
     gc.collect()
 
@@ -282,13 +304,11 @@ def _export_into(
         provider = PROVIDERS[variant]
         with clock.step(f"validate {variant}"):
             encoder = validate.session(tmp / files["encoder"][variant].file, provider)
-            head = validate.session(tmp / files["mlm_head"][variant].file, provider) if has_mlm else None
+            mlm = validate.session(tmp / files["mlm_head"][variant].file, provider) if has_mlm else None
             used = encoder.get_providers()[0]
-            raw = validate.measure_sessions(
-                cfg.num_hidden_layers, has_pooler, batches, reference, encoder, head
-            )
+            raw = validate.measure_sessions(cfg.num_hidden_layers, checks, batches, reference, encoder, mlm)
             result = validate.judge(variant, used, len(sentences), raw, weights, thresholds)
-            del encoder, head
+            del encoder, mlm
         # The per-output minima (cosine_min/mean_3) go to the manifest; the log line keeps to the totals.
         totals = {k: v for k, v in raw.items() if validate.PER_OUTPUT not in k}
         clock.log(f"[export]   {variant} on {used}: " + ", ".join(f"{k}={v:.6g}" for k, v in totals.items()))
@@ -308,8 +328,12 @@ def _export_into(
             weights_sha256=weights_sha,
             fingerprint=fingerprint,
         ),
+        kind=kind,
+        defaults=_defaults(st, dense_layers),
+        head=head,
+        extra_files=dense_files,
         config=ModelConfig(
-            architecture="BertForPreTraining" if has_mlm else "BertModel",
+            architecture=head.architecture if head else "BertForPreTraining" if has_mlm else "BertModel",
             num_layers=cfg.num_hidden_layers,
             hidden_size=hidden,
             num_heads=heads,
@@ -334,7 +358,7 @@ def _export_into(
         layer_outputs={
             i: layer_output_name(i, cfg.num_hidden_layers) for i in range(1, cfg.num_hidden_layers + 1)
         },
-        pooled_outputs=graphs.pooled_outputs(cfg.num_hidden_layers),
+        pooled_outputs=graphs.pooled_outputs(cfg.num_hidden_layers, modes=modes),
         validation={r.variant: r for r in results},
         versions=_versions(),
         timings_s=clock.timings,
@@ -348,3 +372,112 @@ def _export_into(
     )
     manifest.dump(tmp)
     return manifest
+
+
+def _kind(loaded: source.LoadedModel) -> Kind:
+    if loaded.head_architecture == "BertForTokenClassification":
+        return "tagger"
+    if loaded.head_architecture == "BertForSequenceClassification":
+        return "reranker" if loaded.config.num_labels == 1 else "classifier"
+    return "embedding"
+
+
+# sentence-transformers' CrossEncoder names its activation in config.json ("sentence_transformers").
+_CROSS_ENCODER_ACTIVATIONS = {
+    "torch.nn.modules.activation.Sigmoid": "sigmoid",
+    "torch.nn.modules.linear.Identity": "identity",
+}
+
+
+def _head(loaded: source.LoadedModel) -> Head | None:
+    """The head's labels and how its scores are made: as transformers' text-classification pipeline does
+    (sigmoid for one label or multi-label, none for regression, else softmax), or a cross-encoder's own
+    activation (sentence-transformers' CrossEncoder: sigmoid unless the config names another)."""
+    if loaded.head_architecture is None:
+        return None
+    cfg = loaded.config
+    problem = cfg.problem_type
+    activation = "softmax"
+    if loaded.head_architecture == "BertForSequenceClassification":
+        if cfg.num_labels == 1:
+            st_config = getattr(cfg, "sentence_transformers", None) or {}
+            name = st_config.get("activation_fn", "torch.nn.modules.activation.Sigmoid")
+            if name not in _CROSS_ENCODER_ACTIVATIONS:
+                raise source.ExportError(
+                    f"cross-encoder activation {name!r} cannot be served (served: "
+                    f"{', '.join(_CROSS_ENCODER_ACTIVATIONS)})"
+                )
+            activation = _CROSS_ENCODER_ACTIVATIONS[name]
+        elif problem == "multi_label_classification":
+            activation = "sigmoid"
+        elif problem == "regression":
+            activation = "identity"
+    return Head(
+        architecture=loaded.head_architecture,
+        labels={int(k): str(v) for k, v in (cfg.id2label or {}).items()},
+        problem_type=problem,
+        activation=activation,  # type: ignore[arg-type]
+    )
+
+
+def _lowercase(tokenizer: PreTrainedTokenizerFast) -> None:
+    """sentence_bert_config.json's ``do_lower_case``, as sentence-transformers applies it: a Lowercase
+    normalizer in front of the tokenizer's own (unless it has one), so the saved tokenizer.json does it."""
+    from tokenizers.normalizers import Lowercase, Sequence
+
+    backend = tokenizer.backend_tokenizer
+    current = backend.normalizer
+    if isinstance(current, Lowercase) or (
+        isinstance(current, Sequence) and any(isinstance(n, Lowercase) for n in current)
+    ):
+        return
+    chain = [Lowercase()]
+    if isinstance(current, Sequence):
+        chain += list(current)
+    elif current is not None:
+        chain.append(current)
+    backend.normalizer = Sequence(chain)
+
+
+def _save_dense(folder: Path, layers: tuple[sentence.Dense, ...]) -> tuple[list[DenseLayer], dict[str, str]]:
+    """Write each Dense module's weights as .npy files; their manifest entries and file hashes."""
+    entries: list[DenseLayer] = []
+    files: dict[str, str] = {}
+    for k, layer in enumerate(layers):
+        weight = f"dense_{k}.weight.npy"
+        np.save(folder / weight, layer.weight)
+        files[weight] = sha256_file(folder / weight)
+        bias = None
+        if layer.bias is not None:
+            bias = f"dense_{k}.bias.npy"
+            np.save(folder / bias, layer.bias)
+            files[bias] = sha256_file(folder / bias)
+        out_features, in_features = layer.weight.shape
+        entries.append(
+            DenseLayer(
+                weight=weight,
+                bias=bias,
+                in_features=in_features,
+                out_features=out_features,
+                activation=layer.activation,  # type: ignore[arg-type]
+            )
+        )
+    return entries, files
+
+
+def _defaults(st: sentence.SentenceConfig | None, dense: list[DenseLayer]) -> Defaults:
+    """A plain BERT's defaults, or a sentence-transformers folder's own (as ``encode`` serves it)."""
+    if st is None:
+        return Defaults()
+    return Defaults(
+        source="sentence-transformers",
+        pooling=st.pooling,
+        normalize=st.normalize,
+        long_text="truncate",
+        include_prompt=st.include_prompt,
+        do_lower_case=st.do_lower_case,
+        prompts=st.prompts,
+        default_prompt_name=st.default_prompt_name,
+        dense=dense,
+        modules=list(st.modules),
+    )

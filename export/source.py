@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import BertConfig, BertForPreTraining, BertModel, BertTokenizerFast, PreTrainedTokenizerFast
+from transformers import (
+    BertConfig,
+    BertForPreTraining,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    BertModel,
+    BertTokenizerFast,
+    PreTrainedTokenizerFast,
+)
 
 from app.model.manifest import sha256_file
 from export.spec import BERT_BASE_CHINESE_CONFIG, BERT_BASE_CHINESE_VOCAB_SHA256, SEED
@@ -26,7 +34,13 @@ SMALL_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
+    # A sentence-transformers folder's settings (export/sentence.py); its module folders are fetched whole.
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
 )
+# The module folders of a sentence-transformers repository ("1_Pooling", "2_Dense", ...).
+MODULE_FOLDERS = "[0-9]_*/*"
 
 
 class ExportError(RuntimeError):
@@ -48,6 +62,20 @@ class ResolvedSource:
     weights_file: Path | None
 
 
+# Fine-tuned heads served, by the checkpoint's architecture.
+HEADS = {
+    "BertForSequenceClassification": BertForSequenceClassification,
+    "BertForTokenClassification": BertForTokenClassification,
+}
+# Architectures of checkpoints that are BERT plus something this exporter does not serve.
+REFUSED_HEADS = (
+    "BertForQuestionAnswering",
+    "BertForMultipleChoice",
+    "BertForNextSentencePrediction",
+    "BertLMHeadModel",
+)
+
+
 @dataclass
 class LoadedModel:
     bert: BertModel
@@ -56,6 +84,27 @@ class LoadedModel:
     config: BertConfig
     has_pooler: bool
     weights: str  # "pretrained" | "random"
+    # A fine-tuned head's architecture (a key of HEADS) and its classifier Linear; None for an encoder.
+    head_architecture: str | None = None
+    head: torch.nn.Module | None = None
+
+
+def head_architecture(config: BertConfig) -> str | None:
+    """The served head the config's ``architectures`` name, or None for an encoder.
+
+    Raises:
+        ExportError: an architecture with a head that is not served (named).
+    """
+    names = list(config.architectures or [])
+    for name in names:
+        if name in HEADS:
+            return name
+        if name in REFUSED_HEADS:
+            raise ExportError(
+                f"architecture {name} cannot be served: served heads are {', '.join(HEADS)}, "
+                "and encoders (BertModel, BertForMaskedLM, BertForPreTraining)"
+            )
+    return None
 
 
 def resolve(model: str, revision: str | None) -> ResolvedSource:
@@ -105,7 +154,7 @@ def _download(repo_id: str, revision: str | None) -> Path:
     weights = next((w for w in WEIGHT_FILES if w in files), None)
     if weights is None:
         raise ExportError(f"{repo_id!r} has none of {', '.join(WEIGHT_FILES)}")
-    patterns = [f for f in SMALL_FILES if f in files] + [weights]
+    patterns = [f for f in SMALL_FILES if f in files] + [weights, MODULE_FOLDERS]
     try:
         return Path(huggingface_hub.snapshot_download(repo_id, revision=revision, allow_patterns=patterns))
     except (requests.RequestException, HfHubHTTPError, OSError) as exc:
@@ -161,8 +210,23 @@ def load(source: ResolvedSource, twin: bool) -> LoadedModel:
         full.tie_weights()
         return LoadedModel(full.bert, full.cls.predictions, config, True, "random")
     keys = _checkpoint_keys(require_weights(source))
-    has_mlm = any(k.startswith("cls.predictions.") for k in keys)
     has_pooler = any("pooler.dense.weight" in k for k in keys)
+    if (architecture := head_architecture(config)) is not None:
+        if not any(k.startswith("classifier.") for k in keys):
+            raise ExportError(
+                f"{source.folder}: config says {architecture} but the weights have no classifier"
+            )
+        model = HEADS[architecture].from_pretrained(source.folder, config=config).eval()
+        return LoadedModel(
+            model.bert,
+            None,
+            config,
+            model.bert.pooler is not None,
+            "pretrained",
+            architecture,
+            model.classifier,
+        )
+    has_mlm = any(k.startswith("cls.predictions.") for k in keys)
     if has_mlm:
         full = BertForPreTraining.from_pretrained(source.folder, config=config).eval()
         return LoadedModel(full.bert, full.cls.predictions, config, has_pooler, "pretrained")
@@ -184,7 +248,8 @@ def fingerprint(source: ResolvedSource, weights_sha256: str | None, options: dic
     digest = hashlib.sha256()
     digest.update(json.dumps(options, sort_keys=True).encode())
     digest.update((weights_sha256 or "").encode())
-    for name in SMALL_FILES:
+    module_files = sorted(p.relative_to(source.folder) for p in source.folder.glob(MODULE_FOLDERS))
+    for name in [*SMALL_FILES, *map(str, module_files)]:
         path = source.folder / name
         if path.is_file():
             digest.update(name.encode() + sha256_file(path).encode())

@@ -89,9 +89,20 @@ THRESHOLDS: dict[Variant, tuple[Threshold, ...]] = {
         Threshold("cosine_min", ">=", 0.99999),
         Threshold("max_abs_diff", "<=", 1e-3),
         Threshold("mlm_top1", ">=", 1.0),
+        # A sentence-transformers model's own vector (pooling + Dense) and a fine-tuned head's scores.
+        Threshold("sentence_cosine_min", ">=", 0.99999),
+        Threshold("head_score_max_abs_diff", "<=", 1e-4),
     ),
-    "fp16": (Threshold("cosine_min", ">=", 0.999),),
-    "int8": (Threshold("cosine_min", ">=", 0.99, on_random=False),),
+    "fp16": (
+        Threshold("cosine_min", ">=", 0.999),
+        Threshold("sentence_cosine_min", ">=", 0.999),
+        Threshold("head_score_max_abs_diff", "<=", 1e-2),
+    ),
+    "int8": (
+        Threshold("cosine_min", ">=", 0.99, on_random=False),
+        Threshold("sentence_cosine_min", ">=", 0.99, on_random=False),
+        Threshold("head_score_max_abs_diff", "<=", 0.1, on_random=False),
+    ),
 }
 
 # bert-base-chinese's published config.json, used to build its shape twin where the hub is unreachable.

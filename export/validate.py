@@ -19,10 +19,13 @@ import onnxruntime as ort
 import torch
 from transformers import PreTrainedTokenizerFast
 
+from app import dense as np_dense
+from app.engine import pooling as np_pooling
+from app.engine.postprocess import head_scores
 from app.model.manifest import (
+    HEAD_OUTPUT,
     LAST_HIDDEN_STATE,
     MLM_INPUT,
-    POOLED_MODES,
     POOLER_OUTPUT,
     Metric,
     PooledMode,
@@ -31,6 +34,7 @@ from app.model.manifest import (
     layer_output_name,
     pooled_output_name,
 )
+from export import sentence
 from export.source import ExportError, LoadedModel
 from export.spec import SEED, THRESHOLDS, Threshold
 
@@ -84,6 +88,21 @@ class Reference:
     layers: list[list[np.ndarray]]  # [batch][layer-1] -> [b, s, h]
     pooler: list[np.ndarray | None]
     mlm_logits: list[np.ndarray | None]  # [masked positions, vocab]
+    head_logits: list[np.ndarray | None]  # a fine-tuned head's logits: [b, labels] or [b, s, labels]
+
+
+@dataclass(frozen=True)
+class Checks:
+    """What one model's graphs are checked for, besides every layer's states and cls/mean pooling."""
+
+    modes: tuple[PooledMode, ...]  # the poolings the graph computes
+    has_pooler: bool
+    head_activation: str | None = None  # "softmax" | "sigmoid" | "identity" with a head
+    token_head: bool = False
+    # A sentence-transformers model's own pipeline: its pooling and Dense modules, checked end to end
+    # (numpy Dense on the graph's pooled output against PyTorch's Dense on PyTorch's pooling).
+    sentence_pooling: str | None = None
+    dense: tuple[sentence.Dense, ...] = ()
 
 
 def make_batches(tokenizer: PreTrainedTokenizerFast, sentences: list[str]) -> list[Batch]:
@@ -110,24 +129,43 @@ def reference(loaded: LoadedModel, batches: list[Batch]) -> Reference:
     layers: list[list[np.ndarray]] = []
     pooler: list[np.ndarray | None] = []
     logits: list[np.ndarray | None] = []
+    heads: list[np.ndarray | None] = []
     for b in batches:
         out = loaded.bert(**{k: torch.from_numpy(v) for k, v in b.feed().items()}, output_hidden_states=True)
         layers.append([h.numpy() for h in out.hidden_states[1:]])
         pooler.append(out.pooler_output.numpy() if loaded.has_pooler else None)
+        if loaded.head is None:
+            heads.append(None)
+        elif loaded.head_architecture == "BertForTokenClassification":
+            heads.append(loaded.head(out.last_hidden_state).numpy())
+        else:
+            heads.append(loaded.head(out.pooler_output).numpy())
         if loaded.mlm_head is None:
             logits.append(None)
             continue
         masked_out = loaded.bert(**{k: torch.from_numpy(v) for k, v in b.feed(masked=True).items()})
         hidden = masked_out.last_hidden_state[torch.from_numpy(b.masked)]
         logits.append(loaded.mlm_head(hidden).numpy())
-    return Reference(layers, pooler, logits)
+    return Reference(layers, pooler, logits, heads)
 
 
-def _pooled(layer: np.ndarray, mask: np.ndarray) -> dict[PooledMode, np.ndarray]:
-    """PyTorch's side of the pooled outputs: its hidden states [batch, seq, hidden], pooled."""
-    weights = mask[..., None].astype(np.float32)
-    mean = (layer * weights).sum(1) / weights.sum(1)
-    return {"cls": layer[:, 0], "mean": mean}
+def _pooled(
+    layer: np.ndarray, mask: np.ndarray, modes: tuple[PooledMode, ...]
+) -> dict[PooledMode, np.ndarray]:
+    """PyTorch's side of the pooled outputs: its hidden states [batch, seq, hidden], pooled in numpy."""
+    return {mode: np_pooling.pool(mode, layer, mask) for mode in modes}
+
+
+def _torch_sentence(layer: np.ndarray, mask: np.ndarray, checks: Checks) -> np.ndarray:
+    pooled = np_pooling.pool(str(checks.sentence_pooling), layer, mask)
+    return sentence.torch_dense(torch.from_numpy(pooled), checks.dense).numpy()
+
+
+def _numpy_sentence(pooled: np.ndarray, checks: Checks) -> np.ndarray:
+    layers = tuple(
+        np_dense.Dense(d.weight.T.copy(), d.bias, np_dense.ACTIVATIONS[d.activation]) for d in checks.dense
+    )
+    return np_dense.apply(pooled, layers)
 
 
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -140,7 +178,7 @@ def _topk(logits: np.ndarray, k: int) -> np.ndarray:
 
 def measure_sessions(
     num_layers: int,
-    has_pooler: bool,
+    checks: Checks,
     batches: list[Batch],
     ref: Reference,
     encoder: ort.InferenceSession,
@@ -150,13 +188,14 @@ def measure_sessions(
     layers = [layer_output_name(i, num_layers) for i in range(1, num_layers + 1)]
     pooled = {
         (mode, i): pooled_output_name(mode, i, num_layers)
-        for mode in POOLED_MODES
+        for mode in checks.modes
         for i in range(1, num_layers + 1)
     }
-    vectors = [*pooled.values(), *([POOLER_OUTPUT] if has_pooler else [])]
-    names = [*layers, *vectors]
+    vectors = [*pooled.values(), *([POOLER_OUTPUT] if checks.has_pooler else [])]
+    names = [*layers, *vectors, *([HEAD_OUTPUT] if checks.head_activation else [])]
     cosines: dict[str, list[np.ndarray]] = {name: [] for name in vectors}
-    max_abs = 0.0
+    sentence_cosines: list[np.ndarray] = []
+    max_abs = head_abs = 0.0
     top1: list[np.ndarray] = []
     top5: list[float] = []
     for i, b in enumerate(batches):
@@ -165,12 +204,23 @@ def measure_sessions(
         for layer in range(num_layers):
             diff = np.abs(got[layers[layer]] - ref.layers[i][layer])[real]
             max_abs = max(max_abs, float(diff.max()))
-            for mode, theirs in _pooled(ref.layers[i][layer], b.attention_mask).items():
+            for mode, theirs in _pooled(ref.layers[i][layer], b.attention_mask, checks.modes).items():
                 mine = got[pooled[mode, layer + 1]]
                 max_abs = max(max_abs, float(np.abs(mine - theirs).max()))
                 cosines[pooled[mode, layer + 1]].append(_cosines(mine, theirs))
-        if has_pooler:
+        if checks.has_pooler:
             cosines[POOLER_OUTPUT].append(_cosines(got[POOLER_OUTPUT], ref.pooler[i]))  # type: ignore[arg-type]
+        if checks.sentence_pooling is not None:
+            own = pooled_output_name(checks.sentence_pooling, num_layers, num_layers)  # type: ignore[arg-type]
+            mine = _numpy_sentence(got[own], checks)
+            sentence_cosines.append(
+                _cosines(mine, _torch_sentence(ref.layers[i][-1], b.attention_mask, checks))
+            )
+        ref_head = ref.head_logits[i]
+        if checks.head_activation is not None and ref_head is not None:
+            mine, theirs = (head_scores(x, checks.head_activation) for x in (got[HEAD_OUTPUT], ref_head))
+            diff = np.abs(mine - theirs)
+            head_abs = max(head_abs, float((diff[real] if checks.token_head else diff).max()))
         ref_logits = ref.mlm_logits[i]
         if head is not None and ref_logits is not None:
             hidden = encoder.run([LAST_HIDDEN_STATE], b.feed(masked=True))[0][b.masked]
@@ -185,6 +235,10 @@ def measure_sessions(
         "cosine_mean": float(all_cos.mean()),
         "max_abs_diff": max_abs,
     }
+    if sentence_cosines:
+        metrics["sentence_cosine_min"] = float(np.concatenate(sentence_cosines).min())
+    if checks.head_activation is not None:
+        metrics["head_score_max_abs_diff"] = head_abs
     if top1:
         metrics["mlm_top1"] = float(np.concatenate(top1).mean())
         metrics["mlm_top5"] = float(np.mean(top5))

@@ -33,6 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.answers import Answer, Timings
 from app.main import create_app
+from app.options import EmbedOptions
 from app.settings import Settings
 
 WIDTH = 768
@@ -49,6 +50,8 @@ class StubService:
         self.value: Any = vectors if two_d else list(vectors)
         self.timings = Timings(queue_ms=0.4, tokenization_ms=0.03, inference_ms=1.2, total_ms=1.7)
         self.ready = True
+        self.kind = "embedding"
+        self.defaults = EmbedOptions()
 
     async def embed(self, inputs: Any, options: Any) -> Answer[Any]:
         # As the engine's answer does, this one comes on a later turn of the event loop.

@@ -130,9 +130,8 @@ def quality(
     rows: dict[str, dict[str, float]] = {}
     for name, path in built.paths.items():
         session = _session(path, threads)
-        m = validate.measure_sessions(
-            cfg.num_hidden_layers, loaded.has_pooler, batches, reference, session, None
-        )
+        checks = validate.Checks(modes=graphs.graph_modes(None), has_pooler=loaded.has_pooler)
+        m = validate.measure_sessions(cfg.num_hidden_layers, checks, batches, reference, session, None)
         rows[name] = {
             "cosine_min": m["cosine_min"],
             "cosine_mean": m["cosine_mean"],

@@ -20,16 +20,23 @@ from app.api.schemas import (
     EmbedResponse,
     FillMaskRequest,
     FillMaskResponse,
+    PredictRequest,
+    PredictResponse,
+    RerankRequest,
+    RerankResponse,
     RootRequest,
     SimilarityInputs,
     SimilarityRequest,
+    TokenClassificationRequest,
+    TokenClassificationResponse,
     TokenizeRequest,
     TokenizeResponse,
 )
 from app.cluster import Cluster
-from app.errors import EmptyInput, NotReady, Unsupported
+from app.errors import EmptyInput, NotReady, Unsupported, ValidationFailed
 from app.info import describe
 from app.metrics import CONTENT_TYPE, Metrics
+from app.model.tokenizer import TextInput
 from app.options import FloatEncoding
 from app.service import Service, Timings, TokenVectors
 
@@ -103,7 +110,7 @@ def token_vectors_payload(answer: TokenVectors, encoding: FloatEncoding) -> Any:
 @router.post("/embed", response_model=EmbedResponse, responses=openapi_responses(EmptyInput, Unsupported))
 async def embed(body: EmbedRequest, request: Request, service: ServiceDep) -> Response:
     """One vector per input, in input order."""
-    answer = await unless_disconnected(request, service.embed(body.inputs, body.options(body.normalize)))
+    answer = await unless_disconnected(request, service.embed(body.inputs, body.options(service.defaults)))
     return json_response(encode_vectors(answer.value, body.encoding), answer.timings)
 
 
@@ -114,22 +121,38 @@ async def embed(body: EmbedRequest, request: Request, service: ServiceDep) -> Re
 )
 async def root(body: RootRequest, request: Request, service: ServiceDep) -> Response:
     """text-embeddings-inference's root route, which Hugging Face's InferenceClient posts to when given
-    the server's URL: ``inputs`` as texts answer as /embed does (same options); ``inputs`` as
-    ``{source_sentence, sentences}`` answer as /similarity does (a score per sentence)."""
+    the server's URL. For an embedding model, ``inputs`` as texts answer as /embed does (same options),
+    ``{source_sentence, sentences}`` as /similarity does (a score per sentence). For a fine-tuned head,
+    texts answer as the head's route: /predict (a classifier or reranker: a string, or a list of
+    strings each classified alone) or /token-classification (a tagger, aggregation "simple")."""
+    if service.kind != "embedding" and not isinstance(body.inputs, SimilarityInputs):
+        if service.kind == "tagger":
+            entities = await unless_disconnected(
+                request, service.token_classification(body.inputs, "simple", ["O"], "error", "right")
+            )
+            return json_response(entities.value, entities.timings)
+        texts: list[TextInput] = [body.inputs] if isinstance(body.inputs, str) else list(body.inputs)
+        predicted = await unless_disconnected(request, service.predict(texts, False, "error", "right"))
+        value = predicted.value[0] if isinstance(body.inputs, str) else predicted.value
+        return json_response(value, predicted.timings)
     if isinstance(body.inputs, SimilarityInputs):
         scores = await unless_disconnected(
             request,
-            service.similarity(body.inputs.source_sentence, body.inputs.sentences, None, body.options()),
+            service.similarity(
+                body.inputs.source_sentence, body.inputs.sentences, None, body.options(service.defaults)
+            ),
         )
         return json_response(scores.value, scores.timings)
-    answer = await unless_disconnected(request, service.embed(body.inputs, body.options(body.normalize)))
+    answer = await unless_disconnected(request, service.embed(body.inputs, body.options(service.defaults)))
     return json_response(encode_vectors(answer.value, body.encoding), answer.timings)
 
 
 @router.post("/embed_all", response_model=EmbedAllResponse, responses=openapi_responses(EmptyInput))
 async def embed_all(body: EmbedAllRequest, request: Request, service: ServiceDep) -> Response:
     """Per input, the vector of each of its tokens, in order (optionally with the tokens and norms)."""
-    answer = await unless_disconnected(request, service.embed_all(body.inputs, body.options()))
+    answer = await unless_disconnected(
+        request, service.embed_all(body.inputs, body.options(service.defaults.long_text))
+    )
     return json_response([token_vectors_payload(a, body.encoding) for a in answer.value], answer.timings)
 
 
@@ -139,7 +162,52 @@ async def similarity(body: SimilarityRequest, request: Request, service: Service
     source = body.inputs.source_sentence if body.inputs else None
     sentences = body.inputs.sentences if body.inputs else None
     answer = await unless_disconnected(
-        request, service.similarity(source, sentences, body.pairs, body.options())
+        request, service.similarity(source, sentences, body.pairs, body.options(service.defaults))
+    )
+    return json_response(answer.value, answer.timings)
+
+
+@router.post("/predict", response_model=PredictResponse, responses=openapi_responses(EmptyInput, Unsupported))
+async def predict(body: PredictRequest, request: Request, service: ServiceDep) -> Response:
+    """text-embeddings-inference's /predict, for a sequence classifier (or a cross-encoder): every label
+    with its score, best first, per input. An input is a string or a pair ``[text, text_pair]``; a list
+    of them is a batch (a list of exactly two strings is one pair, as in TEI)."""
+    answer = await unless_disconnected(
+        request, service.predict(body.sequences(), body.raw_scores, body.long_text(), body.direction())
+    )
+    return json_response(answer.value[0] if body.single() else answer.value, answer.timings)
+
+
+@router.post("/rerank", response_model=RerankResponse, responses=openapi_responses(EmptyInput, Unsupported))
+async def rerank(body: RerankRequest, request: Request, service: ServiceDep) -> Response:
+    """text-embeddings-inference's /rerank, for a cross-encoder: each text's score against the query,
+    best first, with its index in ``texts`` (and the text with ``return_text``)."""
+    answer = await unless_disconnected(
+        request,
+        service.rerank(
+            body.query, body.texts, body.raw_scores, body.return_text, body.long_text(), body.direction()
+        ),
+    )
+    return json_response(answer.value, answer.timings)
+
+
+@router.post(
+    "/token-classification",
+    response_model=TokenClassificationResponse,
+    responses=openapi_responses(EmptyInput, Unsupported),
+)
+async def token_classification(
+    body: TokenClassificationRequest, request: Request, service: ServiceDep
+) -> Response:
+    """Named entities (or each token's label), in the shape of transformers' token-classification pipeline
+    and Hugging Face's InferenceClient.token_classification: a string's entities, or per input of a list."""
+    if body.parameters is not None and body.parameters.stride:
+        raise ValidationFailed("parameters.stride is not supported: send texts within the model's length")
+    answer = await unless_disconnected(
+        request,
+        service.token_classification(
+            body.inputs, body.strategy(), body.ignored(), body.long_text(), body.direction()
+        ),
     )
     return json_response(answer.value, answer.timings)
 

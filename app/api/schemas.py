@@ -82,15 +82,20 @@ class LayerFields(StrictRequest):
         default=None,
         description="Inputs over the model's length: error (422), truncate, or chunk (windows of at most "
         "the model's length, averaged weighted by tokens; not on /embed_all). Default: truncate if "
-        "`truncate`, else error.",
+        "`truncate` is true, error if it is false, else the model's (truncate for a sentence-transformers "
+        "folder, as its encode does; error otherwise).",
     )
     truncate: bool = Field(default=False, description="TEI: truncate inputs over the model's length.")
     truncation_direction: Literal["right", "left", "Right", "Left"] = Field(
         default="right", description="Which end truncation keeps: right keeps the start."
     )
 
-    def _long_text(self) -> LongText:
-        return self.long_text or ("truncate" if self.truncate else "error")
+    def _long_text(self, default: LongText) -> LongText:
+        if self.long_text is not None:
+            return self.long_text
+        if "truncate" in self.model_fields_set:  # TEI's flag, sent: true truncates, false refuses
+            return "truncate" if self.truncate else "error"
+        return default
 
     def _direction(self) -> Direction:
         return "left" if self.truncation_direction.lower() == "left" else "right"
@@ -102,56 +107,54 @@ class LayerFields(StrictRequest):
         return tuple(self.layer_weights) if self.layer_weights is not None else None
 
 
-def _no_prompt(name: str | None) -> None:
-    # Runs only when prompt_name is sent (defaults are not validated): no cost on other requests.
-    if name is not None:
-        raise PydanticCustomError(
-            "prompt_name",
-            "{name} is not one of this model's prompts: it defines none, so leave prompt_name out",
-            {"name": repr(name)},
-        )
-
-
 class PoolingFields(LayerFields):
-    pooling: Pooling = Field(default="mean", description=pooling.describe())
-    prompt_name: Annotated[str | None, AfterValidator(_no_prompt)] = Field(
+    pooling: Pooling | None = Field(default=None, description=pooling.describe())
+    prompt_name: str | None = Field(
         default=None,
-        description="TEI: a prompt of the model's to put before each input. bert-base-chinese defines none, "
-        "so only null is accepted (ignoring a name would change the vectors the caller expects).",
+        description="TEI: one of the model's prompts (its sentence-transformers config_sentence_transformers"
+        ".json) to put before each input; default the model's default_prompt_name. A model that defines "
+        "none refuses any name (ignoring it would change the vectors the caller expects).",
     )
 
-    def options(self, normalize: bool = True) -> EmbedOptions:
-        if self.model_fields_set.isdisjoint(_POOLING_OPTIONS):
-            # None of them sent, the usual request: the options of the defaults, built once.
-            return _DEFAULT_OPTIONS[normalize]
-        return self._options(normalize)
-
-    def _options(self, normalize: bool) -> EmbedOptions:
+    def options(self, defaults: EmbedOptions) -> EmbedOptions:
+        """The request's options, the model's ``defaults`` for what it left out."""
+        if self.model_fields_set.isdisjoint(_OPTION_FIELDS):
+            return defaults  # none sent, the usual request: the model's defaults as they are
         return EmbedOptions(
-            pooling=self.pooling,
+            pooling=self.pooling or defaults.pooling,
             layers=self._layers(),
             layer_combine=self.layer_combine,
             layer_weights=self._weights(),
-            long_text=self._long_text(),
+            long_text=self._long_text(defaults.long_text),
             truncation_direction=self._direction(),
-            normalize=normalize,
+            normalize=self._normalize(defaults.normalize),
+            prompt_name=self.prompt_name if self.prompt_name is not None else defaults.prompt_name,
         )
 
-
-# The fields EmbedOptions is read from (prompt_name only ever refuses a request).
-_POOLING_OPTIONS = frozenset(PoolingFields.model_fields) - {"prompt_name"}
-_DEFAULT_OPTIONS = {n: PoolingFields()._options(n) for n in (False, True)}
+    def _normalize(self, default: bool) -> bool:
+        return default
 
 
 class EmbedFields(PoolingFields):
     """Everything of /embed but its inputs (shared with the root route)."""
 
-    normalize: bool = Field(default=True, description="Scale each vector to unit length.")
+    normalize: bool | None = Field(
+        default=None,
+        description="Scale each vector to unit length. Default: the model's (true, unless a "
+        "sentence-transformers folder has no Normalize module).",
+    )
     encoding: Encoding = Field(
         default="float",
         description="float: numbers; base64: little-endian float32 bytes; int8: {values, scale} with "
         "vector = values × scale.",
     )
+
+    def _normalize(self, default: bool) -> bool:
+        return self.normalize if self.normalize is not None else default
+
+
+# The fields a request's EmbedOptions are read from: none sent means the model's defaults.
+_OPTION_FIELDS = frozenset(EmbedFields.model_fields) - {"encoding"}
 
 
 class EmbedRequest(EmbedFields):
@@ -180,12 +183,13 @@ class EmbedAllRequest(LayerFields):
         default="float", description="float: numbers; base64: little-endian float32 bytes, per token."
     )
 
-    def options(self) -> EmbedAllOptions:
+    def options(self, long_text: LongText = "error") -> EmbedAllOptions:
+        """The options; ``long_text`` is the model's default for inputs over its length."""
         return EmbedAllOptions(
             layers=self._layers(),
             layer_combine=self.layer_combine,
             layer_weights=self._weights(),
-            long_text=self._long_text(),
+            long_text=self._long_text(long_text),
             truncation_direction=self._direction(),
             normalize=self.normalize,
             special_tokens=self.special_tokens,
@@ -334,3 +338,138 @@ class TokenizeRequest(StrictRequest):
 
 
 TokenizeResponse = list[list[Token]]
+
+
+# --- fine-tuned heads: /predict and /rerank in TEI's shapes, /token-classification in transformers' ---
+
+
+def _predict_form(value: Any) -> str | None:
+    # TEI's untagged PredictInput: a string or a pair is one input; any other list is a batch.
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value):
+        return "pair"
+    return "batch" if isinstance(value, list) else None
+
+
+def _sequence_form(value: Any) -> str | None:
+    return "text" if isinstance(value, str) else "pair" if isinstance(value, list) else None
+
+
+TextPair = Annotated[list[Text], Field(min_length=2, max_length=2)]
+PredictSequence = Annotated[
+    Annotated[Text, Tag("text")] | Annotated[TextPair, Tag("pair")],
+    Discriminator(
+        _sequence_form,
+        custom_error_type="inputs_type",
+        custom_error_message="must be a string or a pair [text, text_pair]",
+    ),
+]
+
+
+class HeadFields(StrictRequest):
+    truncate: bool = Field(default=False, description="TEI: truncate inputs over the model's length.")
+    truncation_direction: Literal["right", "left", "Right", "Left"] = Field(
+        default="right", description="Which end truncation keeps: right keeps the start."
+    )
+
+    def long_text(self) -> LongText:
+        return "truncate" if self.truncate else "error"
+
+    def direction(self) -> Direction:
+        return "left" if self.truncation_direction.lower() == "left" else "right"
+
+
+class PredictRequest(HeadFields):
+    """TEI's /predict: one input (a text, or a pair ``[text, text_pair]``) or a batch of them."""
+
+    inputs: Annotated[
+        Annotated[Text, Tag("text")]
+        | Annotated[TextPair, Tag("pair")]
+        | Annotated[list[PredictSequence], Tag("batch")],
+        Discriminator(
+            _predict_form,
+            custom_error_type="inputs_type",
+            custom_error_message="must be a string, a pair [text, text_pair], or a list of them",
+        ),
+    ]
+    raw_scores: bool = Field(default=False, description="Logits instead of probabilities.")
+
+    def single(self) -> bool:
+        return isinstance(self.inputs, str) or _predict_form(self.inputs) == "pair"
+
+    def sequences(self) -> list[str | tuple[str, str]]:
+        """The inputs as texts and (text, text_pair) tuples, one input when :meth:`single`."""
+        items: list[Any] = [self.inputs] if self.single() else list(self.inputs)
+        return [x if isinstance(x, str) else (x[0], x[1]) for x in items]
+
+
+class LabelScore(BaseModel):
+    score: float
+    label: str
+
+
+PredictResponse = list[LabelScore] | list[list[LabelScore]]
+
+
+class RerankRequest(HeadFields):
+    query: Text
+    texts: list[Text]
+    raw_scores: bool = Field(default=False, description="Logits instead of the model's scores (sigmoid).")
+    return_text: bool = Field(default=False, description="Also return each text.")
+
+
+class Rank(BaseModel):
+    index: int
+    score: float
+    text: str | None = None
+
+
+RerankResponse = list[Rank]
+
+AggregationName = Literal["none", "simple", "first", "average", "max"]
+
+
+class TokenClassificationParameters(StrictRequest):
+    """The options in the Hugging Face Inference API's form, as huggingface_hub's InferenceClient sends them."""
+
+    aggregation_strategy: AggregationName | None = None
+    ignore_labels: list[str] | None = Field(default=None, max_length=256)
+    stride: int | None = Field(
+        default=None, description="Accepted for the client's sake; must be 0 or absent."
+    )
+
+
+class TokenClassificationRequest(HeadFields):
+    inputs: Inputs
+    aggregation_strategy: AggregationName = Field(
+        default="simple",
+        description="How tokens become entities, as transformers' token-classification pipeline: none (each "
+        "token), simple (tokens grouped by B-/I- tags), first / average / max (words first, scored by their "
+        "first token, the mean of their tokens, or their best token).",
+    )
+    ignore_labels: list[str] = Field(
+        default=["O"], max_length=256, description="Labels left out of the answer."
+    )
+    parameters: TokenClassificationParameters | None = None
+
+    def strategy(self) -> AggregationName:
+        given = self.parameters.aggregation_strategy if self.parameters is not None else None
+        return given or self.aggregation_strategy
+
+    def ignored(self) -> list[str]:
+        given = self.parameters.ignore_labels if self.parameters is not None else None
+        return given if given is not None else self.ignore_labels
+
+
+class Entity(BaseModel):
+    entity_group: str | None = None
+    entity: str | None = None
+    score: float
+    index: int | None = None
+    word: str
+    start: int
+    end: int
+
+
+TokenClassificationResponse = list[Entity] | list[list[Entity]]

@@ -27,6 +27,8 @@ OPTION_FIELDS = frozenset(
         "long_text",
         "truncation_direction",
         "input",  # "text", or "token_ids" written out as text ("101,102" is not the text "101,102")
+        "prompt",  # the prompt's name: the texts carry its text, the name says how it was pooled
+        "output",  # "vector" (/embed) or "head_logits" (/predict, /rerank: the other fields are None)
     }
 )
 

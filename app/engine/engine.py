@@ -22,6 +22,7 @@ from app.engine.work import Job, Plan, Sequence
 from app.errors import InternalError, ServiceError
 from app.metrics import Metrics
 from app.model.runtime import OnnxModel
+from app.model.tokenizer import TextInputs
 from app.settings import Settings
 
 
@@ -61,7 +62,7 @@ class Engine:
         return self.admission.try_acquire(inputs)
 
     async def tokenize(
-        self, texts: list[str], add_special_tokens: bool = True, offsets: bool = True
+        self, texts: TextInputs, add_special_tokens: bool = True, offsets: bool = True
     ) -> list[Encoding]:
         return await self.tokenization.encode(texts, add_special_tokens, offsets)
 

@@ -27,7 +27,7 @@ from app.engine.postprocess import FinishedBatch, split_batch
 from app.engine.work import Sequence
 from app.errors import InternalError
 from app.metrics import Metrics
-from app.model.manifest import POOLER_OUTPUT
+from app.model.manifest import HEAD_OUTPUT, POOLER_OUTPUT
 from app.model.runtime import OnnxModel
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,14 @@ class Inference:
         longest = int(lengths.max())
         attention_mask = (np.arange(longest)[None, :] < lengths[:, None]).astype(np.int64)
         input_ids = np.full((len(items), longest), self.model.manifest.tokenizer.pad_id, dtype=np.int64)
-        input_ids[attention_mask.astype(bool)] = np.concatenate([item.ids for item in items])
+        real = attention_mask.astype(bool)
+        input_ids[real] = np.concatenate([item.ids for item in items])
+        token_types = None
+        if any(item.types is not None for item in items):  # sentence pairs: [CLS] a [SEP] b [SEP]
+            token_types = np.zeros_like(input_ids)
+            token_types[real] = np.concatenate(
+                [item.types if item.types is not None else np.zeros_like(item.ids) for item in items]
+            )
 
         wanted: dict[str, None] = {}  # ordered set of the outputs this batch needs
         last = self._names[self.model.num_layers]
@@ -128,13 +135,19 @@ class Inference:
                 wanted[POOLER_OUTPUT] = None
             elif need.pooling in pooling.POOLERS and not need.tokens:
                 for layer in need.layers:
-                    wanted[self.pooled_names.get((layer, need.pooling), self._names[layer])] = None
+                    # A prompt left out of the pooling: pooled in numpy from the token states.
+                    name = None if need.pool_from else self.pooled_names.get((layer, need.pooling))
+                    wanted[name or self._names[layer]] = None
             if need.tokens:
                 wanted.update((self._names[layer], None) for layer in need.layers)
+            if need.head:
+                wanted[HEAD_OUTPUT] = None
 
         started, cpu = time.perf_counter(), time.thread_time()
         names = list(wanted)
-        outputs = dict(zip(names, self.model.encode(input_ids, attention_mask, names), strict=True))
+        outputs = dict(
+            zip(names, self.model.encode(input_ids, attention_mask, names, token_types), strict=True)
+        )
         logits = None
         if positions:
             rows, cols = zip(*positions, strict=True)

@@ -13,30 +13,74 @@ from typing import Literal, get_args
 import numpy as np
 
 # "pooler" is BERT's pooler output: a graph output of its own (last layer only), not a function of the
-# token states, so it has no entry in POOLERS.
-Pooling = Literal["cls", "mean", "pooler"]
+# token states, so it has no entry in POOLERS. The other modes are sentence-transformers' (its Pooling
+# module's names, but mean_sqrt_len_tokens): a folder that pools with one of them gets it by default.
+Pooling = Literal["cls", "mean", "pooler", "max", "mean_sqrt_len", "weightedmean", "lasttoken"]
 POOLER: Literal["pooler"] = "pooler"
 
 
 def cls_pool(hidden: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-    """[batch, seq, hidden] → [batch, hidden]: the [CLS] token's state."""
-    return hidden[:, 0, :]
+    """[batch, seq, hidden] → [batch, hidden]: the [CLS] token's state (the first unmasked one, as
+    sentence-transformers takes it, when a prompt is masked out of the pooling)."""
+    if attention_mask[:, 0].all():
+        return hidden[:, 0, :]
+    first = attention_mask.argmax(axis=1)
+    return hidden[np.arange(hidden.shape[0]), first]
+
+
+def _sum(hidden: np.ndarray, attention_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    mask = attention_mask.astype(np.float32)
+    return np.einsum("bsh,bs->bh", hidden, mask), mask.sum(axis=1, keepdims=True)
 
 
 def mean_pool(hidden: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
     """[batch, seq, hidden] → [batch, hidden]: mean over real tokens ([CLS] and [SEP] included)."""
-    mask = attention_mask.astype(np.float32)
-    summed = np.einsum("bsh,bs->bh", hidden, mask)
-    return summed / np.maximum(mask.sum(axis=1, keepdims=True), 1.0)
+    summed, count = _sum(hidden, attention_mask)
+    return summed / np.maximum(count, 1.0)
+
+
+def mean_sqrt_len_pool(hidden: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+    """The sum over real tokens divided by the square root of their number."""
+    summed, count = _sum(hidden, attention_mask)
+    return summed / np.sqrt(np.maximum(count, 1.0))
+
+
+def max_pool(hidden: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+    """Each dimension's maximum over real tokens."""
+    return np.where(attention_mask[:, :, None].astype(bool), hidden, -np.inf).max(axis=1).astype(np.float32)
+
+
+def weightedmean_pool(hidden: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+    """The mean over real tokens weighted by position (1 for [CLS], 2 for the next, ...)."""
+    weights = attention_mask.astype(np.float32) * np.arange(1, attention_mask.shape[1] + 1, dtype=np.float32)
+    summed = np.einsum("bsh,bs->bh", hidden, weights)
+    return summed / np.maximum(weights.sum(axis=1, keepdims=True), 1.0)
+
+
+def lasttoken_pool(hidden: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+    """The last real token's state ([SEP] for BERT)."""
+    last = attention_mask.shape[1] - 1 - attention_mask[:, ::-1].argmax(axis=1)
+    return hidden[np.arange(hidden.shape[0]), last]
 
 
 # Mode → function of (padded token states [batch, seq, hidden], attention mask [batch, seq]).
-POOLERS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {"cls": cls_pool, "mean": mean_pool}
+POOLERS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "cls": cls_pool,
+    "mean": mean_pool,
+    "max": max_pool,
+    "mean_sqrt_len": mean_sqrt_len_pool,
+    "weightedmean": weightedmean_pool,
+    "lasttoken": lasttoken_pool,
+}
 
 DESCRIPTIONS: dict[str, str] = {
     "cls": "the [CLS] state",
     "mean": "mean over tokens ([CLS]/[SEP] included)",
     "pooler": "BERT's pooler output (last layer only)",
+    "max": "each dimension's maximum over tokens",
+    "mean_sqrt_len": "sum over tokens divided by the square root of their number",
+    "weightedmean": "mean over tokens weighted by position (1, 2, ...)",
+    "lasttoken": "the last token's state ([SEP])",
 }
 
 if set(POOLERS) | {POOLER} != set(get_args(Pooling)) or set(DESCRIPTIONS) != set(get_args(Pooling)):
@@ -54,4 +98,8 @@ def pool(mode: str, hidden: np.ndarray, attention_mask: np.ndarray) -> np.ndarra
 
 def describe() -> str:
     """One line per mode, for the API docs."""
-    return "; ".join(f"{mode}: {text}" for mode, text in DESCRIPTIONS.items()) + "."
+    return (
+        "Default: the model's (its sentence-transformers Pooling, else mean). "
+        + "; ".join(f"{mode}: {text}" for mode, text in DESCRIPTIONS.items())
+        + "."
+    )

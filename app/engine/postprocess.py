@@ -16,13 +16,23 @@ import numpy as np
 from app.engine import pooling
 from app.engine.work import Job, Need, Sequence
 from app.errors import InternalError
-from app.model.manifest import POOLER_OUTPUT
+from app.model.manifest import HEAD_OUTPUT, POOLER_OUTPUT
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
     shifted = logits - logits.max(axis=-1, keepdims=True)
     exp = np.exp(shifted)
     return exp / exp.sum(axis=-1, keepdims=True)
+
+
+def head_scores(logits: np.ndarray, activation: str) -> np.ndarray:
+    """A fine-tuned head's scores from its logits, by the manifest's ``head.activation``: softmax over
+    the labels, sigmoid, or (``identity``) the logits themselves."""
+    if activation == "softmax":
+        return softmax(logits)
+    if activation == "sigmoid":
+        return 1 / (1 + np.exp(-logits))
+    return logits
 
 
 @dataclass
@@ -55,17 +65,21 @@ def split_batch(batch: FinishedBatch) -> list[tuple[Job, int]]:
     Raises:
         InternalError: a sequence asked for masked positions but the batch ran no masked-LM head.
     """
-    pooled: dict[tuple[int, str], np.ndarray] = {}
+    pooled: dict[tuple[int, str, int], np.ndarray] = {}
 
-    def pool(layer: int, mode: str) -> np.ndarray:
-        key = (layer, mode)
+    def pool(layer: int, mode: str, skip: int) -> np.ndarray:
+        key = (layer, mode, skip)
         if key not in pooled:
-            name = batch.pooled_names.get(key)
-            if name is not None and name in batch.outputs:
+            name = batch.pooled_names.get((layer, mode))
+            if not skip and name is not None and name in batch.outputs:
                 pooled[key] = batch.outputs[name]
             else:
                 states = batch.outputs[batch.output_names[layer]]
-                pooled[key] = pooling.pool(mode, states, batch.attention_mask)
+                mask = batch.attention_mask
+                if skip:  # positions before ``skip`` (a prompt) are left out, as sentence-transformers does
+                    mask = mask.copy()
+                    mask[:, :skip] = 0
+                pooled[key] = pooling.pool(mode, states, mask)
         return pooled[key]
 
     probs = softmax(batch.mask_logits) if batch.mask_logits is not None else None
@@ -84,8 +98,19 @@ def split_batch(batch: FinishedBatch) -> list[tuple[Job, int]]:
             _store_vectors(job, slots, batch.outputs[POOLER_OUTPUT][rows][:, None, :])
         elif need.pooling is not None:
             _store_vectors(
-                job, slots, np.stack([pool(layer, need.pooling)[rows] for layer in need.layers], axis=1)
+                job,
+                slots,
+                np.stack([pool(layer, need.pooling, need.pool_from)[rows] for layer in need.layers], axis=1),
             )
+        if need.head:
+            logits = batch.outputs[HEAD_OUTPUT]
+            if logits.ndim == 2:  # one row per sequence: a classifier or a reranker
+                _store_vectors(job, slots, logits[rows][:, None, :])
+            else:  # one row per token: a tagger
+                if not job.token_states:
+                    job.token_states = [None] * job.count
+                for row, slot in zip(rows, slots, strict=True):
+                    job.token_states[slot] = logits[row, None, : batch.sequences[row].length]
         if need.tokens:
             if not job.token_states:
                 job.token_states = [None] * job.count

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from tokenizers import Encoding
 
-from app.model.tokenizer import TextTokenizer
+from app.model.tokenizer import TextInputs, TextTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ _TEXTS_PER_CALL = 256
 
 @dataclass
 class _Job:
-    texts: list[str]
+    texts: TextInputs
     add_special_tokens: bool
     offsets: bool
     done: Callable[[list[Encoding]], object]  # called on this thread with the job's encodings
@@ -71,7 +71,7 @@ class Tokenization:
         self._thread.join(timeout=10)
 
     async def encode(
-        self, texts: list[str], add_special_tokens: bool = True, offsets: bool = True
+        self, texts: TextInputs, add_special_tokens: bool = True, offsets: bool = True
     ) -> list[Encoding]:
         """Encodings of ``texts``, in order, computed on the tokenisation thread. ``offsets=False`` when no
         caller reads the tokens' character spans."""

@@ -30,14 +30,19 @@ class Need:
     """What one sequence needs from the encoder.
 
     ``layers`` are 1-based; ``pooling`` None means it wants no pooled vectors (fill-mask).
+    ``pool_from``: token positions before it are left out of the pooling (a prompt that the model's
+    sentence-transformers Pooling excludes: ``include_prompt`` false); pooled in numpy then.
     ``tokens`` means it wants the full rows of its real tokens in each of ``layers`` (/embed_all).
     ``mask_positions`` are token positions to run the masked-LM head on.
+    ``head``: it wants the fine-tuned head's logits (per sequence, or per real token for a tagger).
     """
 
     layers: tuple[int, ...] = ()
     pooling: Pooling | None = None
     tokens: bool = False
     mask_positions: tuple[int, ...] = ()
+    pool_from: int = 0
+    head: bool = False
 
 
 @dataclass(frozen=True)
@@ -60,8 +65,10 @@ class Job:
     Results (filled by post-processing on the inference thread, read by the request once the future is
     done):
 
-    - ``vectors``: [sequences, len(layers), hidden] pooled vectors (pooler: one "layer");
-    - ``token_states``: per sequence [len(layers), length, hidden], every real token's state (/embed_all);
+    - ``vectors``: [sequences, len(layers), hidden] pooled vectors (pooler: one "layer"), or a sequence
+      head's logits [sequences, 1, labels];
+    - ``token_states``: per sequence [len(layers), length, hidden], every real token's state (/embed_all),
+      or a tagger's logits [1, length, labels];
     - ``mask_probs``: per sequence one [vocab] probability row per mask position (fill-mask);
     - ``queued_s``: the longest any sequence waited for its batch; ``batches``: the inference seconds of
       each batch the job used, by the batch's start time;
@@ -125,10 +132,19 @@ class Job:
 class Sequence:
     """One input (or one window of a long input) on its way through the engine."""
 
-    __slots__ = ("due", "enqueued_at", "ids", "job", "length", "need", "slot")
+    __slots__ = ("due", "enqueued_at", "ids", "job", "length", "need", "slot", "types")
 
-    def __init__(self, ids: np.ndarray, need: Need, job: Job, slot: int, enqueued_at: float = 0.0) -> None:
+    def __init__(
+        self,
+        ids: np.ndarray,
+        need: Need,
+        job: Job,
+        slot: int,
+        enqueued_at: float = 0.0,
+        types: np.ndarray | None = None,
+    ) -> None:
         self.ids = ids  # int64 [length], [CLS] … [SEP]
+        self.types = types  # token type ids [length] of a pair ([CLS] a [SEP] b [SEP]); None: all 0
         self.length = int(ids.shape[0])
         self.need = need
         self.job = job

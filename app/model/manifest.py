@@ -15,8 +15,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# 2: the encoder also returns each layer's pooled vectors (``pooled_outputs``).
-SCHEMA_VERSION = 2
+# 2: the encoder also returns each layer's pooled vectors (``pooled_outputs``). 3: the model's kind, its
+# serving defaults (a sentence-transformers folder's own settings) and its fine-tuned head.
+SCHEMA_VERSION = 3
 MANIFEST_NAME = "manifest.json"
 
 # The CPU an int8 graph was exported for (its recipe's "cpu"): any x86-64, or only CPUs with VNNI.
@@ -24,9 +25,19 @@ ANY_CPU = "any"
 VNNI = "vnni"
 
 Variant = Literal["fp32", "fp16", "int8"]
-# The poolings the encoder graph computes itself, per layer (app/engine/pooling.py has the same in numpy).
-PooledMode = Literal["cls", "mean"]
-POOLED_MODES: tuple[PooledMode, ...] = ("cls", "mean")
+# The poolings the encoder graph may compute itself, per layer (app/engine/pooling.py has the same in
+# numpy). Every graph has "cls" and "mean"; a sentence-transformers model's own mode is added to its graph.
+PooledMode = Literal["cls", "mean", "max", "mean_sqrt_len", "weightedmean", "lasttoken"]
+POOLED_MODES: tuple[PooledMode, ...] = ("cls", "mean", "max", "mean_sqrt_len", "weightedmean", "lasttoken")
+ALWAYS_POOLED: tuple[PooledMode, ...] = ("cls", "mean")
+# What a model is for: embeddings (any BERT, a sentence-transformers folder), or a fine-tuned head.
+Kind = Literal["embedding", "classifier", "reranker", "tagger"]
+KIND_NAMES: dict[str, str] = {
+    "embedding": "an embedding model",
+    "classifier": "a sequence classifier (BertForSequenceClassification)",
+    "reranker": "a cross-encoder reranker (BertForSequenceClassification with one label)",
+    "tagger": "a token classifier (BertForTokenClassification)",
+}
 VARIANTS: tuple[Variant, ...] = ("fp32", "fp16", "int8")
 GraphName = Literal["encoder", "mlm_head"]
 
@@ -37,6 +48,9 @@ LAST_HIDDEN_STATE = "last_hidden_state"
 POOLER_OUTPUT = "pooler_output"
 MLM_INPUT = "hidden"
 MLM_OUTPUT = "logits"
+# A fine-tuned head's logits, an encoder output: [batch, labels] (classifier, reranker) or
+# [batch, sequence, labels] (tagger).
+HEAD_OUTPUT = "head_logits"
 
 
 def layer_output_name(layer: int, num_layers: int) -> str:
@@ -122,6 +136,47 @@ class TokenizerInfo(_Frozen):
     do_lower_case: bool
 
 
+class DenseLayer(_Frozen):
+    """A sentence-transformers ``Dense`` module: ``activation(x @ weight.T + bias)``, run after pooling."""
+
+    weight: str = Field(description="a .npy file [out, in], float32")
+    bias: str | None = Field(description="a .npy file [out], float32; None without bias")
+    in_features: int
+    out_features: int
+    activation: Literal["identity", "tanh", "relu", "sigmoid"]
+
+
+class Defaults(_Frozen):
+    """What a request that leaves the options out gets, and where that came from.
+
+    A plain BERT folder: mean pooling, normalised, over-long inputs refused. A sentence-transformers
+    folder: its ``Pooling`` mode, ``Normalize`` (or none), ``Dense`` modules, truncation at its
+    ``max_seq_length`` (as ``encode`` does), its ``do_lower_case`` and prompts.
+    """
+
+    source: Literal["bert", "sentence-transformers"] = "bert"
+    pooling: str = "mean"
+    normalize: bool = True
+    long_text: Literal["error", "truncate"] = "error"
+    include_prompt: bool = True
+    do_lower_case: bool = False
+    prompts: dict[str, str] = Field(default_factory=dict)
+    default_prompt_name: str | None = None
+    dense: list[DenseLayer] = Field(default_factory=list)
+    modules: list[str] = Field(default_factory=list, description="the sentence-transformers modules read")
+
+
+class Head(_Frozen):
+    """A fine-tuned head exported into the encoder graph (its logits are ``HEAD_OUTPUT``)."""
+
+    architecture: str
+    labels: dict[int, str] = Field(description="id2label")
+    problem_type: str | None = Field(description="the config's problem_type, as transformers reads it")
+    activation: Literal["softmax", "sigmoid", "identity"] = Field(
+        description="how scores come from logits, as transformers' pipeline / CrossEncoder choose"
+    )
+
+
 class Metric(_Frozen):
     value: float
     threshold: float | None
@@ -141,7 +196,10 @@ class Validation(_Frozen):
 class Manifest(_Frozen):
     schema_version: int = SCHEMA_VERSION
     source: Source
+    kind: Kind = "embedding"
     config: ModelConfig
+    defaults: Defaults = Field(default_factory=Defaults)
+    head: Head | None = None
     tokenizer: TokenizerInfo
     graphs: dict[GraphName, dict[Variant, GraphFile]]
     layer_outputs: dict[int, str] = Field(description="1-based layer -> encoder output name")
@@ -153,10 +211,15 @@ class Manifest(_Frozen):
     timings_s: dict[str, float]
     options: dict[str, str | int | bool | list[str]]
     created_at: str
+    extra_files: dict[str, str] = Field(default_factory=dict, description="Dense weights: file -> sha256")
 
     @property
     def variants(self) -> list[Variant]:
         return [v for v in VARIANTS if v in self.graphs.get("encoder", {})]
+
+    def files(self) -> dict[str, str]:
+        """Every file the manifest lists besides the graphs: tokenizer files and Dense weights."""
+        return dict(self.tokenizer.files) | self.extra_files
 
     def dump(self, folder: Path) -> Path:
         path = folder / MANIFEST_NAME

@@ -19,6 +19,7 @@ from onnxruntime.capi.onnxruntime_pybind11_state import InvalidGraph as OrtInval
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidProtobuf as OrtInvalidProtobuf
 
 from app.model.manifest import (
+    HEAD_OUTPUT,
     MLM_INPUT,
     MLM_OUTPUT,
     POOLER_OUTPUT,
@@ -180,6 +181,11 @@ class OnnxModel:
     def has_mlm_head(self) -> bool:
         return self._mlm is not None
 
+    @property
+    def has_head(self) -> bool:
+        """Whether the encoder returns a fine-tuned head's logits (``HEAD_OUTPUT``)."""
+        return self.manifest.head is not None and HEAD_OUTPUT in self._outputs
+
     def output_name(self, layer: int) -> str:
         return self.manifest.layer_outputs.get(layer) or layer_output_name(layer, self.num_layers)
 
@@ -190,13 +196,18 @@ class OnnxModel:
         return self._pooled.get((layer, mode))
 
     def encode(
-        self, input_ids: np.ndarray, attention_mask: np.ndarray, outputs: list[str]
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        outputs: list[str],
+        token_type_ids: np.ndarray | None = None,
     ) -> list[np.ndarray]:
-        """Run the encoder on one padded batch and return only ``outputs``, in that order."""
+        """Run the encoder on one padded batch and return only ``outputs``, in that order
+        (``token_type_ids`` all 0 unless given: sentence pairs)."""
         feed = {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
-            "token_type_ids": np.zeros_like(input_ids),
+            "token_type_ids": token_type_ids if token_type_ids is not None else np.zeros_like(input_ids),
         }
         return list(self._encoder.run(outputs, feed))
 
@@ -237,7 +248,7 @@ def check_model(settings: Settings) -> tuple[Path, Manifest, Choice]:
     folder = resolve_model(settings.model, settings.revision, settings.cache_path)
     manifest = load_manifest(folder)
     choice = choose(manifest, settings.variant, settings.provider_list, ort.get_available_providers())
-    files = dict(manifest.tokenizer.files)
+    files = manifest.files()
     for graph in ("encoder", "mlm_head"):
         entry = manifest.graphs.get(graph, {}).get(choice.variant)
         if entry is not None:

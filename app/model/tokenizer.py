@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from tokenizers import Encoding, Tokenizer
@@ -30,6 +31,11 @@ _CLEANUPS = (
 )  # fmt: skip
 
 
+# One input to encode: a text, or a pair of texts ([CLS] a [SEP] b [SEP], token types 0 then 1).
+TextInput = str | tuple[str, str]
+TextInputs = Sequence[TextInput]
+
+
 class TextTokenizer:
     def __init__(self, folder: Path, info: TokenizerInfo) -> None:
         self.info = info
@@ -47,7 +53,7 @@ class TextTokenizer:
         return self.info.max_length
 
     def encode_batch(
-        self, texts: list[str], add_special_tokens: bool = True, offsets: bool = True
+        self, texts: Sequence[TextInput], add_special_tokens: bool = True, offsets: bool = True
     ) -> list[Encoding]:
         """Encode ``texts`` in one call (the Rust side releases the GIL and may use several threads).
 
@@ -57,6 +63,11 @@ class TextTokenizer:
         if offsets:
             return self._tok.encode_batch(texts, add_special_tokens=add_special_tokens)
         return self._tok.encode_batch_fast(texts, add_special_tokens=add_special_tokens)
+
+    @property
+    def backend(self) -> Tokenizer:
+        """The ``tokenizers`` Tokenizer itself (for its vocabulary and decoder: app/entities.py)."""
+        return self._tok
 
     def token_to_id(self, token: str) -> int | None:
         """The id of ``token`` if it is one entry of the vocabulary (added tokens included), else None."""

@@ -59,6 +59,18 @@ def start_server(settings: Settings, model: Any = None) -> tuple[Running, uvicor
     return running, server, thread
 
 
+def serve_model(folder: Path, variant: Any = "fp32", cache_bytes: int = 0) -> Iterator[Running]:
+    """A real server on the model in ``folder`` while the caller iterates (a fixture's ``for ... yield``)."""
+    running, uv, thread = start_server(
+        Settings(
+            model=str(folder), variant=variant, intra_op_threads=1, cache_bytes=cache_bytes, max_wait_ms=2
+        )
+    )
+    yield running
+    uv.should_exit = True
+    thread.join(timeout=30)
+
+
 @pytest.fixture(scope="session")
 def tiny_settings(tiny_model_dir: Path) -> Settings:
     # Room for the 200-request concurrency test (~700 inputs) without 429s. No vector cache: these

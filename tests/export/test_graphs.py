@@ -17,8 +17,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from app.engine import pooling
 from app.model.manifest import (
+    ALWAYS_POOLED,
     LAST_HIDDEN_STATE,
-    POOLED_MODES,
     POOLER_OUTPUT,
     VARIANTS,
     layer_output_name,
@@ -58,7 +58,7 @@ def _assert_pooled_equal_numpy_pooling(path: Path, layers: range) -> None:
     got, mask = _run_all(path)
     for layer in layers:
         hidden = got[layer_output_name(layer, LAYERS)]
-        for mode in POOLED_MODES:
+        for mode in ALWAYS_POOLED:
             expected = pooling.POOLERS[mode](hidden, mask)
             np.testing.assert_allclose(
                 got[f"{mode}_{layer}"], expected, rtol=TOLERANCE, atol=TOLERANCE, err_msg=f"{mode}_{layer}"
@@ -141,7 +141,7 @@ def test_the_bert_fusions_still_fuse_every_layer(tiny_model_dir: Path, tmp_path:
     assert ops.count("Attention") == LAYERS and ops.count("SkipLayerNormalization") == 2 * LAYERS
     # The pooled outputs come straight from the float32 pooling, not through an fp16 round trip.
     producer = {o: n for n in fp16.graph.node for o in n.output}
-    for mode in POOLED_MODES:
+    for mode in ALWAYS_POOLED:
         for layer in range(1, LAYERS + 1):
             assert producer[f"{mode}_{layer}"].name.startswith("/pooling/"), (mode, layer)
 

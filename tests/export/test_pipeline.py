@@ -115,6 +115,9 @@ def test_every_variant_passed_parity_within_its_thresholds(tiny_model_dir: Path)
         result = manifest.validation[variant]
         assert result.passed and result.sentences >= 32
         for t in THRESHOLDS[variant]:
+            if t.metric.startswith(("sentence_", "head_")):  # measured only where there is a Dense or a head
+                assert t.metric not in result.metrics
+                continue
             metric = result.metrics[t.metric]
             assert metric.enforced and metric.passed and metric.threshold == t.value
     fp32 = manifest.validation["fp32"].metrics
@@ -208,8 +211,8 @@ def test_a_wrong_pooled_output_fails_validation_naming_each_one(
     """Two layers' means swapped in the graph (a mislabelled output): both are listed, by name."""
     real_export = graphs.export_encoder
 
-    def swapped(loaded: object, path: Path, opset: int, all_layers: bool = True) -> None:
-        real_export(loaded, path, opset, all_layers)  # type: ignore[arg-type]
+    def swapped(loaded: object, path: Path, opset: int, all_layers: bool = True, **kwargs: object) -> None:
+        real_export(loaded, path, opset, all_layers, **kwargs)  # type: ignore[arg-type]
         model = onnx.load(str(path))
         rename = {"mean_2": "mean_3", "mean_3": "mean_2"}
         for node in model.graph.node:
@@ -242,6 +245,6 @@ def test_an_exception_mid_export_leaves_no_partial_folder(
 
 def test_manifest_is_plain_json_the_service_can_read(tiny_model_dir: Path) -> None:
     raw = json.loads((tiny_model_dir / "manifest.json").read_text())
-    assert raw["schema_version"] == 2
+    assert raw["schema_version"] == 3
     assert raw["pooled_outputs"]["mean"]["1"] == "mean_1"  # JSON keys are strings; the model reads ints
     assert set(raw["graphs"]) == {"encoder", "mlm_head"}

@@ -55,7 +55,7 @@ def test_404_and_405(client: httpx.Client) -> None:
         ("/embed", {"inputs": "a", "layers": [-4]}, ["layer -4"]),
         ("/embed", {"inputs": "a", "layers": []}, ["layers"]),
         ("/embed", {"inputs": "a", "pooling": "pooler", "layers": [1]}, ["pooler"]),
-        ("/embed", {"inputs": "a", "pooling": "max"}, ["pooling"]),
+        ("/embed", {"inputs": "a", "pooling": "median"}, ["pooling"]),
         ("/embed", {"inputs": 3}, ["inputs"]),
         ("/embed", {"inputs": ["a", None]}, ["inputs"]),
         ("/embed", {"inputs": "a", "normalize": "yes"}, ["normalize"]),

@@ -23,6 +23,7 @@ from app.api.openai_schemas import OpenAIEmbeddingRequest
 from app.api.routes import router
 from app.api.schemas import EmbedRequest
 from app.main import create_app
+from app.options import EmbedOptions
 from app.settings import Settings
 
 LIMIT = 64 * 1024
@@ -37,7 +38,10 @@ def test_every_post_data_route_and_only_those_is_served_fast() -> None:
         "/embed_all",
         "/embeddings",
         "/fill-mask",
+        "/predict",
+        "/rerank",
         "/similarity",
+        "/token-classification",
         "/tokenize",
         "/v1/embeddings",
     ]
@@ -48,6 +52,8 @@ class StubService:
     """Answers /embed and the OpenAI route with fixed vectors on the next turn of the loop; or raises."""
 
     served_name = "stub"
+    kind = "embedding"
+    defaults = EmbedOptions()
 
     def __init__(self) -> None:
         self.fault: Exception | None = None

@@ -471,7 +471,14 @@ ROWS = [
         json={"inputs": "a", "colour": "blue", "x": [1]},
         check=vectors(1),
     ),
-    Row("unknown pooling", "/embed", 422, "validation", ("pooling",), json={"inputs": "a", "pooling": "max"}),
+    Row(
+        "unknown pooling",
+        "/embed",
+        422,
+        "validation",
+        ("pooling",),
+        json={"inputs": "a", "pooling": "median"},
+    ),
     Row(
         "similarity with both forms",
         "/similarity",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from pydantic import ValidationError
 
@@ -25,7 +27,7 @@ def test_embed_request_becomes_options() -> None:
             "pooling": "cls",
         }
     )
-    assert body.options(normalize=False) == EmbedOptions(
+    assert body.options(EmbedOptions(normalize=False)) == EmbedOptions(
         pooling="cls", layers=(-1, 6), long_text="truncate", truncation_direction="left", normalize=False
     )
 
@@ -47,17 +49,41 @@ def test_options_are_the_same_whether_defaults_are_sent_or_not(
 ) -> None:
     body = EmbedRequest.model_validate({"inputs": "a", **sent})
     built = EmbedOptions(pooling=sent.get("pooling", "mean"), normalize=normalize)  # type: ignore[arg-type]
-    assert body.options(normalize) == built
+    assert body.options(EmbedOptions(normalize=normalize)) == built
+
+
+# A sentence-transformers folder's defaults: its pooling, no Normalize, truncation, a default prompt.
+MODEL = EmbedOptions(pooling="max", long_text="truncate", normalize=False, prompt_name="query")
+
+
+@pytest.mark.parametrize(
+    ("sent", "expected"),
+    [
+        ({}, MODEL),
+        ({"pooling": "cls"}, replace(MODEL, pooling="cls")),
+        ({"normalize": True}, replace(MODEL, normalize=True)),
+        ({"truncate": False}, replace(MODEL, long_text="error")),  # TEI's flag, sent, means refuse
+        ({"truncate": True}, MODEL),
+        ({"long_text": "chunk"}, replace(MODEL, long_text="chunk")),
+        ({"prompt_name": "passage"}, replace(MODEL, prompt_name="passage")),
+        ({"prompt_name": None}, MODEL),  # null: the model's default prompt, as sentence-transformers
+        ({"layers": [1, 2]}, replace(MODEL, layers=(1, 2))),
+    ],
+)
+def test_the_model_defaults_fill_what_a_request_leaves_out(
+    sent: dict[str, object], expected: EmbedOptions
+) -> None:
+    assert EmbedRequest.model_validate({"inputs": "a", **sent}).options(MODEL) == expected
 
 
 def test_long_text_wins_over_truncate_and_defaults_to_error() -> None:
     assert (
         EmbedRequest.model_validate({"inputs": "x", "truncate": True, "long_text": "chunk"})
-        .options()
+        .options(EmbedOptions())
         .long_text
         == "chunk"
     )
-    assert EmbedRequest.model_validate({"inputs": "x"}).options().long_text == "error"
+    assert EmbedRequest.model_validate({"inputs": "x"}).options(EmbedOptions()).long_text == "error"
 
 
 def test_embed_all_options() -> None:
@@ -69,7 +95,7 @@ def test_embed_all_options() -> None:
     "payload",
     [
         {"inputs": 1},  # strict: not a string
-        {"inputs": "x", "pooling": "max"},  # not a pooling mode
+        {"inputs": "x", "pooling": "median"},  # not a pooling mode
         {"inputs": "x", "normalize": "true"},  # strict: not a boolean
         {"inputs": "\ud800"},  # a lone surrogate no tokenizer can take
         {"inputs": "x", "encoding": "int4"},

@@ -18,6 +18,8 @@ OPTIONS: dict[str, object] = {
     "long_text": "error",
     "truncation_direction": "right",
     "input": "text",
+    "prompt": None,
+    "output": "vector",
 }
 
 
@@ -37,6 +39,8 @@ def test_every_option_and_the_model_change_the_key() -> None:
         {**OPTIONS, "long_text": "truncate"},
         {**OPTIONS, "truncation_direction": "left"},
         {**OPTIONS, "input": "token_ids"},
+        {**OPTIONS, "prompt": "query"},
+        {**OPTIONS, "output": "head_logits"},
     ]
     keys = {base, *(key(space(model, v), "你好") for v in variants)}
     keys.add(key(space(model_digest("c" * 64, "b" * 64), OPTIONS), "你好"))  # another graph
@@ -53,8 +57,10 @@ def test_keys_are_stable_namespaced_and_name_the_model() -> None:
 
 
 def test_the_key_covers_every_embed_option() -> None:
-    # and what the "text" is: a text, or token ids written out
-    assert {f.name for f in dataclasses.fields(EmbedOptions)} | {"input"} == OPTION_FIELDS
+    # and what the "text" is (a text, or token ids written out), the prompt by name, and what is cached
+    # (a vector, or a head's logits)
+    embed = {f.name for f in dataclasses.fields(EmbedOptions)} - {"prompt_name"}
+    assert embed | {"input", "prompt", "output"} == OPTION_FIELDS
 
 
 @pytest.mark.parametrize(

@@ -42,7 +42,7 @@ def test_pooled_output_names() -> None:
 def test_an_older_schema_is_refused_with_the_command_that_exports_it_again(
     tmp_path: Path, tiny_source_dir: Path, old_export: Callable[[Path], Path]
 ) -> None:
-    assert SCHEMA_VERSION == 2
+    assert SCHEMA_VERSION == 3
     folder = old_export(tmp_path / "my model")
     with pytest.raises(OutdatedManifestError) as caught:
         load_manifest(folder)
@@ -52,7 +52,7 @@ def test_an_older_schema_is_refused_with_the_command_that_exports_it_again(
     )
     assert caught.value.command == command and caught.value.found == 1
     assert str(caught.value).endswith(
-        f"has schema_version 1, older than the 2 this build reads: export it again with: {command}"
+        f"has schema_version 1, older than the 3 this build reads: export it again with: {command}"
     )
 
 

@@ -1,0 +1,231 @@
+"""Named entities from one input's per-token class probabilities, in the terms and shapes of transformers'
+``TokenClassificationPipeline`` (4.57) with a fast tokenizer and offsets: the same tokens, words, groups,
+offsets and scores, the pipeline's quirks included. No torch and no transformers: numpy and tokenizers.
+
+The quirks kept (they decide which tokens form a word and how a group's word reads):
+
+- A token is a subword when its text differs in length from the characters its offsets cover (``##ing`` is
+  5 against 3). So a word-initial token whose characters the normalizer changed in length (a removed
+  zero-width space inside it) counts as a subword too.
+- An [UNK] token takes the text it covers as its word (``😀``, not ``[UNK]``) and is never a subword.
+- A group's word is the tokenizer's decoder on its tokens (or, for "first"/"average"/"max", on its words),
+  so with WordPiece Chinese characters come back space-separated: ``王 小 明``.
+- Grouping reads B-/I- off each label (a label without one continues like I-), but a group is named by
+  the first label's text after its first "-" (``S-ORG`` -> ``ORG``); ``ignore_labels`` filters after
+  grouping, so an ignored label still splits groups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from app.errors import ValidationFailed
+
+AggregationStrategy = Literal["none", "simple", "first", "average", "max"]
+STRATEGIES: tuple[AggregationStrategy, ...] = get_args(AggregationStrategy)
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """What :func:`entities` needs of the tokenizer; :func:`vocabulary` builds it from a tokenizer.json."""
+
+    id_to_token: Callable[[int], str | None]
+    # The fast tokenizer's convert_tokens_to_string: its decoder's decode, or the tokens joined by spaces.
+    tokens_to_string: Callable[[list[str]], str]
+    # "##" for WordPiece; None (or "") falls back to the pipeline's whitespace heuristic for subwords.
+    continuing_subword_prefix: str | None
+    # The pipeline's tokenizer.unk_token_id: such a token's word is its text. None: no token is unknown.
+    unk_token_id: int | None = None
+
+
+def vocabulary(tokenizer: Tokenizer) -> Vocabulary:
+    """The :class:`Vocabulary` of a tokenizer loaded from a tokenizer.json, as the pipeline reads it."""
+    model = tokenizer.model
+    decoder = tokenizer.decoder
+    unk = getattr(model, "unk_token", None)
+
+    def tokens_to_string(tokens: list[str]) -> str:
+        return decoder.decode(tokens) if decoder is not None else " ".join(tokens)
+
+    return Vocabulary(
+        id_to_token=tokenizer.id_to_token,
+        tokens_to_string=tokens_to_string,
+        continuing_subword_prefix=getattr(model, "continuing_subword_prefix", None) or None,
+        unk_token_id=tokenizer.token_to_id(unk) if unk else None,
+    )
+
+
+@dataclass
+class _Token:
+    """One non-special token: the pipeline's "pre-entity"."""
+
+    word: str
+    scores: np.ndarray
+    start: int
+    end: int
+    index: int
+    is_subword: bool
+
+
+@dataclass
+class _Tagged:
+    """A token ("none", "simple") or a word ("first", "average", "max") with its label."""
+
+    entity: str
+    score: np.floating[Any]
+    word: str
+    start: int
+    end: int
+    index: int | None = None
+
+
+def entities(
+    text: str,
+    ids: Sequence[int],
+    offsets: Sequence[tuple[int, int]],
+    special: Sequence[int],
+    probs: np.ndarray,
+    id2label: Mapping[int, str],
+    vocab: Vocabulary,
+    strategy: AggregationStrategy = "simple",
+    ignore_labels: Sequence[str] = ("O",),
+) -> list[dict[str, Any]]:
+    """The pipeline's answer for one input: its tokens with ``strategy="none"``, else its entity groups.
+
+    ``ids``, ``offsets`` and ``special`` are the input's Encoding (ids, character offsets, special tokens
+    mask), ``probs`` [len(ids), labels] the softmax of its token logits.
+
+    Raises:
+        ValidationFailed: ``strategy`` is not one of the five.
+        ValueError: the lengths of ``ids``, ``offsets``, ``special`` and ``probs`` differ; an id is not in
+            the vocabulary.
+    """
+    if strategy not in STRATEGIES:
+        raise ValidationFailed(
+            f"aggregation_strategy must be one of {', '.join(map(repr, STRATEGIES))}, not {strategy!r}"
+        )
+    if probs.ndim != 2 or not len(ids) == len(offsets) == len(special) == probs.shape[0]:
+        raise ValueError(
+            f"{len(ids)} ids, {len(offsets)} offsets and {len(special)} special flags "
+            f"for probabilities of shape {probs.shape}"
+        )
+    tokens = _tokens(text, ids, offsets, special, probs, vocab)
+    if strategy in ("none", "simple"):
+        tagged = [_tag(t.scores, id2label, t.word, t.start, t.end, t.index) for t in tokens]
+    else:
+        tagged = [_word(group, strategy, id2label, vocab) for group in _words(tokens)]
+    ignored = set(ignore_labels)
+    if strategy == "none":
+        return [
+            {
+                "entity": t.entity,
+                "score": float(t.score),
+                "index": t.index,
+                "word": t.word,
+                "start": t.start,
+                "end": t.end,
+            }
+            for t in tagged
+            if t.entity not in ignored
+        ]
+    return [group for group in _groups(tagged, vocab) if group["entity_group"] not in ignored]
+
+
+def _tokens(
+    text: str,
+    ids: Sequence[int],
+    offsets: Sequence[tuple[int, int]],
+    special: Sequence[int],
+    probs: np.ndarray,
+    vocab: Vocabulary,
+) -> list[_Token]:
+    """The pipeline's ``gather_pre_entities``: the non-special tokens with their words and subword flags."""
+    tokens: list[_Token] = []
+    for index, token_id in enumerate(ids):
+        if special[index]:
+            continue
+        word = vocab.id_to_token(int(token_id))
+        if word is None:
+            raise ValueError(f"token id {token_id} is not in the vocabulary")
+        start, end = int(offsets[index][0]), int(offsets[index][1])
+        covered = text[start:end]
+        if vocab.continuing_subword_prefix:
+            is_subword = len(word) != len(covered)
+        else:
+            is_subword = start > 0 and " " not in text[start - 1 : start + 1]
+        if int(token_id) == vocab.unk_token_id:
+            word = covered
+            is_subword = False
+        tokens.append(_Token(word, probs[index], start, end, index, is_subword))
+    return tokens
+
+
+def _tag(
+    scores: np.ndarray, id2label: Mapping[int, str], word: str, start: int, end: int, index: int | None = None
+) -> _Tagged:
+    best = int(scores.argmax())
+    return _Tagged(id2label[best], scores[best], word, start, end, index)
+
+
+def _words(tokens: list[_Token]) -> list[list[_Token]]:
+    """The pipeline's ``aggregate_words``: a word is a token and the subwords that follow it."""
+    words: list[list[_Token]] = []
+    for token in tokens:
+        if words and token.is_subword:
+            words[-1].append(token)
+        else:
+            words.append([token])
+    return words
+
+
+def _word(
+    tokens: list[_Token], strategy: AggregationStrategy, id2label: Mapping[int, str], vocab: Vocabulary
+) -> _Tagged:
+    """The pipeline's ``aggregate_word``: one label for a word's tokens."""
+    word = vocab.tokens_to_string([t.word for t in tokens])
+    start, end = tokens[0].start, tokens[-1].end
+    if strategy == "first":
+        return _tag(tokens[0].scores, id2label, word, start, end)
+    if strategy == "max":
+        # max() keeps the first of equal maxima, as the pipeline's does.
+        return _tag(max(tokens, key=lambda t: t.scores.max()).scores, id2label, word, start, end)
+    return _tag(np.nanmean(np.stack([t.scores for t in tokens]), axis=0), id2label, word, start, end)
+
+
+def _tag_parts(label: str) -> tuple[str, str]:
+    """The pipeline's ``get_tag``: ("B" or "I", the type); a label without B-/I- continues like I-."""
+    if label.startswith("B-"):
+        return "B", label[2:]
+    if label.startswith("I-"):
+        return "I", label[2:]
+    return "I", label
+
+
+def _groups(tagged: list[_Tagged], vocab: Vocabulary) -> list[dict[str, Any]]:
+    """The pipeline's ``group_entities``: adjacent tokens (or words) of one type, each B- starting anew."""
+    groups: list[list[_Tagged]] = []
+    for t in tagged:
+        if groups:
+            bi, tag = _tag_parts(t.entity)
+            _, last_tag = _tag_parts(groups[-1][-1].entity)
+            if tag == last_tag and bi != "B":
+                groups[-1].append(t)
+                continue
+        groups.append([t])
+    return [_group(group, vocab) for group in groups]
+
+
+def _group(group: list[_Tagged], vocab: Vocabulary) -> dict[str, Any]:
+    """The pipeline's ``group_sub_entities``: named after the first label's text past its first "-"."""
+    return {
+        "entity_group": group[0].entity.split("-", 1)[-1],
+        "score": float(np.mean(np.nanmean([t.score for t in group]))),
+        "word": vocab.tokens_to_string([t.word for t in group]),
+        "start": group[0].start,
+        "end": group[-1].end,
+    }

@@ -1,0 +1,225 @@
+"""A sentence-transformers folder's own settings: ``modules.json`` and the modules it lists.
+
+Read without sentence-transformers (the export does not depend on it): ``Transformer`` (the BERT
+checkpoint in the folder itself, with ``sentence_bert_config.json``'s ``max_seq_length`` and
+``do_lower_case``, or since sentence-transformers 5 the tokenizer's ``model_max_length`` and normalizer), ``Pooling`` (one mode; ``include_prompt``), ``Dense`` (weights read with torch, run
+after pooling) and ``Normalize``, plus ``config_sentence_transformers.json``'s ``prompts`` and
+``default_prompt_name``. Anything else is refused with one line naming it: serving a folder without one
+of its modules would answer vectors that ``SentenceTransformer(folder).encode`` does not.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from export.source import ExportError
+
+MODULES = "modules.json"
+# The module types served, by the last part of their "type" ("sentence_transformers.models.Pooling", or
+# "sentence_transformers.sentence_transformer.modules.pooling.Pooling" in newer folders).
+SERVED = ("Transformer", "Pooling", "Dense", "Normalize")
+# sentence-transformers' pooling modes → ours (app/engine/pooling.py).
+POOLING_MODES = {
+    "cls": "cls",
+    "mean": "mean",
+    "max": "max",
+    "mean_sqrt_len_tokens": "mean_sqrt_len",
+    "weightedmean": "weightedmean",
+    "lasttoken": "lasttoken",
+}
+# The legacy config keys (before sentence-transformers 5.x's "pooling_mode"), in its order.
+LEGACY_POOLING_KEYS = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+ACTIVATIONS = {
+    "torch.nn.modules.linear.Identity": "identity",
+    "torch.nn.modules.activation.Tanh": "tanh",
+    "torch.nn.modules.activation.ReLU": "relu",
+    "torch.nn.modules.activation.Sigmoid": "sigmoid",
+}
+
+
+@dataclass(frozen=True)
+class Dense:
+    weight: np.ndarray  # [out, in] float32
+    bias: np.ndarray | None  # [out]
+    activation: str  # a key of app/model/manifest.py's DenseLayer.activation
+
+
+@dataclass(frozen=True)
+class SentenceConfig:
+    """What a sentence-transformers folder says about serving it."""
+
+    pooling: str
+    include_prompt: bool
+    normalize: bool
+    max_seq_length: int | None
+    do_lower_case: bool
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    dense: tuple[Dense, ...] = ()
+    modules: tuple[str, ...] = ()
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ExportError(f"{path} is not readable JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ExportError(f"{path} is not a JSON object")
+    return raw
+
+
+def _type(entry: dict[str, Any]) -> str:
+    return str(entry.get("type", "")).rpartition(".")[2]
+
+
+def read(folder: Path) -> SentenceConfig | None:
+    """The settings of the sentence-transformers folder ``folder``; None when it has no ``modules.json``.
+
+    Raises:
+        ExportError: a module that cannot be served (named), or a malformed file.
+    """
+    path = folder / MODULES
+    if not path.is_file():
+        return None
+    try:
+        entries = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ExportError(f"{path} is not readable JSON: {exc}") from exc
+    if not isinstance(entries, list) or not entries:
+        raise ExportError(f"{path} lists no modules")
+    types = [_type(e) for e in entries]
+    for entry, kind in zip(entries, types, strict=True):
+        if kind not in SERVED:
+            raise ExportError(
+                f"{path}: module {entry.get('type')!r} ({entry.get('path') or 'no folder'}) cannot be served; "
+                f"served modules are {', '.join(SERVED)}"
+            )
+    if entries[0].get("path", "") != "":
+        raise ExportError(
+            f"{path}: the Transformer must be the folder itself, not {entries[0].get('path')!r}"
+        )
+    tail = types[2:-1] if types[-1] == "Normalize" else types[2:]
+    if types[:2] != ["Transformer", "Pooling"] or any(t != "Dense" for t in tail):
+        raise ExportError(
+            f"{path}: modules {' → '.join(types)} cannot be served; served is "
+            "Transformer → Pooling → Dense (any number) → Normalize (optional)"
+        )
+
+    bert = folder / "sentence_bert_config.json"
+    settings = _json(bert) if bert.is_file() else {}
+    max_seq = settings.get("max_seq_length")
+    if max_seq is None:
+        # sentence-transformers 5 keeps it as the tokenizer's model_max_length (and do_lower_case as a
+        # Lowercase normalizer in tokenizer.json itself).
+        tokenizer_config = folder / "tokenizer_config.json"
+        limit = _json(tokenizer_config).get("model_max_length") if tokenizer_config.is_file() else None
+        max_seq = limit if isinstance(limit, int) and limit < 1_000_000 else None
+    pooling_entry = entries[types.index("Pooling")]
+    mode, include_prompt = _pooling(folder / str(pooling_entry.get("path", "")))
+    dense = tuple(
+        _dense(folder / str(e.get("path", ""))) for e, t in zip(entries, types, strict=True) if t == "Dense"
+    )
+    prompts: dict[str, str] = {}
+    default_prompt = None
+    st_config = folder / "config_sentence_transformers.json"
+    if st_config.is_file():
+        raw = _json(st_config)
+        prompts = {str(k): str(v) for k, v in (raw.get("prompts") or {}).items() if v is not None}
+        default_prompt = raw.get("default_prompt_name")
+        if default_prompt is not None and default_prompt not in prompts:
+            raise ExportError(
+                f"{st_config}: default_prompt_name {default_prompt!r} is not one of its prompts"
+            )
+    return SentenceConfig(
+        pooling=mode,
+        include_prompt=include_prompt,
+        normalize="Normalize" in types,
+        max_seq_length=int(max_seq) if isinstance(max_seq, int) else None,
+        do_lower_case=bool(settings.get("do_lower_case", False)),
+        prompts=prompts,
+        default_prompt_name=default_prompt,
+        dense=dense,
+        modules=tuple(types),
+    )
+
+
+def _pooling(folder: Path) -> tuple[str, bool]:
+    raw = _json(folder / "config.json")
+    modes: Any = raw.get("pooling_mode")
+    if modes is None:
+        modes = [mode for key, mode in LEGACY_POOLING_KEYS.items() if raw.get(key)] or ["mean"]
+    if isinstance(modes, str):
+        modes = [modes]
+    if len(modes) != 1:
+        raise ExportError(
+            f"{folder}: Pooling with several modes at once ({' + '.join(modes)}) cannot be served; one mode is"
+        )
+    if modes[0] not in POOLING_MODES:
+        raise ExportError(f"{folder}: pooling mode {modes[0]!r} cannot be served")
+    return POOLING_MODES[modes[0]], bool(raw.get("include_prompt", True))
+
+
+def _dense(folder: Path) -> Dense:
+    raw = _json(folder / "config.json")
+    activation_name = str(raw.get("activation_function", "torch.nn.modules.activation.Tanh"))
+    if activation_name not in ACTIVATIONS:
+        raise ExportError(
+            f"{folder}: Dense activation {activation_name!r} cannot be served "
+            f"(served: {', '.join(ACTIVATIONS)})"
+        )
+    state = _weights(folder)
+    weight = state.get("linear.weight")
+    if weight is None:
+        raise ExportError(f"{folder}: Dense weights have no linear.weight")
+    bias = state.get("linear.bias")
+    out_features, in_features = int(raw.get("out_features", -1)), int(raw.get("in_features", -1))
+    if tuple(weight.shape) != (out_features, in_features):
+        raise ExportError(
+            f"{folder}: Dense weight is {tuple(weight.shape)}, config says {out_features}×{in_features}"
+        )
+    return Dense(
+        weight=weight.astype(np.float32),
+        bias=bias.astype(np.float32) if bias is not None else None,
+        activation=ACTIVATIONS[activation_name],
+    )
+
+
+def _weights(folder: Path) -> dict[str, np.ndarray]:
+    if (folder / "model.safetensors").is_file():
+        from safetensors.numpy import load_file
+
+        return dict(load_file(str(folder / "model.safetensors")))
+    if (folder / "pytorch_model.bin").is_file():
+        state = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        return {k: v.float().numpy() for k, v in state.items()}
+    raise ExportError(f"{folder}: Dense module without model.safetensors or pytorch_model.bin")
+
+
+def torch_dense(vectors: torch.Tensor, layers: tuple[Dense, ...]) -> torch.Tensor:
+    """The Dense modules in PyTorch, as sentence-transformers runs them (the export's reference)."""
+    activations = {
+        "identity": torch.nn.Identity(),
+        "tanh": torch.nn.Tanh(),
+        "relu": torch.nn.ReLU(),
+        "sigmoid": torch.nn.Sigmoid(),
+    }
+    for layer in layers:
+        bias = torch.from_numpy(layer.bias) if layer.bias is not None else None
+        vectors = activations[layer.activation](
+            torch.nn.functional.linear(vectors, torch.from_numpy(layer.weight), bias)
+        )
+    return vectors
