@@ -86,7 +86,8 @@ ENV ZHEMBED_MODEL=/models/zhembed \
     HOME=/tmp
 USER 10001:10001
 WORKDIR /tmp
-EXPOSE 8080
+# 8080 HTTP; 50051 gRPC when ZHEMBED_GRPC_PORT=50051 is set (off by default).
+EXPOSE 8080 50051
 # Liveness only: readiness (/ready) is for load balancers. A python one-liner, so no curl in the image.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=120s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('ZHEMBED_PORT', '8080') + '/health', timeout=4)"]
@@ -120,7 +121,8 @@ ENV ZHEMBED_MODEL=/models/zhembed \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
 USER 10001:10001
 WORKDIR /tmp
-EXPOSE 8080
+# 8080 HTTP; 50051 gRPC when ZHEMBED_GRPC_PORT=50051 is set (off by default).
+EXPOSE 8080 50051
 HEALTHCHECK --interval=15s --timeout=5s --start-period=120s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('ZHEMBED_PORT', '8080') + '/health', timeout=4)"]
 CMD ["python", "-m", "app"]

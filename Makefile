@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 MODELS ?= models
 STAMP := $(VENV)/.zhembed-installed
 
-.PHONY: install system-deps serve serve-twin twin test lint clean
+.PHONY: install system-deps serve serve-twin twin test lint protos clean
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
@@ -43,6 +43,10 @@ system-deps:
 
 test: $(STAMP) system-deps
 	$(PY) -m pytest -q
+
+# The gRPC modules generated from app/rpc/proto/*.proto (committed; regenerate after editing a .proto).
+protos: $(STAMP)
+	$(PY) -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. app/rpc/proto/tei.proto app/rpc/proto/zhembed.proto
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from app import supervisor
+from app import jsonlog, supervisor
 from app.cluster import resolve_count
 from app.main import create_app
 from app.model.manifest import ManifestError
@@ -21,9 +21,7 @@ log = logging.getLogger("app")
 
 def main(argv: list[str] | None = None) -> int:
     settings = Settings.from_cli(argv)
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    jsonlog.configure(settings.log_format, settings.log_level.upper())
     try:
         settings.api_key_values()  # an unreadable keys file stops us before the model loads
         count = resolve_count(settings)

@@ -11,6 +11,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 import numpy as np
 
 from app.engine.work import Job
+from app.request_context import CURRENT_TIMINGS
 
 T = TypeVar("T")
 S = TypeVar("S")
@@ -25,6 +26,7 @@ class Timings:
     tokenization_ms: float = 0.0
     inference_ms: float = 0.0
     total_ms: float = 0.0
+    tokens: int = 0  # tokens the encoder computed for the request ([CLS]/[SEP] included; cache hits: 0)
 
 
 @dataclass
@@ -47,13 +49,15 @@ class TokenVectors:
 def timed(
     method: Callable[Concatenate[S, P], Coroutine[Any, Any, Answer[T]]],
 ) -> Callable[Concatenate[S, P], Coroutine[Any, Any, Answer[T]]]:
-    """An endpoint whose answer's ``total_ms`` is the time from its call to its return."""
+    """An endpoint whose answer's ``total_ms`` is the time from its call to its return; its timings are
+    left in :data:`app.request_context.CURRENT_TIMINGS` for the request's span and log line."""
 
     @functools.wraps(method)
     async def timed(self: S, *args: P.args, **kwargs: P.kwargs) -> Answer[T]:
         started = time.perf_counter()
         answer = await method(self, *args, **kwargs)
         answer.timings.total_ms = ms(time.perf_counter() - started)
+        CURRENT_TIMINGS.set(answer.timings)
         return answer
 
     return timed
@@ -70,4 +74,5 @@ def timings_of(jobs: list[Job], tokenization_ms: float) -> Timings:
         queue_ms=ms(max((job.queued_s for job in jobs), default=0.0)),
         tokenization_ms=tokenization_ms,
         inference_ms=ms(sum(batches.values())),
+        tokens=sum(job.tokens for job in jobs),
     )

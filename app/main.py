@@ -15,6 +15,7 @@ import asyncio
 import gc
 import inspect
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -37,8 +38,10 @@ from app.cluster import Cluster
 from app.engine.engine import Engine
 from app.metrics import Metrics
 from app.model.runtime import OnnxModel, load_model
+from app.observe import Observer
 from app.service import Service
-from app.settings import Settings
+from app.settings import Settings, SettingsError
+from app.tracing import from_environment
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +63,16 @@ def create_app(
     settings = settings or Settings()
     metrics = Metrics(cluster.shared.metrics_dir if cluster is not None else None)
     keys = settings.api_key_values()
+    try:  # the standard OTEL_* variables: off unless they name a collector
+        tracing = from_environment(os.environ)
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from exc
+    observer = Observer(tracing, settings.log_format == "json")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loaded = model if model is not None else await asyncio.to_thread(load_model, settings)
-        engine = Engine(loaded, settings, metrics, cluster.ledger if cluster is not None else None)
+        engine = Engine(loaded, settings, metrics, cluster.ledger if cluster is not None else None, tracing)
         engine.start()
         cache = _build_cache(settings, metrics)
         service = Service(settings, loaded, engine, cache, metrics)
@@ -77,12 +85,20 @@ def create_app(
             cache_bytes=lambda: cache.memory.bytes if cache.memory is not None else 0,
         )
         app.state.service = service
+        rpc = None
+        if settings.grpc_port is not None:
+            from app.rpc.server import Grpc  # here: grpc costs its import only when gRPC is on
+
+            rpc = Grpc(settings, lambda: service, metrics, drain, ApiKeys(keys) if keys else None, observer)
+            await rpc.start()
         warm = asyncio.create_task(_warm(service, settings.warmup, metrics, cluster))
         pushing = asyncio.create_task(_push_gauges(metrics)) if cluster is not None else None
         try:
             yield
         finally:
             warm.cancel()
+            if rpc is not None:  # the calls in flight finish within what is left of the grace period
+                await rpc.stop(max(settings.shutdown_grace_s - settings.shutdown_drain_s, 1.0))
             if pushing is not None:
                 pushing.cancel()
             if cluster is not None:
@@ -90,6 +106,7 @@ def create_app(
             if cache.shared is not None:
                 await cache.shared.aclose()
             engine.stop()
+            await asyncio.to_thread(tracing.shutdown)  # what is queued goes out, within seconds
 
     app = FastAPI(
         title="zhembed",
@@ -100,6 +117,7 @@ def create_app(
     )
     app.state.metrics = metrics
     app.state.cluster = cluster
+    app.state.tracing = tracing
     # Begun by `python -m app` on SIGTERM; the middleware reads it on every request.
     app.state.drain = drain = Drain()
     install_error_handlers(app)
@@ -111,7 +129,9 @@ def create_app(
         app.add_middleware(ApiKeyMiddleware, keys=keys, open_paths=open_paths)
     app.add_middleware(DrainMiddleware, drain=drain)
     routes = frozenset(r.path for rt in (router, openai_router) for r in rt.routes if isinstance(r, APIRoute))
-    app.add_middleware(RequestMetricsMiddleware, metrics=metrics, routes=routes | OPS_PATHS)
+    app.add_middleware(
+        RequestMetricsMiddleware, metrics=metrics, routes=routes | OPS_PATHS, observer=observer
+    )
     # POST on a data route: one function in front of all of it, Starlette's error middleware included
     # (app.api.fast). Built now, so Starlette refuses any middleware added later (it could not be in
     # front); the stack above serves every other request, and on its own would serve these the same.
@@ -123,6 +143,7 @@ def create_app(
         drain=drain,
         keys=ApiKeys(keys) if keys else None,
         max_body_bytes=settings.max_body_bytes,
+        observer=observer,
     )
     return app
 

@@ -57,19 +57,20 @@ class Metrics:
         have been imported with ``PROMETHEUS_MULTIPROC_DIR`` naming it); None for one process."""
         self.multiprocess_dir = multiprocess_dir
         self._watched: dict[Gauge, Callable[[], float]] = {}
-        self._request_children: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
+        self._request_children: dict[tuple[str, int | str, str], tuple[Counter, Histogram]] = {}
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
             PREFIX + "requests",
-            "HTTP requests answered, by route and status.",
-            ["route", "status"],
+            "Requests answered, by route (a gRPC call: its method), status (a gRPC call: its status code's "
+            "name) and protocol (http, grpc).",
+            ["route", "status", "protocol"],
             registry=r,
         )
         self.request_duration = Histogram(
             PREFIX + "request_duration_seconds",
-            "Time from the request's arrival to its response, by route.",
-            ["route"],
+            "Time from the request's arrival to its response, by route and protocol.",
+            ["route", "protocol"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
@@ -166,13 +167,18 @@ class Metrics:
 
     # --- what the stages report -------------------------------------------------------------------
 
-    def request_done(self, route: str, status: int, seconds: float) -> None:
-        # The labelled children, looked up once per (route, status): ``labels()`` costs ~5 µs a request.
-        # Bounded: routes are the app's own (or "unmatched") and statuses the few the app answers.
-        children = self._request_children.get((route, status))
+    def request_done(self, route: str, status: int | str, seconds: float, protocol: str = "http") -> None:
+        # The labelled children, looked up once per (route, status, protocol): ``labels()`` costs ~5 µs a
+        # request. Bounded: routes are the app's own (or "unmatched"), gRPC methods the services', and
+        # statuses the few the app answers.
+        key = (route, status, protocol)
+        children = self._request_children.get(key)
         if children is None:
-            children = (self.requests.labels(route, str(status)), self.request_duration.labels(route))
-            self._request_children[(route, status)] = children
+            children = (
+                self.requests.labels(route, str(status), protocol),
+                self.request_duration.labels(route, protocol),
+            )
+            self._request_children[key] = children
         children[0].inc()
         children[1].observe(seconds)
 

@@ -504,7 +504,9 @@ class Service:
         """Embed and fill a few inputs of typical shapes so the first real request pays no set-up (the app
         marks the service ready once this is done: :mod:`app.main`)."""
         texts = list(_WARMUP_TEXTS)
-        for batch in ([texts[0]], texts, texts * 3):
+        # No more at once than the server admits (a warm-up refused with 429 would never mark it ready).
+        room = self.settings.max_concurrent_inputs
+        for batch in ([texts[0]], texts[:room], (texts * 3)[:room]):
             await self._vectors(
                 batch,
                 replace(self.defaults, long_text="truncate"),

@@ -78,7 +78,19 @@ class Settings(BaseSettings):
         "admission permits, readiness and /metrics span all of them; each has its own in-process cache.",
     )
     port: int = Field(default=8080, ge=1, le=65535, description="Port to listen on.")
+    grpc_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="Port for gRPC (text-embeddings-inference's tei.v1 services, zhembed.v1, health and "
+        "reflection) beside HTTP, in the same process and workers; unset: no gRPC.",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level.")
+    log_format: Literal["text", "json"] = Field(
+        default="text",
+        description="text lines, or one JSON object per line with one line per request (route, status, "
+        "inputs, tokens, timings, trace id; never a text or a key).",
+    )
     # Kubernetes: keep drain + grace under terminationGracePeriodSeconds minus the preStop sleep.
     shutdown_drain_s: float = Field(
         default=2.0,

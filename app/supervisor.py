@@ -38,6 +38,7 @@ from multiprocessing.process import BaseProcess
 from types import FrameType
 from typing import Any
 
+from app import jsonlog
 from app.cluster import Cluster, Shared, first_provider
 from app.main import create_app
 from app.model.manifest import ManifestError
@@ -150,9 +151,11 @@ def _worker(settings: Settings, listener: socket.socket, index: int, shared: Sha
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)  # a terminal's Ctrl-C goes to the supervisor, which forwards it once
     _die_with(supervisor)
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format=f"%(asctime)s %(levelname)s %(name)s[worker {index}]: %(message)s",
+    jsonlog.configure(
+        settings.log_format,
+        settings.log_level.upper(),
+        text_format=f"%(asctime)s %(levelname)s %(name)s[worker {index}]: %(message)s",
+        static={"worker": index},
     )
     try:
         model = load_model(settings)

@@ -51,29 +51,43 @@ class ErrorRow:
     error_type: str
     description: str
     openai_type: str  # the ``type`` OpenAI's API gives the same kind of error
+    grpc: str  # the gRPC status code (its name in grpc.StatusCode) the same error answers over gRPC
 
 
 _INVALID = "invalid_request_error"
 
 ERROR_TABLE: dict[type[ServiceError], ErrorRow] = {
-    EmptyInput: ErrorRow(400, "empty", "Empty input.", _INVALID),
-    Unsupported: ErrorRow(400, "unsupported", "The loaded model cannot serve this request.", _INVALID),
+    EmptyInput: ErrorRow(400, "empty", "Empty input.", _INVALID, "INVALID_ARGUMENT"),
+    Unsupported: ErrorRow(
+        400, "unsupported", "The loaded model cannot serve this request.", _INVALID, "FAILED_PRECONDITION"
+    ),
     Unauthorized: ErrorRow(
         401,
         "unauthorized",
         "Missing or unknown API key (Authorization: Bearer <key>).",
         "authentication_error",
+        "UNAUTHENTICATED",
     ),
-    NotFound: ErrorRow(404, "not_found", "No such route.", _INVALID),
-    MethodNotAllowed: ErrorRow(405, "method_not_allowed", "Method not allowed on this route.", _INVALID),
-    PayloadTooLarge: ErrorRow(413, "payload_too_large", "Request body over the size limit.", _INVALID),
-    ValidationFailed: ErrorRow(422, "validation", "Invalid request.", _INVALID),
-    ClientGone: ErrorRow(499, "client_closed", "The client left before the answer was ready.", _INVALID),
+    NotFound: ErrorRow(404, "not_found", "No such route.", _INVALID, "UNIMPLEMENTED"),
+    MethodNotAllowed: ErrorRow(
+        405, "method_not_allowed", "Method not allowed on this route.", _INVALID, "UNIMPLEMENTED"
+    ),
+    PayloadTooLarge: ErrorRow(
+        413, "payload_too_large", "Request body over the size limit.", _INVALID, "RESOURCE_EXHAUSTED"
+    ),
+    ValidationFailed: ErrorRow(422, "validation", "Invalid request.", _INVALID, "INVALID_ARGUMENT"),
+    ClientGone: ErrorRow(
+        499, "client_closed", "The client left before the answer was ready.", _INVALID, "CANCELLED"
+    ),
     Overloaded: ErrorRow(
-        429, "overloaded", "Too many inputs in flight; retry after Retry-After seconds.", "rate_limit_error"
+        429,
+        "overloaded",
+        "Too many inputs in flight; retry after Retry-After seconds.",
+        "rate_limit_error",
+        "RESOURCE_EXHAUSTED",
     ),
-    InternalError: ErrorRow(500, "internal", "Server fault.", "server_error"),
-    NotReady: ErrorRow(503, "unhealthy", "The model is not ready yet.", "server_error"),
+    InternalError: ErrorRow(500, "internal", "Server fault.", "server_error", "INTERNAL"),
+    NotReady: ErrorRow(503, "unhealthy", "The model is not ready yet.", "server_error", "UNAVAILABLE"),
 }
 
 # The embeddings routes in OpenAI's terms; errors there, and on every /v1/ path, take OpenAI's shape so

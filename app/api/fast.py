@@ -70,6 +70,7 @@ from app.errors import (
     ValidationFailed,
 )
 from app.metrics import Metrics
+from app.observe import SCOPE_INPUTS, Observer, count_inputs, traceparent
 from app.service import Service
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,7 @@ class DataPath:
         drain: Drain,
         keys: ApiKeys | None,
         max_body_bytes: int,
+        observer: Observer | None = None,
     ) -> None:
         self.app = app
         self.routes = routes
@@ -127,6 +129,8 @@ class DataPath:
         self.drain = drain
         self.keys = keys
         self.max_body_bytes = max_body_bytes
+        # Traces and JSON log lines: None when both are off (nothing per request then).
+        self.observer = observer if observer is not None and observer.active else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = (
@@ -137,6 +141,8 @@ class DataPath:
             return
         started = time.perf_counter()
         status = 500
+        observer = self.observer
+        span = observer.begin("http", scope["path"], traceparent(scope)) if observer is not None else None
         try:
             status = await self._serve(route, scope, receive, send)
         except Exception:  # only sending can raise here; uvicorn logs it
@@ -144,8 +150,11 @@ class DataPath:
             raise
         finally:
             self.metrics.request_done(scope["path"], status, time.perf_counter() - started)
-            if (reason := scope.get(SCOPE_ERROR_TYPE)) is not None:
+            reason = scope.get(SCOPE_ERROR_TYPE)
+            if reason is not None:
                 self.metrics.failure(reason)
+            if observer is not None:
+                observer.end(span, "http", scope["path"], status, scope.get(SCOPE_INPUTS, 0), reason)
 
     async def _serve(
         self, route: tuple[type[BaseModel], Endpoint], scope: Scope, receive: Receive, send: Send
@@ -172,6 +181,8 @@ class DataPath:
             if service is None:
                 raise NotReady("the model is still loading")
             body = parsed(model, await self._body(receive), content_type)
+            if self.observer is not None:
+                scope[SCOPE_INPUTS] = count_inputs(body)
             response = await endpoint(body, Request(scope, receive), service)
         except ServiceError as exc:
             return await self._error(exc, scope, send)

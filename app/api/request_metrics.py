@@ -16,15 +16,20 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app.api.errors import ERROR_TABLE, SCOPE_ERROR_TYPE
 from app.errors import InternalError
 from app.metrics import Metrics
+from app.observe import SCOPE_INPUTS, Observer, traceparent
 
 UNMATCHED = "unmatched"
 
 
 class RequestMetricsMiddleware:
-    def __init__(self, app: ASGIApp, metrics: Metrics, routes: frozenset[str]) -> None:
+    def __init__(
+        self, app: ASGIApp, metrics: Metrics, routes: frozenset[str], observer: Observer | None = None
+    ) -> None:
         self.app = app
         self.metrics = metrics
         self.routes = routes
+        # Traces and JSON log lines: None when both are off (nothing per request then).
+        self.observer = observer if observer is not None and observer.active else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -32,6 +37,10 @@ class RequestMetricsMiddleware:
             return
         started = time.perf_counter()
         status = 500
+        observer = self.observer
+        path = scope.get("path", "")
+        route = path if path in self.routes else UNMATCHED
+        span = observer.begin("http", route, traceparent(scope)) if observer is not None else None
 
         async def timed_send(message: Message) -> None:
             nonlocal status
@@ -45,9 +54,9 @@ class RequestMetricsMiddleware:
             scope.setdefault(SCOPE_ERROR_TYPE, ERROR_TABLE[InternalError].error_type)
             raise
         finally:
-            path = scope.get("path", "")
-            self.metrics.request_done(
-                path if path in self.routes else UNMATCHED, status, time.perf_counter() - started
-            )
-            if (reason := scope.get(SCOPE_ERROR_TYPE)) is not None:
+            self.metrics.request_done(route, status, time.perf_counter() - started)
+            reason = scope.get(SCOPE_ERROR_TYPE)
+            if reason is not None:
                 self.metrics.failure(reason)
+            if observer is not None:
+                observer.end(span, "http", route, status, scope.get(SCOPE_INPUTS, 0), reason)

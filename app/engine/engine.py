@@ -24,13 +24,20 @@ from app.metrics import Metrics
 from app.model.runtime import OnnxModel
 from app.model.tokenizer import TextInputs
 from app.settings import Settings
+from app.tracing import Tracing
 
 
 class Engine:
     def __init__(
-        self, model: OnnxModel, settings: Settings, metrics: Metrics, ledger: Ledger | None = None
+        self,
+        model: OnnxModel,
+        settings: Settings,
+        metrics: Metrics,
+        ledger: Ledger | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
-        """``ledger``: where admission counts permits, shared by the workers of one server (default: here)."""
+        """``ledger``: where admission counts permits, shared by the workers of one server (default: here);
+        ``tracing``: where batch spans go (None: tracing off)."""
         self.model = model
         self.metrics = metrics
         self.admission = Admission(settings.max_concurrent_inputs, ledger)
@@ -46,7 +53,7 @@ class Engine:
             company_expected=lambda: self.tokenization.pending_texts > 0,
             overhead_tokens=settings.batch_overhead_tokens,
         )
-        self.inference = Inference(model, self.batcher, self.metrics)
+        self.inference = Inference(model, self.batcher, self.metrics, tracing)
 
     def start(self) -> None:
         self.tokenization.start()

@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -29,6 +30,7 @@ from app.errors import InternalError
 from app.metrics import Metrics
 from app.model.manifest import HEAD_OUTPUT, POOLER_OUTPUT
 from app.model.runtime import OnnxModel
+from app.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +44,15 @@ class InferenceStats:
 
 
 class Inference:
-    def __init__(self, model: OnnxModel, batcher: Batcher | None, metrics: Metrics) -> None:
-        """``batcher``: where the thread takes its batches from (None: only :meth:`run_batch` is used)."""
+    def __init__(
+        self, model: OnnxModel, batcher: Batcher | None, metrics: Metrics, tracing: Tracing | None = None
+    ) -> None:
+        """``batcher``: where the thread takes its batches from (None: only :meth:`run_batch` is used);
+        ``tracing``: where each batch's span goes, linked to its requests' spans (None: tracing off)."""
         self.model = model
         self.metrics = metrics
         self.batcher = batcher
+        self.tracing = tracing if tracing is not None and tracing.enabled else None
         self.stats = InferenceStats()
         self._thread = threading.Thread(target=self._run, name="zhembed-inference", daemon=True)
         self._names = {layer: model.output_name(layer) for layer in range(1, model.num_layers + 1)}
@@ -96,6 +102,22 @@ class Inference:
             return
         for job, count in done:
             job.finish(count)
+        if self.tracing is not None:
+            self._trace(finished, [job for job, _ in done])
+
+    def _trace(self, batch: FinishedBatch, jobs: list[Any]) -> None:
+        """The batch's span, from the times it was measured with, linked to the requests it served."""
+        spans = [job.trace for job in jobs if job.trace is not None]
+        if not spans or self.tracing is None:
+            return
+        now_ns, now = time.time_ns(), time.perf_counter()
+        self.tracing.batch(
+            now_ns - int((now - batch.started_at) * 1e9),
+            now_ns - int((now - batch.finished_at) * 1e9),
+            len(batch.sequences),
+            int(batch.attention_mask.size),
+            spans,
+        )
 
     @staticmethod
     def _fail(batch: list[Sequence], error: InternalError) -> None:

@@ -127,6 +127,7 @@ def split_batch(batch: FinishedBatch) -> list[tuple[Job, int]]:
                 job.mask_probs = [None] * job.count
             for row, slot in zip(rows, slots, strict=True):
                 job.mask_probs[slot] = probs[batch.mask_rows[row]]
+        job.tokens += sum(batch.sequences[row].length for row in rows)
         # A job's sequences are queued together, so its first one here waited as long as any.
         waited = batch.started_at - batch.sequences[rows[0]].enqueued_at
         job.queued_s = max(job.queued_s, waited)

@@ -23,6 +23,7 @@ import numpy as np
 from tokenizers import Encoding
 
 from app.engine.pooling import Pooling
+from app.request_context import CURRENT_SPAN
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,8 @@ class Job:
         "remaining",
         "token_states",
         "tokenized_s",
+        "tokens",
+        "trace",
         "vectors",
     )
 
@@ -106,6 +109,9 @@ class Job:
         self.batches: dict[float, float] = {}
         self.tokenized_s = 0.0
         self.context: Any = None
+        self.tokens = 0  # tokens of its sequences that ran (post-processing adds them up)
+        # The request's trace span, for the batch spans to link to (None unless tracing is on).
+        self.trace = CURRENT_SPAN.get()
 
     def expect(self, count: int) -> None:
         """Set the number of sequences, for a job created before its texts were tokenised (count 0);

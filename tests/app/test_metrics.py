@@ -75,7 +75,7 @@ def test_duration_buckets_are_the_declared_ones() -> None:
 def test_metrics_move_after_known_requests(cclient: httpx.Client, cached: Running) -> None:
     texts = ["指标一", "指标二二", "指标三三三"]
     before = {
-        "ok": metric(cclient, "zhembed_requests_total", route="/embed", status="200"),
+        "ok": metric(cclient, "zhembed_requests_total", route="/embed", status="200", protocol="http"),
         "misses": metric(cclient, "zhembed_cache_misses_total", tier="memory"),
         "hits": metric(cclient, "zhembed_cache_hits_total", tier="memory"),
         "computed": metric(cclient, "zhembed_computed_tokens_total"),
@@ -83,7 +83,9 @@ def test_metrics_move_after_known_requests(cclient: httpx.Client, cached: Runnin
         "batches": metric(cclient, "zhembed_batch_size_count"),
         "queued": metric(cclient, "zhembed_queue_duration_seconds_count"),
         "validation": metric(cclient, "zhembed_failures_total", reason="validation"),
-        "duration": metric(cclient, "zhembed_request_duration_seconds_count", route="/embed"),
+        "duration": metric(
+            cclient, "zhembed_request_duration_seconds_count", route="/embed", protocol="http"
+        ),
     }
     assert cclient.post("/embed", json={"inputs": texts}).status_code == 200
     assert cclient.post("/embed", json={"inputs": texts}).status_code == 200  # all from the cache
@@ -93,10 +95,10 @@ def test_metrics_move_after_known_requests(cclient: httpx.Client, cached: Runnin
     def delta(key: str, name: str, **labels: str) -> float:
         return metric(cclient, name, **labels) - before[key]
 
-    assert delta("ok", "zhembed_requests_total", route="/embed", status="200") == 2
-    assert metric(cclient, "zhembed_requests_total", route="/embed", status="422") >= 1
-    assert metric(cclient, "zhembed_requests_total", route="unmatched", status="404") >= 1
-    assert delta("duration", "zhembed_request_duration_seconds_count", route="/embed") == 3
+    assert delta("ok", "zhembed_requests_total", route="/embed", status="200", protocol="http") == 2
+    assert metric(cclient, "zhembed_requests_total", route="/embed", status="422", protocol="http") >= 1
+    assert metric(cclient, "zhembed_requests_total", route="unmatched", status="404", protocol="http") >= 1
+    assert delta("duration", "zhembed_request_duration_seconds_count", route="/embed", protocol="http") == 3
     assert delta("misses", "zhembed_cache_misses_total", tier="memory") == 3
     assert delta("hits", "zhembed_cache_hits_total", tier="memory") == 3
     assert delta("validation", "zhembed_failures_total", reason="validation") == 1

@@ -56,7 +56,7 @@ def test_past_the_bound_429_comes_at_once_and_accepted_requests_succeed(
             assert body["error_type"] == "overloaded"
             assert f"{LIMIT} of {LIMIT} inputs in flight" in body["error"]
         assert metric(client, "zhembed_failures_total", reason="overloaded") == 12
-        assert metric(client, "zhembed_requests_total", route="/embed", status="429") == 12
+        assert metric(client, "zhembed_requests_total", route="/embed", status="429", protocol="http") == 12
 
         gate.set()
         for future in accepted:

@@ -277,7 +277,7 @@ def test_a_server_fault_is_logged_and_answered_500(caplog: pytest.LogCaptureFixt
     assert answered.json() == {"error": "internal error: RuntimeError", "error_type": "internal"}
     assert "server fault on POST /embed" in caplog.text
     metrics = app.state.metrics
-    assert metrics.requests.labels("/embed", "500")._value.get() == 1
+    assert metrics.requests.labels("/embed", "500", "http")._value.get() == 1
     assert metrics.failures.labels("internal")._value.get() == 1
 
 
@@ -316,7 +316,7 @@ def test_requests_are_counted_by_route_and_status() -> None:
     call(app, "/embed", [b'{"inputs": "a"}'], JSON)
     call(app, "/embed", [b'{"inputs": 3}'], JSON)
     metrics = app.state.metrics
-    assert metrics.requests.labels("/embed", "200")._value.get() == 1
-    assert metrics.requests.labels("/embed", "422")._value.get() == 1
+    assert metrics.requests.labels("/embed", "200", "http")._value.get() == 1
+    assert metrics.requests.labels("/embed", "422", "http")._value.get() == 1
     assert metrics.failures.labels("validation")._value.get() == 1
-    assert metrics.request_duration.labels("/embed")._sum.get() > 0
+    assert metrics.request_duration.labels("/embed", "http")._sum.get() > 0
