@@ -319,3 +319,22 @@ def test_sigterm_drains_grpc_with_http(tiny_model_dir: Path, stubs: dict[str, Mo
         assert server.proc.wait(timeout=20) == 0
     finally:
         stop_grpc_server(server)
+
+
+def test_every_worker_serves_grpc_behind_the_one_port(
+    tiny_model_dir: Path, stubs: dict[str, ModuleType]
+) -> None:
+    pb, rpc = stubs["tei_pb2"], stubs["tei_pb2_grpc"]
+    server = start_grpc_server(tiny_model_dir, ZHEMBED_WORKERS="2")
+    try:
+        for i in range(12):  # a connection each: the kernel spreads them over the workers' sockets
+            with grpc.insecure_channel(
+                server.target, options=[("grpc.use_local_subchannel_pool", 1)]
+            ) as channel:
+                assert len(rpc.EmbedStub(channel).Embed(pb.EmbedRequest(inputs=f"第{i}句")).embeddings) == 64
+        metrics = httpx.get(server.url + "/metrics").text  # one scrape adds up every worker
+        assert (
+            'zhembed_requests_total{protocol="grpc",route="/tei.v1.Embed/Embed",status="OK"} 12.0' in metrics
+        )
+    finally:
+        stop_grpc_server(server)
