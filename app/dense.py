@@ -30,13 +30,22 @@ class Dense:
     activation: Callable[[np.ndarray], np.ndarray]
 
 
+def dense(weight: np.ndarray, bias: np.ndarray | None, activation: str) -> Dense:
+    """One module from its weight [out, in], bias [out] (or None) and activation's name."""
+    return Dense(
+        np.ascontiguousarray(weight.astype(np.float32).T),
+        bias.astype(np.float32) if bias is not None else None,
+        ACTIVATIONS[activation],
+    )
+
+
 def load(folder: Path, layers: list[DenseLayer]) -> tuple[Dense, ...]:
     """The Dense modules the manifest declares, from their ``.npy`` files in ``folder``."""
     return tuple(
-        Dense(
-            np.ascontiguousarray(np.load(folder / layer.weight).astype(np.float32).T),
-            np.load(folder / layer.bias).astype(np.float32) if layer.bias is not None else None,
-            ACTIVATIONS[layer.activation],
+        dense(
+            np.load(folder / layer.weight),
+            np.load(folder / layer.bias) if layer.bias is not None else None,
+            layer.activation,
         )
         for layer in layers
     )

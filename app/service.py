@@ -28,7 +28,7 @@ from app.engine.postprocess import head_scores
 from app.engine.work import Job, Need, Planned, Sequence
 from app.errors import EmptyInput, InternalError, NotReady, Unsupported, ValidationFailed
 from app.metrics import Metrics
-from app.model.manifest import KIND_NAMES, MANIFEST_NAME, Kind
+from app.model.manifest import KIND_NAMES, MANIFEST_NAME, Head, Kind
 from app.model.runtime import OnnxModel
 from app.model.tokenizer import TextInput, TextInputs
 from app.options import (
@@ -298,6 +298,11 @@ class Service:
             ValidationFailed: an input over the model's length without truncation.
         """
         head = self._head("/predict", "classifier", "reranker")
+        # A pair's texts are both named as its input, inputs[i]; the count is of inputs, not of texts.
+        self._texts([x if isinstance(x, str) else x[0] for x in inputs], listed("inputs", inputs))
+        owners = [i for i, x in enumerate(inputs) if not isinstance(x, str)]
+        if owners:
+            self._texts([inputs[i][1] for i in owners], Names("inputs", lambda k: f"inputs[{owners[k]}]"))
         logits, timings = await self._head_logits(inputs, long_text, direction)
         scores = logits if raw_scores else head_scores(logits, head.activation)
         labels = head.labels
@@ -408,7 +413,7 @@ class Service:
             *HEAD_ROUTES[self.kind],
         ]
 
-    def _head(self, route: str, *kinds: str) -> Any:
+    def _head(self, route: str, *kinds: str) -> Head:
         """The model's head, if it is of one of ``kinds``.
 
         Raises:
@@ -431,14 +436,8 @@ class Service:
         direction: Direction,
         field_name: str = "inputs",
     ) -> tuple[np.ndarray, Timings]:
-        """The head's logits [inputs, labels] of texts and pairs, through the cache when there is one."""
-        if not inputs:
-            raise EmptyInput(f"{field_name} is empty: send at least one input")
-        texts = [x if isinstance(x, str) else x[0] for x in inputs]
-        pairs = [x[1] for x in inputs if not isinstance(x, str)]
-        self._texts(texts, listed(field_name, texts))
-        if pairs:
-            self._texts(pairs, listed(field_name, pairs))
+        """The head's logits [inputs, labels] of texts and pairs (checked by the caller against the
+        per-request limits), through the cache when there is one; ``field_name`` names them in errors."""
         # Each input's cache key is its JSON: a text's a JSON string, a pair's a JSON array, never the same.
         keys = [json.dumps(x, ensure_ascii=False) for x in inputs]
         item = dict(zip(keys, inputs, strict=True))

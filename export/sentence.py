@@ -72,11 +72,15 @@ class SentenceConfig:
     modules: tuple[str, ...] = ()
 
 
-def _json(path: Path) -> dict[str, Any]:
+def _load(path: Path) -> Any:
     try:
-        raw = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise ExportError(f"{path} is not readable JSON: {exc}") from exc
+
+
+def _json(path: Path) -> dict[str, Any]:
+    raw = _load(path)
     if not isinstance(raw, dict):
         raise ExportError(f"{path} is not a JSON object")
     return raw
@@ -95,10 +99,7 @@ def read(folder: Path) -> SentenceConfig | None:
     path = folder / MODULES
     if not path.is_file():
         return None
-    try:
-        entries = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ExportError(f"{path} is not readable JSON: {exc}") from exc
+    entries = _load(path)
     if not isinstance(entries, list) or not entries:
         raise ExportError(f"{path} lists no modules")
     types = [_type(e) for e in entries]

@@ -161,13 +161,6 @@ def _torch_sentence(layer: np.ndarray, mask: np.ndarray, checks: Checks) -> np.n
     return sentence.torch_dense(torch.from_numpy(pooled), checks.dense).numpy()
 
 
-def _numpy_sentence(pooled: np.ndarray, checks: Checks) -> np.ndarray:
-    layers = tuple(
-        np_dense.Dense(d.weight.T.copy(), d.bias, np_dense.ACTIVATIONS[d.activation]) for d in checks.dense
-    )
-    return np_dense.apply(pooled, layers)
-
-
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
 
@@ -195,6 +188,8 @@ def measure_sessions(
     names = [*layers, *vectors, *([HEAD_OUTPUT] if checks.head_activation else [])]
     cosines: dict[str, list[np.ndarray]] = {name: [] for name in vectors}
     sentence_cosines: list[np.ndarray] = []
+    # The service's Dense modules (app/dense.py), as it runs them on the graph's pooled output.
+    dense = tuple(np_dense.dense(d.weight, d.bias, d.activation) for d in checks.dense)
     max_abs = head_abs = 0.0
     top1: list[np.ndarray] = []
     top5: list[float] = []
@@ -212,7 +207,7 @@ def measure_sessions(
             cosines[POOLER_OUTPUT].append(_cosines(got[POOLER_OUTPUT], ref.pooler[i]))  # type: ignore[arg-type]
         if checks.sentence_pooling is not None:
             own = pooled_output_name(checks.sentence_pooling, num_layers, num_layers)  # type: ignore[arg-type]
-            mine = _numpy_sentence(got[own], checks)
+            mine = np_dense.apply(got[own], dense)
             sentence_cosines.append(
                 _cosines(mine, _torch_sentence(ref.layers[i][-1], b.attention_mask, checks))
             )

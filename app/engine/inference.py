@@ -18,14 +18,13 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from app.engine import pooling
 from app.engine.batching import Batcher
 from app.engine.postprocess import FinishedBatch, split_batch
-from app.engine.work import Sequence
+from app.engine.work import Job, Sequence
 from app.errors import InternalError
 from app.metrics import Metrics
 from app.model.manifest import HEAD_OUTPUT, POOLER_OUTPUT
@@ -103,15 +102,16 @@ class Inference:
         for job, count in done:
             job.finish(count)
         if self.tracing is not None:
-            self._trace(finished, [job for job, _ in done])
+            self._trace(self.tracing, finished, [job for job, _ in done])
 
-    def _trace(self, batch: FinishedBatch, jobs: list[Any]) -> None:
+    @staticmethod
+    def _trace(tracing: Tracing, batch: FinishedBatch, jobs: list[Job]) -> None:
         """The batch's span, from the times it was measured with, linked to the requests it served."""
         spans = [job.trace for job in jobs if job.trace is not None]
-        if not spans or self.tracing is None:
+        if not spans:
             return
         now_ns, now = time.time_ns(), time.perf_counter()
-        self.tracing.batch(
+        tracing.batch(
             now_ns - int((now - batch.started_at) * 1e9),
             now_ns - int((now - batch.finished_at) * 1e9),
             len(batch.sequences),

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from app.api.auth import ApiKeys
 from app.api.drain import Drain, shutting_down
-from app.api.errors import ERROR_TABLE, validation_message
+from app.api.errors import row_for, validation_message
 from app.errors import InternalError, NotReady, ServiceError, Unauthorized, ValidationFailed
 from app.metrics import Metrics
 from app.observe import Observer, count_inputs
@@ -52,13 +52,6 @@ def validated(schema: type[M], fields: dict[str, Any]) -> M:
         raise ValidationFailed(validation_message(errors)) from None
     CURRENT_INPUTS.set(count_inputs(body))
     return body
-
-
-def row_of(exc: ServiceError) -> Any:
-    for cls in type(exc).__mro__:
-        if cls in ERROR_TABLE:
-            return ERROR_TABLE[cls]
-    return ERROR_TABLE[InternalError]
 
 
 class Calls:
@@ -118,7 +111,7 @@ class Calls:
         try:
             return await work(self._admit(context))
         except ServiceError as exc:
-            code = row_of(exc).grpc
+            code = row_for(exc).grpc
             await self._fail(context, exc)
             raise
         except asyncio.CancelledError:
@@ -169,7 +162,7 @@ class Calls:
                 yield answer
             await reader  # the client's own stream error, if any
         except ServiceError as exc:
-            code = row_of(exc).grpc
+            code = row_for(exc).grpc
             await self._fail(context, exc)
         except asyncio.CancelledError:
             code = "CANCELLED"
@@ -190,7 +183,7 @@ class Calls:
 
     async def _fail(self, context: grpc.aio.ServicerContext, exc: ServiceError) -> None:
         """Abort the call with ``exc``'s status code and message (raises ``AbortError``)."""
-        row = row_of(exc)
+        row = row_for(exc)
         self.metrics.failure(row.error_type)
         metadata: tuple[tuple[str, str], ...] = (("error-type", row.error_type),)
         if row.status == 429:

@@ -24,9 +24,12 @@ from app.rpc.proto import tei_pb2 as pb
 from app.rpc.proto import tei_pb2_grpc as rpc
 from app.service import Service
 
-MODEL_TYPES = {"embedding": pb.MODEL_TYPE_EMBEDDING, "classifier": pb.MODEL_TYPE_CLASSIFIER}
-MODEL_TYPES["reranker"] = pb.MODEL_TYPE_RERANKER
-MODEL_TYPES["tagger"] = pb.MODEL_TYPE_CLASSIFIER  # TEI has no tagger type: the nearest, a classifier
+MODEL_TYPES = {
+    "embedding": pb.MODEL_TYPE_EMBEDDING,
+    "classifier": pb.MODEL_TYPE_CLASSIFIER,
+    "reranker": pb.MODEL_TYPE_RERANKER,
+    "tagger": pb.MODEL_TYPE_CLASSIFIER,  # TEI has no tagger type: the nearest, a classifier
+}
 
 
 def _direction(value: int) -> str:

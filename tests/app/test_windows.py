@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from app.errors import ValidationFailed
-from app.windows import check_length, truncated_positions, windows
+from app.windows import check_length, truncate_pair, truncated_positions, windows
 
 CLS, SEP = 101, 102
 
@@ -44,3 +46,27 @@ def test_length_check_names_the_input_and_the_remedy() -> None:
         ValidationFailed, match=r"inputs\[3\] has 513 tokens, over the model's limit of 512; shorten it"
     ):
         check_length("inputs[3]", 513, 512, "shorten it")
+
+
+@pytest.mark.parametrize("direction", ["right", "left"])
+def test_a_pair_is_cut_as_hugging_face_tokenizers_cut_it_longest_first(
+    tiny_model_dir: Path, direction: str
+) -> None:
+    from tokenizers import Tokenizer
+
+    plain = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json"))
+    plain.no_truncation()
+    plain.no_padding()
+    cut = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json"))
+    cut.no_padding()
+    rng = np.random.default_rng(3)
+    chars = list("北京天气很好我们去公园散步吧这家餐厅的菜好吃")
+    for _ in range(150):
+        a = "".join(rng.choice(chars, size=int(rng.integers(1, 40))))
+        b = "".join(rng.choice(chars, size=int(rng.integers(1, 40))))
+        limit = int(rng.integers(8, 60))
+        cut.enable_truncation(limit, strategy="longest_first", direction=direction)
+        expected = cut.encode(a, b)
+        whole = plain.encode(a, b)
+        ids, types = truncate_pair(np.array(whole.ids), np.array(whole.type_ids), limit, direction)  # type: ignore[arg-type]
+        assert (ids.tolist(), types.tolist()) == (expected.ids, expected.type_ids), (a, b, limit)
