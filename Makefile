@@ -44,9 +44,9 @@ system-deps:
 test: $(STAMP) system-deps
 	$(PY) -m pytest -q
 
-# The gRPC modules generated from app/rpc/proto/*.proto (committed; regenerate after editing a .proto).
+# The gRPC modules generated from app/api/rpc/proto/*.proto (committed; regenerate after editing a .proto).
 protos: $(STAMP)
-	$(PY) -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. app/rpc/proto/tei.proto app/rpc/proto/zhembed.proto
+	$(PY) -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. app/api/rpc/proto/tei.proto app/api/rpc/proto/zhembed.proto
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

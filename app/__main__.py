@@ -1,41 +1,8 @@
-"""``python -m app``: check the model (refusing to start with one clear message if it cannot), then serve
-it from one process or from ``--workers`` processes behind the one port (:mod:`app.supervisor`), and shut
-down gracefully on SIGTERM or SIGINT (:mod:`app.server`).
-"""
+"""``python -m app``: the service (:mod:`app.serving.main`)."""
 
-from __future__ import annotations
-
-import logging
 import sys
 
-from app import jsonlog, supervisor
-from app.cluster import resolve_count
-from app.main import create_app
-from app.model.manifest import ManifestError
-from app.model.runtime import check_model, load_model
-from app.server import http_server
-from app.settings import Settings, SettingsError
-
-log = logging.getLogger("app")
-
-
-def main(argv: list[str] | None = None) -> int:
-    settings = Settings.from_cli(argv)
-    jsonlog.configure(settings.log_format, settings.log_level.upper())
-    try:
-        settings.api_key_values()  # an unreadable keys file stops us before the model loads
-        count = resolve_count(settings)
-        if count > 1:
-            folder, _, _ = check_model(settings)  # exported once, verified once, before any worker starts
-            return supervisor.serve(settings.model_copy(update={"model": str(folder)}), count)
-        model = load_model(settings)
-    except (ManifestError, SettingsError) as exc:
-        print(f"zhembed: cannot start: {exc}", file=sys.stderr)
-        return 2
-    http_server(create_app(settings, model), settings).run()
-    log.info("stopped")
-    return 0
-
+from app.serving.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -19,9 +19,9 @@ import onnxruntime as ort
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from app import dense as np_dense
 from app.engine import pooling as np_pooling
 from app.engine.postprocess import head_scores
+from app.model import dense as np_dense
 from app.model.manifest import (
     HEAD_OUTPUT,
     LAST_HIDDEN_STATE,
@@ -188,7 +188,7 @@ def measure_sessions(
     names = [*layers, *vectors, *([HEAD_OUTPUT] if checks.head_activation else [])]
     cosines: dict[str, list[np.ndarray]] = {name: [] for name in vectors}
     sentence_cosines: list[np.ndarray] = []
-    # The service's Dense modules (app/dense.py), as it runs them on the graph's pooled output.
+    # The service's Dense modules (app/model/dense.py), as it runs them on the graph's pooled output.
     dense = tuple(np_dense.dense(d.weight, d.bias, d.activation) for d in checks.dense)
     max_abs = head_abs = 0.0
     top1: list[np.ndarray] = []

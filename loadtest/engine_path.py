@@ -28,11 +28,11 @@ import uvloop
 
 from app.cache.vectors import VectorCache
 from app.engine.engine import Engine
-from app.metrics import Metrics
 from app.model.runtime import load_model
-from app.options import EmbedOptions
-from app.service import Service
 from app.settings import Settings
+from app.tasks.options import EmbedOptions
+from app.tasks.service import Service
+from app.telemetry.metrics import Metrics
 from loadtest.corpus import load_corpus, unique_texts
 from loadtest.overhead import GPU_LIKE, LAYERS, parse_cells
 from loadtest.quick_model import export_tiny
@@ -70,7 +70,7 @@ async def cell(
         nonlocal done
         while not stop:
             batch = unique_texts(corpus, next(counter), texts)
-            await service.embed(batch[0] if texts == 1 else batch, EmbedOptions())
+            await service.embeddings.embed(batch[0] if texts == 1 else batch, EmbedOptions())
             done += texts
 
     async def measured() -> tuple[int, float, float, float, int, int]:

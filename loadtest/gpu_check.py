@@ -61,7 +61,7 @@ import onnxruntime as ort
 import orjson
 import uvloop
 
-from app.cluster import AUTO_CUDA_WORKERS
+from app.serving.cluster import AUTO_CUDA_WORKERS
 from loadtest import loadgen
 from loadtest.corpus import load_corpus, unique_texts
 from loadtest.flops import BertShape, session_options, synthetic_feed
@@ -361,7 +361,7 @@ def service_cells(args: argparse.Namespace, model: Path) -> Measured:
         **SERVICE_ENV,
         "ZHEMBED_MODEL": str(model),
         "ZHEMBED_PROVIDERS": args.provider,
-        # one budget across workers (app.cluster): twice the most inputs any cell has in flight
+        # one budget across workers (app.serving.cluster): twice the most inputs any cell has in flight
         "ZHEMBED_MAX_CONCURRENT_INPUTS": str(max(512, 2 * args.clients * 32)),
     }
     print(

@@ -94,7 +94,7 @@ def run_grpc(
 ) -> tuple[float, list[float], int, int, float]:
     import grpc
 
-    from app.rpc.proto import tei_pb2, tei_pb2_grpc, zhembed_pb2, zhembed_pb2_grpc
+    from app.api.rpc.proto import tei_pb2, tei_pb2_grpc, zhembed_pb2, zhembed_pb2_grpc
 
     async def main() -> tuple[float, list[float], int, int, float]:
         async with grpc.aio.insecure_channel(f"{HOST}:{port}") as channel:

@@ -9,7 +9,7 @@ response is over). What it measures is everything outside the service: routing, 
 reading, JSON parsing, validation, options, encoding, JSON writing, headers, metrics. Cells: ``/embed``
 with 1 text and with 32 texts, floats and base64; µs of CPU (``time.process_time``) per request, the
 median over ``--repeats`` runs (and the least), for the app as served and, beside it, for the same
-request through the middleware stack and FastAPI route behind the data path (``app.api.fast``); and
+request through the middleware stack and FastAPI route behind the data path (``app.api.http.fast``); and
 what this harness costs alone. ``--keys`` turns API keys on (every request presents one); ``--two-d``
 has the stub answer one 2-D array rather than one array per text. The issue's target: ≤ 250 µs per
 single-text request for the whole service, tokenising (~28 µs) included. About 15 s.
@@ -31,10 +31,11 @@ from fastapi import FastAPI
 from pydantic import SecretStr
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.answers import Answer, Timings
-from app.main import create_app
-from app.options import EmbedOptions
+from app.serving.factory import create_app
 from app.settings import Settings
+from app.tasks.answers import Answer
+from app.tasks.options import EmbedOptions
+from app.telemetry.timings import Timings
 
 WIDTH = 768
 KEY = "bench-key"
@@ -52,6 +53,7 @@ class StubService:
         self.ready = True
         self.kind = "embedding"
         self.defaults = EmbedOptions()
+        self.embeddings = self  # the routes call service.embeddings.embed
 
     async def embed(self, inputs: Any, options: Any) -> Answer[Any]:
         # As the engine's answer does, this one comes on a later turn of the event loop.

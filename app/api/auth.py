@@ -28,7 +28,7 @@ def _digest(key: str | bytes) -> bytes:
 
 class ApiKeys:
     """The configured keys, as digests; :meth:`problem` is the whole check, for the middleware and the
-    data path (:mod:`app.api.fast`) alike."""
+    data path (:mod:`app.api.http.fast`) alike."""
 
     def __init__(self, keys: tuple[str, ...]) -> None:
         if not keys:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from app.options import Encoding, FloatEncoding
+from app.tasks.options import Encoding, FloatEncoding
 
 
 def encode_vectors(

@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import Scope, Send
 
-from app.api.schemas import UNION_TAGS
+from app.api.schemas.common import UNION_TAGS
 from app.errors import (
     ClientGone,
     EmptyInput,

@@ -23,7 +23,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from app.metrics import Metrics
+from app.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

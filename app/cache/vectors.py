@@ -20,7 +20,7 @@ import numpy as np
 
 from app.cache.keys import key as cache_key
 from app.cache.memory import MemoryLRU
-from app.metrics import Metrics
+from app.telemetry.metrics import Metrics
 
 if TYPE_CHECKING:  # redis-py is imported only when Redis is configured (6 MB resident)
     from app.cache.redis_tier import RedisTier

@@ -77,7 +77,7 @@ class LocalLedger:
 class Admission:
     def __init__(self, limit: int, ledger: Ledger | None = None) -> None:
         """``ledger`` counts the permits in use; a :class:`LocalLedger` unless the server has several
-        workers, which share one (:class:`app.cluster.SharedLedger`) so the limit is the server's."""
+        workers, which share one (:class:`app.serving.cluster.SharedLedger`) so the limit is the server's."""
         self.limit = limit
         self.ledger: Ledger = ledger if ledger is not None else LocalLedger()
         self.rejected = 0  # requests refused, for /info and tests

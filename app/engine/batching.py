@@ -33,7 +33,7 @@ import numpy as np
 
 from app.engine.work import Sequence
 from app.errors import InternalError
-from app.metrics import Metrics
+from app.telemetry.metrics import Metrics
 
 # How many batches later than first-come-first-served an item may run, passed over for better-fitting ones.
 MAX_PASSED_OVER = 4

@@ -20,11 +20,11 @@ from app.engine.inference import Inference
 from app.engine.tokenization import Tokenization
 from app.engine.work import Job, Plan, Sequence
 from app.errors import InternalError, ServiceError
-from app.metrics import Metrics
 from app.model.runtime import OnnxModel
 from app.model.tokenizer import TextInputs
 from app.settings import Settings
-from app.tracing import Tracing
+from app.telemetry.metrics import Metrics
+from app.telemetry.tracing import Tracing
 
 
 class Engine:

@@ -26,10 +26,10 @@ from app.engine.batching import Batcher
 from app.engine.postprocess import FinishedBatch, split_batch
 from app.engine.work import Job, Sequence
 from app.errors import InternalError
-from app.metrics import Metrics
 from app.model.manifest import HEAD_OUTPUT, POOLER_OUTPUT
 from app.model.runtime import OnnxModel
-from app.tracing import Tracing
+from app.telemetry.metrics import Metrics
+from app.telemetry.tracing import Tracing
 
 log = logging.getLogger(__name__)
 

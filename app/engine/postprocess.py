@@ -4,7 +4,7 @@ On the inference thread, right after the batch ran (:mod:`app.engine.inference` 
 vectors each item asked for (the graph's own pooled outputs, or pooled here with :mod:`app.engine.pooling`
 when the graph has none), the unpadded token rows of items that want every token (/embed_all), and
 masked-LM probabilities. What is done per request with the results (layer
-combination, window averages, normalisation) is in :mod:`app.layers`; wire encodings in the API layer.
+combination, window averages, normalisation) is in :mod:`app.tasks.layers`; wire encodings in the API layer.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import numpy as np
 from tokenizers import Encoding
 
 from app.engine.pooling import Pooling
-from app.request_context import CURRENT_SPAN
+from app.telemetry.context import CURRENT_SPAN
 
 
 @dataclass(frozen=True)

@@ -1,1 +1,4 @@
-"""The model behind a small interface: resolve a folder, load and run its ONNX graphs, tokenize."""
+"""The exported model behind a small interface: find or export its folder (:mod:`~app.model.resolve`),
+read its manifest, the contract with the export stage (:mod:`~app.model.manifest`), load and run its
+ONNX graphs (:mod:`~app.model.runtime`), tokenize (:mod:`~app.model.tokenizer`), and run its
+sentence-transformers Dense modules (:mod:`~app.model.dense`)."""

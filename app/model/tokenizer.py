@@ -66,7 +66,7 @@ class TextTokenizer:
 
     @property
     def backend(self) -> Tokenizer:
-        """The ``tokenizers`` Tokenizer itself (for its vocabulary and decoder: app/entities.py)."""
+        """The ``tokenizers`` Tokenizer itself (for its vocabulary and decoder: app/tasks/entities.py)."""
         return self._tok
 
     def token_to_id(self, token: str) -> int | None:

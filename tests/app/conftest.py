@@ -21,9 +21,9 @@ import uvicorn
 from fastapi import FastAPI
 from pydantic import SecretStr
 
-from app.main import create_app
-from app.service import Service
+from app.serving.factory import create_app
 from app.settings import Settings
+from app.tasks.service import Service
 
 
 @dataclass

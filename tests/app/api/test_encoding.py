@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from app.api.encoding import encode_rows, encode_vector, encode_vectors
-from app.options import Encoding
+from app.tasks.options import Encoding
 
 
 def test_encodings_round_trip() -> None:

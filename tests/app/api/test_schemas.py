@@ -7,14 +7,9 @@ from dataclasses import replace
 import pytest
 from pydantic import ValidationError
 
-from app.api.schemas import (
-    MAX_TARGETS,
-    EmbedAllRequest,
-    EmbedRequest,
-    FillMaskRequest,
-    SimilarityRequest,
-)
-from app.options import EmbedAllOptions, EmbedOptions
+from app.api.schemas.embeddings import EmbedAllRequest, EmbedRequest, SimilarityRequest
+from app.api.schemas.fill_mask import MAX_TARGETS, FillMaskRequest
+from app.tasks.options import EmbedAllOptions, EmbedOptions
 
 
 def test_embed_request_becomes_options() -> None:

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from app.cache.keys import NAMESPACE, OPTION_FIELDS, key, model_digest, space
-from app.options import EmbedOptions
+from app.tasks.options import EmbedOptions
 
 OPTIONS: dict[str, object] = {
     "pooling": "mean",

@@ -11,8 +11,8 @@ import pytest
 import redis
 
 from app.cache.redis_tier import Breaker, RedisTier
-from app.metrics import Metrics
 from app.settings import Settings
+from app.telemetry.metrics import Metrics
 from tests.app.conftest import RedisProcess, free_port, metric, serving, wait_until, with_cache
 
 

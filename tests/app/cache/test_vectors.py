@@ -15,8 +15,8 @@ import pytest
 from app.cache.memory import MemoryLRU
 from app.cache.vectors import VectorCache
 from app.errors import ValidationFailed
-from app.metrics import Metrics
 from app.settings import Settings
+from app.telemetry.metrics import Metrics
 from tests.app.conftest import RedisProcess, Running, metric, serving, with_cache
 
 

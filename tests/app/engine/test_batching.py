@@ -11,7 +11,7 @@ import pytest
 
 from app.engine.batching import MAX_PASSED_OVER, Batcher
 from app.engine.work import Job, Need, Sequence
-from app.metrics import Metrics
+from app.telemetry.metrics import Metrics
 
 LOOP = asyncio.new_event_loop()
 

@@ -12,8 +12,8 @@ import numpy as np
 
 from app.engine.engine import Engine
 from app.engine.work import Job, Need, Sequence
-from app.metrics import Metrics
 from app.settings import Settings
+from app.telemetry.metrics import Metrics
 from tests.app.conftest import Running
 
 CHARS = "北京天气很好我们去公园散步吧上海是中国的城市人民"

@@ -11,8 +11,8 @@ import numpy as np
 from app.engine.inference import Inference
 from app.engine.postprocess import split_batch
 from app.engine.work import Job, Need, Sequence
-from app.metrics import Metrics
 from app.model.manifest import POOLER_OUTPUT
+from app.telemetry.metrics import Metrics
 
 
 def _items(loop: asyncio.AbstractEventLoop, needs: list[Need], lengths: list[int]) -> list[Sequence]:

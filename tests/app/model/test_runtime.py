@@ -80,7 +80,7 @@ def test_python_m_app_refuses_to_start_with_one_line(tmp_path: Path) -> None:
 def test_the_service_never_imports_torch(tiny_model_dir: Path) -> None:
     """Nor redis-py unless Redis is configured (it is imported when the cache is built with a URL)."""
     code = (
-        "import sys; from app.main import create_app; from app.model.runtime import load_model; "
+        "import sys; from app.serving.factory import create_app; from app.model.runtime import load_model; "
         "from app.settings import Settings; "
         f"load_model(Settings(model={str(tiny_model_dir)!r})); "
         "bad = [m for m in ('torch', 'transformers', 'optimum', 'redis') if m in sys.modules]; "

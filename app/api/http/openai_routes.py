@@ -1,0 +1,74 @@
+"""The OpenAI-compatible routes: embeddings at ``/v1/embeddings`` (and ``/embeddings``), and the model
+list at ``/v1/models`` that several OpenAI clients read first.
+
+Thin like the others; errors on these paths take OpenAI's shape (decided in :mod:`app.api.errors`).
+Every answer names the model by its served name (``ZHEMBED_SERVED_MODEL_NAME``), never by a path.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from app.api.encoding import encode_vectors
+from app.api.errors import OPENAI_PATHS, openapi_responses
+from app.api.http.disconnect import unless_disconnected
+from app.api.http.openai_schemas import (
+    OpenAIEmbeddingRequest,
+    OpenAIEmbeddingResponse,
+    OpenAIModel,
+    OpenAIModelList,
+)
+from app.api.http.routes import ServiceDep, json_response
+from app.errors import EmptyInput, NotFound
+from app.tasks.service import Service
+
+router = APIRouter()
+
+
+async def embeddings(body: OpenAIEmbeddingRequest, request: Request, service: ServiceDep) -> Response:
+    """OpenAI's embeddings API: mean pooling, normalised, one vector per input (text or token ids)."""
+    answer = await unless_disconnected(request, service.embeddings.openai(body.input, body.dimensions))
+    vectors, tokens = answer.value
+    data = [
+        {"object": "embedding", "index": i, "embedding": v}
+        for i, v in enumerate(encode_vectors(vectors, body.encoding_format))
+    ]
+    payload = {
+        "object": "list",
+        "data": data,
+        "model": service.served_name,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+    return json_response(payload, answer.timings)
+
+
+for _path in sorted(OPENAI_PATHS, reverse=True):  # /v1/embeddings first in the docs
+    router.add_api_route(
+        _path,
+        embeddings,
+        methods=["POST"],
+        response_model=OpenAIEmbeddingResponse,
+        responses=openapi_responses(EmptyInput, openai=True),
+        include_in_schema=_path.startswith("/v1/"),
+    )
+
+
+def _card(service: Service) -> dict[str, object]:
+    return {"id": service.served_name, "object": "model", "created": service.created, "owned_by": "zhembed"}
+
+
+@router.get("/v1/models", response_model=OpenAIModelList, responses=openapi_responses(openai=True))
+async def models(service: ServiceDep) -> Response:
+    """OpenAI's model list: the one model this server serves, by its served name."""
+    return json_response({"object": "list", "data": [_card(service)]})
+
+
+@router.get(
+    "/v1/models/{model:path}", response_model=OpenAIModel, responses=openapi_responses(NotFound, openai=True)
+)
+async def model(model: str, service: ServiceDep) -> Response:
+    """OpenAI's model retrieval: the served model, or 404 for any other name."""
+    if model != service.served_name:
+        raise NotFound(f"no model {model!r} here: this server serves {service.served_name!r}")
+    return json_response(_card(service))

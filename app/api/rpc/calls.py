@@ -1,0 +1,217 @@
+"""What every gRPC call shares with every HTTP request: the drain, API keys, the service, errors, metrics.
+
+A call is refused while the server drains (UNAVAILABLE) or without a valid ``authorization: Bearer``
+key (UNAUTHENTICATED); the service's typed errors become status codes by the one error table
+(:data:`app.api.errors.ERROR_TABLE`, its ``grpc`` column) with the same messages as over HTTP; a request
+message is validated by the HTTP route's own schema, so the same mistake gets the same words. Each call is
+counted as an HTTP request is, with ``protocol="grpc"``, its method as the route and its status code's
+name as the status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+import grpc
+from pydantic import BaseModel, ValidationError
+
+from app.api.auth import ApiKeys
+from app.api.drain import Drain, shutting_down
+from app.api.errors import row_for, validation_message
+from app.errors import InternalError, NotReady, ServiceError, Unauthorized, ValidationFailed
+from app.tasks.service import Service
+from app.telemetry.context import CURRENT_INPUTS
+from app.telemetry.metrics import Metrics
+from app.telemetry.observe import Observer, count_inputs
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+Request = TypeVar("Request")
+Response = TypeVar("Response")
+
+# Requests of one stream run at once, at most: each is admitted like any other, answers go out in order.
+STREAM_WINDOW = 32
+
+
+def validated(schema: type[M], fields: dict[str, Any]) -> M:
+    """``fields`` (a message's, as the HTTP body would carry them) checked by the HTTP route's schema.
+
+    Raises:
+        ValidationFailed: with the message the HTTP route gives for the same mistake.
+    """
+    try:
+        body = schema.model_validate(fields)
+    except ValidationError as exc:
+        errors = [{**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors()]
+        raise ValidationFailed(validation_message(errors)) from None
+    CURRENT_INPUTS.set(count_inputs(body))
+    return body
+
+
+class Calls:
+    def __init__(
+        self,
+        service: Callable[[], Service | None],
+        metrics: Metrics,
+        drain: Drain,
+        keys: ApiKeys | None,
+        observer: Observer | None = None,
+    ) -> None:
+        self._service = service
+        self.metrics = metrics
+        self.drain = drain
+        self.keys = keys
+        # Traces and JSON log lines: None when both are off (nothing per call then).
+        self.observer = observer if observer is not None and observer.active else None
+
+    def _begin(self, method: str, context: grpc.aio.ServicerContext) -> Any:
+        if self.observer is None:
+            return None
+        CURRENT_INPUTS.set(0)
+        parent = next((v for k, v in context.invocation_metadata() or () if k == "traceparent"), None)
+        return self.observer.begin("grpc", method, parent if isinstance(parent, str) else None)
+
+    def _done(self, method: str, code: str, started: float, span: Any) -> None:
+        self.metrics.request_done(method, code, time.perf_counter() - started, "grpc")
+        if self.observer is not None:
+            reason = None if code == "OK" else code.lower()
+            self.observer.end(span, "grpc", method, code, CURRENT_INPUTS.get(), reason)
+
+    def _admit(self, context: grpc.aio.ServicerContext) -> Service:
+        if self.drain.draining:
+            raise shutting_down()
+        if self.keys is not None:
+            authorization = next(
+                (v for k, v in context.invocation_metadata() or () if k == "authorization"), None
+            )
+            raw = authorization.encode() if isinstance(authorization, str) else authorization
+            if (problem := self.keys.problem(raw)) is not None:
+                raise Unauthorized(problem)
+        service = self._service()
+        if service is None:
+            raise NotReady("the model is still loading")
+        return service
+
+    async def unary(
+        self,
+        method: str,
+        context: grpc.aio.ServicerContext,
+        work: Callable[[Service], Awaitable[T]],
+    ) -> T:
+        """Run one unary call's ``work`` with the service, as described in the module."""
+        started = time.perf_counter()
+        code = "OK"
+        span = self._begin(method, context)
+        try:
+            return await work(self._admit(context))
+        except ServiceError as exc:
+            code = row_for(exc).grpc
+            await self._fail(context, exc)
+            raise
+        except asyncio.CancelledError:
+            code = "CANCELLED"
+            raise
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:  # a server fault: logged, answered INTERNAL, as HTTP answers 500
+            log.exception("server fault on gRPC %s", method)
+            code = "INTERNAL"
+            await self._fail(context, InternalError(f"internal error: {type(exc).__name__}"))
+            raise
+        finally:
+            self._done(method, code, started, span)
+
+    async def stream(
+        self,
+        method: str,
+        context: grpc.aio.ServicerContext,
+        requests: AsyncIterator[Request],
+        work: Callable[[Service, Request], Coroutine[Any, Any, Response]],
+    ) -> AsyncIterator[Response]:
+        """Answer each request of a stream with ``work``, in order; up to :data:`STREAM_WINDOW` at once.
+
+        The first error ends the stream with its status (the answers before it were sent).
+        """
+        started = time.perf_counter()
+        code = "OK"
+        span = self._begin(method, context)
+        tasks: asyncio.Queue[asyncio.Task[Response] | None] = asyncio.Queue()
+        room = asyncio.Semaphore(STREAM_WINDOW)
+        reader: asyncio.Task[None] | None = None
+        try:
+            service = self._admit(context)
+
+            async def read() -> None:
+                try:
+                    async for request in requests:
+                        await room.acquire()
+                        tasks.put_nowait(asyncio.create_task(work(service, request)))
+                finally:
+                    tasks.put_nowait(None)
+
+            reader = asyncio.create_task(read())
+            while (task := await tasks.get()) is not None:
+                answer = await task
+                room.release()
+                yield answer
+            await reader  # the client's own stream error, if any
+        except ServiceError as exc:
+            code = row_for(exc).grpc
+            await self._fail(context, exc)
+        except asyncio.CancelledError:
+            code = "CANCELLED"
+            raise
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            log.exception("server fault on gRPC %s", method)
+            code = "INTERNAL"
+            await self._fail(context, InternalError(f"internal error: {type(exc).__name__}"))
+        finally:
+            if reader is not None:
+                reader.cancel()
+            while not tasks.empty():
+                if (left := tasks.get_nowait()) is not None:
+                    left.cancel()
+            self._done(method, code, started, span)
+
+    async def _fail(self, context: grpc.aio.ServicerContext, exc: ServiceError) -> None:
+        """Abort the call with ``exc``'s status code and message (raises ``AbortError``)."""
+        row = row_for(exc)
+        self.metrics.failure(row.error_type)
+        metadata: tuple[tuple[str, str], ...] = (("error-type", row.error_type),)
+        if row.status == 429:
+            metadata += (("retry-after", "1"),)
+        await context.abort(grpc.StatusCode[row.grpc], exc.message, metadata)
+
+
+Work = Callable[[Service, Any], Coroutine[Any, Any, Any]]
+
+
+def unary(method: str, work: Work) -> Callable[..., Coroutine[Any, Any, Any]]:
+    """A servicer method for a unary call: ``work(service, request)`` through :meth:`Calls.unary`."""
+
+    async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self.calls.unary(method, context, lambda service: work(service, request))
+
+    handler.__name__ = method.rpartition("/")[2]
+    return handler
+
+
+def streaming(method: str, work: Work) -> Callable[..., AsyncIterator[Any]]:
+    """A servicer method for a stream of requests, each answered by ``work`` (:meth:`Calls.stream`)."""
+
+    async def handler(
+        self: Any, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        async for answer in self.calls.stream(method, context, request_iterator, work):
+            yield answer
+
+    handler.__name__ = method.rpartition("/")[2]
+    return handler

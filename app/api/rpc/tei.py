@@ -1,0 +1,267 @@
+"""text-embeddings-inference's ``tei.v1`` services on zhembed's Service.
+
+Each call is the HTTP route's twin: its message is read into the route's own schema (the same defaults,
+validation and messages), the same Service method answers, and the answer is written as TEI's message.
+What a field means follows TEI: ``truncate`` false refuses an over-long input, ``normalize`` is as sent
+(proto3: false unless set), ``truncation_direction`` right keeps the start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import numpy as np
+
+from app import __version__
+from app.api.rpc.calls import Calls, streaming, unary, validated
+from app.api.rpc.proto import tei_pb2 as pb
+from app.api.rpc.proto import tei_pb2_grpc as rpc
+from app.api.schemas.embeddings import EmbedAllRequest, EmbedRequest
+from app.api.schemas.heads import PredictRequest, RerankRequest
+from app.errors import EmptyInput, Unsupported, ValidationFailed
+from app.tasks.options import prompt_text
+from app.tasks.service import Service
+from app.telemetry.timings import Timings
+
+MODEL_TYPES = {
+    "embedding": pb.MODEL_TYPE_EMBEDDING,
+    "classifier": pb.MODEL_TYPE_CLASSIFIER,
+    "reranker": pb.MODEL_TYPE_RERANKER,
+    "tagger": pb.MODEL_TYPE_CLASSIFIER,  # TEI has no tagger type: the nearest, a classifier
+}
+
+
+def _direction(value: int) -> str:
+    return "left" if value == pb.TRUNCATION_DIRECTION_LEFT else "right"
+
+
+def _ns(ms: float) -> int:
+    return max(int(ms * 1e6), 0)
+
+
+def metadata(timings: Timings, chars: int = 0, tokens: int = 0) -> pb.Metadata:
+    return pb.Metadata(
+        compute_chars=chars,
+        compute_tokens=tokens,
+        total_time_ns=_ns(timings.total_ms),
+        tokenization_time_ns=_ns(timings.tokenization_ms),
+        queue_time_ns=_ns(timings.queue_ms),
+        inference_time_ns=_ns(timings.inference_ms),
+    )
+
+
+def _prompt(request: Any) -> dict[str, Any]:
+    return {"prompt_name": request.prompt_name} if request.HasField("prompt_name") else {}
+
+
+class Info(rpc.InfoServicer):
+    def __init__(self, calls: Calls) -> None:
+        self.calls = calls
+
+    async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.InfoResponse:
+        async def work(service: Service) -> pb.InfoResponse:
+            s = service.settings
+            return pb.InfoResponse(
+                version=__version__,
+                model_id=service.served_name,
+                model_sha=service.model.manifest.source.weights_sha256 or "",
+                model_dtype=service.model.variant,
+                model_type=MODEL_TYPES[service.kind],
+                max_concurrent_requests=s.max_concurrent_inputs,
+                max_input_length=service.model.tokenizer.max_length,
+                max_batch_tokens=s.max_batch_tokens,
+                max_batch_requests=s.max_batch_size,
+                max_client_batch_size=s.max_inputs_per_request,
+                tokenization_workers=1,
+            )
+
+        return await self.calls.unary("/tei.v1.Info/Info", context, work)
+
+
+class Embed(rpc.EmbedServicer):
+    def __init__(self, calls: Calls) -> None:
+        self.calls = calls
+
+    @staticmethod
+    async def _embed(service: Service, request: pb.EmbedRequest) -> pb.EmbedResponse:
+        body = validated(
+            EmbedRequest,
+            {
+                "inputs": request.inputs,
+                "truncate": request.truncate,
+                "normalize": request.normalize,
+                "truncation_direction": _direction(request.truncation_direction),
+                **_prompt(request),
+            },
+        )
+        answer = await service.embeddings.embed(body.inputs, body.options(service.defaults))
+        vector = np.asarray(answer.value)[0]
+        return pb.EmbedResponse(
+            embeddings=vector.tolist(), metadata=metadata(answer.timings, len(request.inputs))
+        )
+
+    @staticmethod
+    async def _embed_all(service: Service, request: pb.EmbedAllRequest) -> pb.EmbedAllResponse:
+        if request.HasField("prompt_name"):
+            raise ValidationFailed("prompt_name is not supported on EmbedAll: send the text with its prompt")
+        body = validated(
+            EmbedAllRequest,
+            {
+                "inputs": request.inputs,
+                "truncate": request.truncate,
+                "truncation_direction": _direction(request.truncation_direction),
+            },
+        )
+        answer = await service.embeddings.embed_all(body.inputs, body.options(service.defaults.long_text))
+        rows = answer.value[0].vectors
+        return pb.EmbedAllResponse(
+            token_embeddings=[pb.TokenEmbedding(embeddings=row.tolist()) for row in rows],
+            metadata=metadata(answer.timings, len(request.inputs), len(rows)),
+        )
+
+    Embed = unary("/tei.v1.Embed/Embed", _embed)
+    EmbedStream = streaming("/tei.v1.Embed/EmbedStream", _embed)
+
+    EmbedAll = unary("/tei.v1.Embed/EmbedAll", _embed_all)
+    EmbedAllStream = streaming("/tei.v1.Embed/EmbedAllStream", _embed_all)
+
+    @staticmethod
+    async def _sparse(service: Service, request: Any) -> pb.EmbedSparseResponse:
+        raise Unsupported(
+            "sparse embeddings need a SPLADE model; this model is a dense BERT encoder: use Embed"
+        )
+
+    EmbedSparse = unary("/tei.v1.Embed/EmbedSparse", _sparse)
+    EmbedSparseStream = streaming("/tei.v1.Embed/EmbedSparseStream", _sparse)
+
+
+def _predictions(answer: list[dict[str, Any]]) -> list[pb.Prediction]:
+    return [pb.Prediction(score=p["score"], label=p["label"]) for p in answer]
+
+
+class Predict(rpc.PredictServicer):
+    def __init__(self, calls: Calls) -> None:
+        self.calls = calls
+
+    @staticmethod
+    async def _predict(service: Service, request: Any) -> pb.PredictResponse:
+        pair = isinstance(request, pb.PredictPairRequest)
+        if pair and len(request.inputs) != 2:
+            raise ValidationFailed(f"inputs must be a pair of two texts, not {len(request.inputs)}")
+        inputs: Any = list(request.inputs) if pair else request.inputs
+        body = validated(
+            PredictRequest,
+            {
+                "inputs": inputs,
+                "truncate": request.truncate,
+                "raw_scores": request.raw_scores,
+                "truncation_direction": _direction(request.truncation_direction),
+            },
+        )
+        answer = await service.heads.predict(
+            body.sequences(), body.raw_scores, body.long_text(), body.direction()
+        )
+        chars = sum(len(t) for t in (request.inputs if pair else [request.inputs]))
+        return pb.PredictResponse(
+            predictions=_predictions(answer.value[0]), metadata=metadata(answer.timings, chars)
+        )
+
+    Predict = unary("/tei.v1.Predict/Predict", _predict)
+    PredictPair = unary("/tei.v1.Predict/PredictPair", _predict)
+
+    PredictStream = streaming("/tei.v1.Predict/PredictStream", _predict)
+    PredictPairStream = streaming("/tei.v1.Predict/PredictPairStream", _predict)
+
+
+class Rerank(rpc.RerankServicer):
+    def __init__(self, calls: Calls) -> None:
+        self.calls = calls
+
+    @staticmethod
+    async def _rerank(service: Service, request: Any, texts: list[str]) -> pb.RerankResponse:
+        body = validated(
+            RerankRequest,
+            {
+                "query": request.query,
+                "texts": texts,
+                "truncate": request.truncate,
+                "raw_scores": request.raw_scores,
+                "return_text": request.return_text,
+                "truncation_direction": _direction(request.truncation_direction),
+            },
+        )
+        answer = await service.heads.rerank(
+            body.query, body.texts, body.raw_scores, body.return_text, body.long_text(), body.direction()
+        )
+        ranks = [
+            pb.Rank(index=r["index"], score=r["score"], **({"text": r["text"]} if "text" in r else {}))
+            for r in answer.value
+        ]
+        chars = len(request.query) * len(texts) + sum(len(t) for t in texts)
+        return pb.RerankResponse(ranks=ranks, metadata=metadata(answer.timings, chars))
+
+    async def Rerank(self, request: pb.RerankRequest, context: grpc.aio.ServicerContext) -> pb.RerankResponse:
+        return await self.calls.unary(
+            "/tei.v1.Rerank/Rerank", context, lambda s: self._rerank(s, request, list(request.texts))
+        )
+
+    async def RerankStream(
+        self, request_iterator: AsyncIterator[pb.RerankStreamRequest], context: grpc.aio.ServicerContext
+    ) -> pb.RerankResponse:
+        # The texts of every message, ranked against the first message's query with its options.
+        messages = [m async for m in request_iterator]
+
+        async def work(service: Service) -> pb.RerankResponse:
+            if not messages:
+                raise EmptyInput("the stream sent no texts: send at least one RerankStreamRequest")
+            return await self._rerank(service, messages[0], [m.text for m in messages])
+
+        return await self.calls.unary("/tei.v1.Rerank/RerankStream", context, work)
+
+
+class Tokenize(rpc.TokenizeServicer):
+    def __init__(self, calls: Calls) -> None:
+        self.calls = calls
+
+    @staticmethod
+    async def _tokenize(service: Service, request: pb.EncodeRequest) -> pb.EncodeResponse:
+        prompt = None
+        if request.HasField("prompt_name"):
+            prompt = prompt_text(request.prompt_name, service.model.manifest.defaults.prompts)
+        answer = await service.tokens.tokenize((prompt or "") + request.inputs, request.add_special_tokens)
+        tokens = [
+            pb.SimpleToken(id=t["id"], text=t["text"], special=t["special"], start=t["start"], stop=t["stop"])
+            for t in answer.value[0]
+        ]
+        return pb.EncodeResponse(tokens=tokens)
+
+    @staticmethod
+    async def _decode(service: Service, request: pb.DecodeRequest) -> pb.DecodeResponse:
+        vocab = service.model.manifest.config.vocab_size
+        if bad := [i for i in request.ids if i >= vocab]:
+            raise ValidationFailed(f"id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+        text = service.model.tokenizer.decode(
+            list(request.ids), skip_special_tokens=request.skip_special_tokens
+        )
+        return pb.DecodeResponse(text=text)
+
+    Tokenize = unary("/tei.v1.Tokenize/Tokenize", _tokenize)
+    TokenizeStream = streaming("/tei.v1.Tokenize/TokenizeStream", _tokenize)
+
+    Decode = unary("/tei.v1.Tokenize/Decode", _decode)
+    DecodeStream = streaming("/tei.v1.Tokenize/DecodeStream", _decode)
+
+
+def add_to(server: grpc.aio.Server, calls: Calls) -> list[str]:
+    """Add every tei.v1 service to ``server``; their full names (for reflection and health)."""
+    rpc.add_InfoServicer_to_server(Info(calls), server)
+    rpc.add_EmbedServicer_to_server(Embed(calls), server)
+    rpc.add_PredictServicer_to_server(Predict(calls), server)
+    rpc.add_RerankServicer_to_server(Rerank(calls), server)
+    rpc.add_TokenizeServicer_to_server(Tokenize(calls), server)
+    return [
+        pb.DESCRIPTOR.services_by_name[n].full_name
+        for n in ("Info", "Embed", "Predict", "Rerank", "Tokenize")
+    ]

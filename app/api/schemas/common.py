@@ -1,0 +1,61 @@
+"""What every request shape is made of: texts that must be valid Unicode, a text or a list of them,
+strict types, a token's description."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic_core import PydanticCustomError
+
+
+def _utf8(text: str) -> str:
+    # JSON may carry lone surrogates ("\ud800"); no tokenizer can take them, so refuse them here.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PydanticCustomError(
+            "text_unicode",
+            "is not valid Unicode: {reason} at character {at} (a lone UTF-16 surrogate has no UTF-8 form)",
+            {"reason": exc.reason, "at": exc.start},
+        ) from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_utf8)]
+
+
+def text_or_list(value: Any) -> str | None:
+    return "text" if isinstance(value, str) else "list" if isinstance(value, list) else None
+
+
+# A callable discriminator picks the one form that fits the JSON value, so an error speaks of that form
+# only ("inputs[3] must be a string"), never of every alternative as a plain union's errors would.
+Inputs = Annotated[
+    Annotated[Text, Tag("text")] | Annotated[list[Text], Tag("list")],
+    Discriminator(
+        text_or_list,
+        custom_error_type="inputs_type",
+        custom_error_message="must be a string or a list of strings",
+    ),
+]
+# The union tags above (and below), which are no field names: error locations leave them out.
+UNION_TAGS = frozenset({"text", "list", "ids", "id_lists", "texts", "similarity"})
+
+
+class StrictRequest(BaseModel):
+    # Strict: "1" is not a number and 1 is not a string. Unknown fields are ignored, as TEI does.
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class Token(BaseModel):
+    id: int
+    text: str
+    special: bool
+    # Code points, as Python indexes a str: an emoji counts 1 (JavaScript's String counts it 2).
+    start: int = Field(description="Character (code point) offset where the token starts in the input.")
+    stop: int = Field(description="Character (code point) offset just past the token's end.")
+
+
+# A list, not a tuple: strict mode would refuse the JSON array a tuple is sent as.
+Pair = Annotated[list[Text], Field(min_length=2, max_length=2)]

@@ -1,0 +1,144 @@
+"""The fine-tuned heads: /predict and /rerank in TEI's shapes, /token-classification in transformers'."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Discriminator, Field, Tag
+
+from app.api.schemas.common import Inputs, Pair, StrictRequest, Text
+from app.tasks.options import (
+    Direction,
+    LongText,
+)
+
+
+def _predict_form(value: Any) -> str | None:
+    # TEI's untagged PredictInput: a string or a pair is one input; any other list is a batch.
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value):
+        return "pair"
+    return "batch" if isinstance(value, list) else None
+
+
+def _sequence_form(value: Any) -> str | None:
+    return "text" if isinstance(value, str) else "pair" if isinstance(value, list) else None
+
+
+PredictSequence = Annotated[
+    Annotated[Text, Tag("text")] | Annotated[Pair, Tag("pair")],
+    Discriminator(
+        _sequence_form,
+        custom_error_type="inputs_type",
+        custom_error_message="must be a string or a pair [text, text_pair]",
+    ),
+]
+
+
+class HeadFields(StrictRequest):
+    truncate: bool = Field(default=False, description="TEI: truncate inputs over the model's length.")
+    truncation_direction: Literal["right", "left", "Right", "Left"] = Field(
+        default="right", description="Which end truncation keeps: right keeps the start."
+    )
+
+    def long_text(self) -> LongText:
+        return "truncate" if self.truncate else "error"
+
+    def direction(self) -> Direction:
+        return "left" if self.truncation_direction.lower() == "left" else "right"
+
+
+class PredictRequest(HeadFields):
+    """TEI's /predict: one input (a text, or a pair ``[text, text_pair]``) or a batch of them."""
+
+    inputs: Annotated[
+        Annotated[Text, Tag("text")]
+        | Annotated[Pair, Tag("pair")]
+        | Annotated[list[PredictSequence], Tag("batch")],
+        Discriminator(
+            _predict_form,
+            custom_error_type="inputs_type",
+            custom_error_message="must be a string, a pair [text, text_pair], or a list of them",
+        ),
+    ]
+    raw_scores: bool = Field(default=False, description="Logits instead of probabilities.")
+
+    def single(self) -> bool:
+        return isinstance(self.inputs, str) or _predict_form(self.inputs) == "pair"
+
+    def sequences(self) -> list[str | tuple[str, str]]:
+        """The inputs as texts and (text, text_pair) tuples, one input when :meth:`single`."""
+        items: list[Any] = [self.inputs] if self.single() else list(self.inputs)
+        return [x if isinstance(x, str) else (x[0], x[1]) for x in items]
+
+
+class LabelScore(BaseModel):
+    score: float
+    label: str
+
+
+PredictResponse = list[LabelScore] | list[list[LabelScore]]
+
+
+class RerankRequest(HeadFields):
+    query: Text
+    texts: list[Text]
+    raw_scores: bool = Field(default=False, description="Logits instead of the model's scores (sigmoid).")
+    return_text: bool = Field(default=False, description="Also return each text.")
+
+
+class Rank(BaseModel):
+    index: int
+    score: float
+    text: str | None = None
+
+
+RerankResponse = list[Rank]
+
+AggregationName = Literal["none", "simple", "first", "average", "max"]
+
+
+class TokenClassificationParameters(StrictRequest):
+    """The options in the Hugging Face Inference API's form, as huggingface_hub's InferenceClient sends them."""
+
+    aggregation_strategy: AggregationName | None = None
+    ignore_labels: list[str] | None = Field(default=None, max_length=256)
+    stride: int | None = Field(
+        default=None, description="Accepted for the client's sake; must be 0 or absent."
+    )
+
+
+class TokenClassificationRequest(HeadFields):
+    inputs: Inputs
+    aggregation_strategy: AggregationName = Field(
+        default="simple",
+        description="How tokens become entities, as transformers' token-classification pipeline: none (each "
+        "token), simple (tokens grouped by B-/I- tags), first / average / max (words first, scored by their "
+        "first token, the mean of their tokens, or their best token).",
+    )
+    ignore_labels: list[str] = Field(
+        default=["O"], max_length=256, description="Labels left out of the answer."
+    )
+    parameters: TokenClassificationParameters | None = None
+
+    def strategy(self) -> AggregationName:
+        given = self.parameters.aggregation_strategy if self.parameters is not None else None
+        return given or self.aggregation_strategy
+
+    def ignored(self) -> list[str]:
+        given = self.parameters.ignore_labels if self.parameters is not None else None
+        return given if given is not None else self.ignore_labels
+
+
+class Entity(BaseModel):
+    entity_group: str | None = None
+    entity: str | None = None
+    score: float
+    index: int | None = None
+    word: str
+    start: int
+    end: int
+
+
+TokenClassificationResponse = list[Entity] | list[list[Entity]]

@@ -1,0 +1,13 @@
+"""/tokenize: inputs and the tokens answered."""
+
+from __future__ import annotations
+
+from app.api.schemas.common import Inputs, StrictRequest, Token
+
+
+class TokenizeRequest(StrictRequest):
+    inputs: Inputs
+    add_special_tokens: bool = True
+
+
+TokenizeResponse = list[list[Token]]

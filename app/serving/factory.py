@@ -1,0 +1,213 @@
+"""The application factory: settings in, FastAPI app out.
+
+Start-up (the lifespan) loads the model unless one is given, starts the engine's threads and the cache's
+Redis writer, and warms up in the background: /health answers at once, /ready and the data routes once
+warm-up is done.
+
+POST on a data route is served whole by one ASGI function in front of everything (:mod:`app.api.http.fast`).
+Every other request passes the middleware, outermost first: request metrics → draining (after SIGTERM:
+503, see :mod:`app.api.drain`) → API keys (before the body is read) → body-size limit → FastAPI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import inspect
+import logging
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.routing import APIRoute
+
+from app import __version__
+from app.api.auth import OPS_PATHS, ApiKeyMiddleware, ApiKeys
+from app.api.drain import Drain, DrainMiddleware
+from app.api.errors import install_error_handlers
+from app.api.http.body_limit import BodyLimitMiddleware
+from app.api.http.fast import DataPath, fast_routes
+from app.api.http.openai_routes import router as openai_router
+from app.api.http.request_metrics import RequestMetricsMiddleware
+from app.api.http.routes import router
+from app.cache.memory import MemoryLRU
+from app.cache.vectors import VectorCache
+from app.engine.engine import Engine
+from app.model.runtime import OnnxModel, load_model
+from app.serving.cluster import Cluster
+from app.settings import Settings, SettingsError
+from app.tasks.service import Service
+from app.telemetry.metrics import Metrics
+from app.telemetry.observe import Observer
+from app.telemetry.otel_config import from_environment
+
+log = logging.getLogger(__name__)
+
+
+def create_app(
+    settings: Settings | None = None, model: OnnxModel | None = None, cluster: Cluster | None = None
+) -> FastAPI:
+    """The service as an ASGI app.
+
+    Args:
+        settings: the frozen settings; ``Settings()`` (environment only) when omitted.
+        model: an already loaded model (``python -m app`` loads it first to fail fast); loaded in the
+            lifespan when omitted.
+        cluster: the server this app is one worker of (:mod:`app.serving.cluster`); None for a single process.
+
+    Raises:
+        SettingsError: the API keys setting cannot be used (checked here, before anything serves).
+    """
+    settings = settings or Settings()
+    metrics = Metrics(cluster.shared.metrics_dir if cluster is not None else None)
+    keys = settings.api_key_values()
+    try:  # the standard OTEL_* variables: off unless they name a collector
+        tracing = from_environment(os.environ)
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from exc
+    observer = Observer(tracing, settings.log_format == "json")
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loaded = model if model is not None else await asyncio.to_thread(load_model, settings)
+        engine = Engine(loaded, settings, metrics, cluster.ledger if cluster is not None else None, tracing)
+        engine.start()
+        cache = _build_cache(settings, metrics)
+        service = Service(settings, loaded, engine, cache, metrics)
+        metrics.set_model(
+            service.served_name, loaded.variant, loaded.providers[0], loaded.manifest.source.weights
+        )
+        metrics.watch(
+            queue_depth=lambda: engine.batcher.depth,
+            in_flight=lambda: engine.admission.in_use,
+            cache_bytes=lambda: cache.memory.bytes if cache.memory is not None else 0,
+        )
+        app.state.service = service
+        rpc = None
+        if settings.grpc_port is not None:
+            from app.api.rpc.server import Grpc  # here: grpc costs its import only when gRPC is on
+
+            rpc = Grpc(settings, lambda: service, metrics, drain, ApiKeys(keys) if keys else None, observer)
+            await rpc.start()
+        warm = asyncio.create_task(_warm(service, settings.warmup, metrics, cluster))
+        pushing = asyncio.create_task(_push_gauges(metrics)) if cluster is not None else None
+        try:
+            yield
+        finally:
+            warm.cancel()
+            if rpc is not None:  # the calls in flight finish within what is left of the grace period
+                await rpc.stop(max(settings.shutdown_grace_s - settings.shutdown_drain_s, 1.0))
+            if pushing is not None:
+                pushing.cancel()
+            if cluster is not None:
+                cluster.set_ready(False)
+            if cache.shared is not None:
+                await cache.shared.aclose()
+            engine.stop()
+            await asyncio.to_thread(tracing.shutdown)  # what is queued goes out, within seconds
+
+    app = FastAPI(
+        title="zhembed",
+        version=__version__,
+        description="Embeddings, similarity and fill-mask for Chinese BERT on ONNX Runtime.",
+        lifespan=lifespan,
+        **_without_native_telemetry(),
+    )
+    app.state.metrics = metrics
+    app.state.cluster = cluster
+    app.state.tracing = tracing
+    # Begun by `python -m app` on SIGTERM; the middleware reads it on every request.
+    app.state.drain = drain = Drain()
+    install_error_handlers(app)
+    app.include_router(router)
+    app.include_router(openai_router)
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)  # innermost
+    if keys:
+        open_paths = frozenset() if settings.auth_ops_routes else OPS_PATHS
+        app.add_middleware(ApiKeyMiddleware, keys=keys, open_paths=open_paths)
+    app.add_middleware(DrainMiddleware, drain=drain)
+    routes = frozenset(r.path for rt in (router, openai_router) for r in rt.routes if isinstance(r, APIRoute))
+    app.add_middleware(
+        RequestMetricsMiddleware, metrics=metrics, routes=routes | OPS_PATHS, observer=observer
+    )
+    # POST on a data route: one function in front of all of it, Starlette's error middleware included
+    # (app.api.http.fast). Built now, so Starlette refuses any middleware added later (it could not be in
+    # front); the stack above serves every other request, and on its own would serve these the same.
+    app.middleware_stack = DataPath(
+        app.build_middleware_stack(),
+        fast_routes(router, openai_router),
+        state=app.state,
+        metrics=metrics,
+        drain=drain,
+        keys=ApiKeys(keys) if keys else None,
+        max_body_bytes=settings.max_body_bytes,
+        observer=observer,
+    )
+    return app
+
+
+def _without_native_telemetry() -> dict[str, Any]:
+    """FastAPI's own OpenTelemetry hooks, off where this FastAPI has them (its ``telemetry`` argument).
+
+    When on, every request asks OpenTelemetry's global providers whether anyone listens: 13% of the event
+    loop's time on a cache hit (py-spy, ``python -m loadtest.pyspy --cache-hits``). zhembed's telemetry
+    is its Prometheus ``/metrics``.
+    """
+    if "telemetry" not in inspect.signature(FastAPI.__init__).parameters:
+        return {}
+    return {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+
+
+def _build_cache(settings: Settings, metrics: Metrics) -> VectorCache:
+    memory = MemoryLRU(settings.cache_bytes) if settings.cache_bytes > 0 else None
+    shared = None
+    if settings.redis_url is not None:
+        from app.cache.redis_tier import RedisTier  # here: redis-py costs 6 MB resident, unused without Redis
+
+        shared = RedisTier(
+            settings.redis_url.get_secret_value(),
+            ttl_s=settings.cache_ttl_s,
+            timeout_s=settings.redis_timeout_ms / 1000,
+            max_backoff_s=settings.redis_max_backoff_s,
+            metrics=metrics,
+        )
+        shared.start()
+    return VectorCache(memory, shared, metrics)
+
+
+async def _warm(service: Service, warmup: bool, metrics: Metrics, cluster: Cluster | None) -> None:
+    if warmup:
+        await service.warmup()
+    _quiet_gc()
+    service.ready = True
+    metrics.ready(True)
+    if cluster is not None:
+        cluster.set_ready(True)
+    log.info("ready")
+
+
+# Allocations between young-generation collections (CPython's default is 700). A request allocates a few
+# hundred objects, almost all freed by reference counting; at 700 the collector ran every request or two.
+# Measured at 32 clients x 1 text (tiny model, 2 cores): server CPU per request 997 -> 830 µs, 1493 ->
+# 1750 requests/s; no change at 8 x 32.
+GC_YOUNG_THRESHOLD = 50_000
+
+
+def _quiet_gc() -> None:
+    """Move what start-up built (the model, the app, their modules) out of the collector's sight and
+    collect the young generation less often: py-spy put the cyclic collector at ~10% of the event loop at
+    32 clients x 1 text, scanning long-lived objects that never become garbage. Per process: each
+    worker calls it once it is warm."""
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
+
+
+async def _push_gauges(metrics: Metrics) -> None:
+    """With several workers, gauges are pushed (see :meth:`Metrics.refresh`): twice a second."""
+    while True:
+        metrics.refresh()
+        await asyncio.sleep(0.5)

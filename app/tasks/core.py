@@ -1,0 +1,133 @@
+"""The core every task stands on: the model and its digest, the engine, the cache, the metrics, and the
+steps each task takes the same way (readiness, the per-request limits, tokenising with its time, one job
+to the engine, the routes this model serves).
+
+Knows nothing of any one task: what an endpoint means lives in its task's module
+(:mod:`app.tasks.embeddings`, :mod:`app.tasks.fill_mask`, :mod:`app.tasks.heads`, :mod:`app.tasks.tokenize`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+from tokenizers import Encoding as TokenEncoding
+
+from app.cache import keys as cache_keys
+from app.cache.vectors import VectorCache
+from app.engine.engine import Engine
+from app.engine.work import Job, Need, Sequence
+from app.errors import NotReady, Unsupported
+from app.model.manifest import KIND_NAMES, MANIFEST_NAME, Head, Kind
+from app.model.runtime import OnnxModel
+from app.model.tokenizer import TextInputs
+from app.settings import Settings
+from app.tasks.options import EmbedOptions, Names, model_defaults, texts_of
+from app.telemetry.metrics import Metrics
+from app.telemetry.timings import ms
+
+# The routes each kind of model serves beside the embedding routes, which every kind serves (a fine-tuned
+# head's encoder computes vectors too), and the route a kind's POST / answers as.
+HEAD_ROUTES: dict[str, tuple[str, ...]] = {
+    "embedding": (),
+    "classifier": ("/predict",),
+    "reranker": ("/predict", "/rerank"),
+    "tagger": ("/token-classification",),
+}
+EMBEDDING_ROUTES = ("/", "/embed", "/embed_all", "/similarity", "/v1/embeddings", "/tokenize")
+
+
+class Core:
+    """What every task shares: one per process, built once the model is loaded."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        model: OnnxModel,
+        engine: Engine,
+        cache: VectorCache,
+        metrics: Metrics,
+    ) -> None:
+        self.settings = settings
+        self.model = model
+        self.engine = engine
+        self.metrics = metrics
+        self.cache = cache
+        self.ready = False
+        m = model.manifest
+        self.served_name = settings.served_model_name or m.source.name()
+        # OpenAI's model card has a creation time: when this export was written.
+        self.created = int((model.folder / MANIFEST_NAME).stat().st_mtime)
+        # The exact graph file and tokenizer that compute the vectors (and the Dense modules after the
+        # pooling): part of every cache key.
+        self.model_digest = cache_keys.model_digest(
+            m.graphs["encoder"][model.variant].sha256,
+            m.tokenizer.files.get("tokenizer.json", "") + "".join(sorted(m.extra_files.values())),
+        )
+        self.kind: Kind = m.kind
+        # What a request gets for the options it leaves out: the model's own (its sentence-transformers
+        # settings), or a plain BERT's.
+        self.defaults: EmbedOptions = model_defaults(m.defaults)
+
+    def routes(self) -> list[str]:
+        """The data routes this model serves (the embedding routes, fill-mask with an MLM head, and its
+        head's routes)."""
+        return [
+            *EMBEDDING_ROUTES,
+            *(("/fill-mask",) if self.model.has_mlm_head else ()),
+            *HEAD_ROUTES[self.kind],
+        ]
+
+    def head(self, route: str, *kinds: str) -> Head:
+        """The model's head, if it is of one of ``kinds``.
+
+        Raises:
+            NotReady: still warming up.
+            Unsupported: it is not (the message names the model's kind and what it serves).
+        """
+        self.check_ready()
+        head = self.model.manifest.head
+        if self.kind not in kinds or head is None or not self.model.has_head:
+            wanted = " or ".join(KIND_NAMES[k] for k in kinds)
+            raise Unsupported(
+                f"{route} needs {wanted}; this model ({self.served_name}) is {KIND_NAMES[self.kind]}, "
+                f"which serves {', '.join(self.routes())}"
+            )
+        return head
+
+    def check_ready(self) -> None:
+        if not self.ready:
+            raise NotReady("the model is still warming up")
+
+    def texts(self, inputs: str | list[str], names: Names) -> list[str]:
+        """The request's texts as a list, checked against the per-request limits (:func:`texts_of`)."""
+        return texts_of(inputs, self.settings.max_inputs_per_request, self.settings.max_input_chars, names)
+
+    async def tokenize(
+        self, texts: TextInputs, add_special_tokens: bool = True, offsets: bool = True
+    ) -> tuple[list[TokenEncoding], float]:
+        """Encodings of ``texts`` and the milliseconds it took; ``offsets=False`` when no span is read."""
+        started = time.perf_counter()
+        encodings = await self.engine.tokenize(texts, add_special_tokens, offsets)
+        seconds = time.perf_counter() - started
+        self.metrics.tokenized(seconds)
+        return encodings, ms(seconds)
+
+    async def run(
+        self,
+        sequences: list[np.ndarray],
+        need: Need | list[Need],
+        type_ids: list[np.ndarray | None] | None = None,
+    ) -> Job:
+        """Run ``sequences`` (token ids, with their token types for pairs) as one job, each with ``need``
+        (or its own); the job, with its results."""
+        job = Job(asyncio.get_running_loop(), len(sequences))
+        needs = need if isinstance(need, list) else [need] * len(sequences)
+        types = type_ids if type_ids is not None else [None] * len(sequences)
+        enqueued = time.perf_counter()
+        work = [
+            Sequence(ids, n, job, i, enqueued, t)
+            for i, (ids, n, t) in enumerate(zip(sequences, needs, types, strict=True))
+        ]
+        return await self.engine.run(job, work)

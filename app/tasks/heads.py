@@ -1,0 +1,217 @@
+"""The fine-tuned heads: a sequence classifier's labels (``/predict``), a cross-encoder's ranking
+(``/rerank``), and a token classifier's entities (``/token-classification``), each as its reference
+answers (transformers' pipelines, sentence-transformers' ``CrossEncoder``).
+
+The head runs inside the encoder graph (``head_logits``); :mod:`app.engine.postprocess` turns logits
+into scores, :mod:`app.tasks.entities` token scores into entities.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, cast
+
+import numpy as np
+
+from app.cache import keys as cache_keys
+from app.engine.postprocess import head_scores
+from app.engine.work import Job, Need
+from app.errors import EmptyInput, InternalError
+from app.model.tokenizer import TextInput
+from app.tasks import entities
+from app.tasks.answers import Answer, timed, timings_of
+from app.tasks.core import Core
+from app.tasks.options import Direction, LongText, Names, listed, no_tokens
+from app.tasks.windows import TOO_LONG_HEAD, check_length, truncate_pair, truncated_positions
+from app.telemetry.timings import Timings
+
+
+class Heads:
+    """The head tasks over the shared :class:`~app.tasks.core.Core`."""
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        # A tagger's vocabulary, for the words its entities are made of (transformers' decoding).
+        self.vocabulary = entities.vocabulary(core.model.tokenizer.backend) if core.kind == "tagger" else None
+
+    @timed
+    async def predict(
+        self, inputs: list[TextInput], raw_scores: bool, long_text: LongText, direction: Direction
+    ) -> Answer[list[list[dict[str, Any]]]]:
+        """Per input (a text or a pair), every label with its score, best first: softmax (or sigmoid
+        for one label or multi-label) of the head's logits, or the logits with ``raw_scores``, as
+        transformers' ``pipeline("text-classification", top_k=None)`` answers.
+
+        Raises:
+            Unsupported: the model has no sequence head.
+            ValidationFailed: an input over the model's length without truncation.
+        """
+        head = self.core.head("/predict", "classifier", "reranker")
+        # A pair's texts are both named as its input, inputs[i]; the count is of inputs, not of texts.
+        self.core.texts([x if isinstance(x, str) else x[0] for x in inputs], listed("inputs", inputs))
+        owners = [i for i, x in enumerate(inputs) if not isinstance(x, str)]
+        if owners:
+            self.core.texts([inputs[i][1] for i in owners], Names("inputs", lambda k: f"inputs[{owners[k]}]"))
+        logits, timings = await self._logits(inputs, long_text, direction)
+        scores = logits if raw_scores else head_scores(logits, head.activation)
+        labels = head.labels
+        answer = []
+        for row in scores:
+            order = np.argsort(-row, kind="stable")
+            answer.append(
+                [{"score": float(row[k]), "label": labels.get(int(k), f"LABEL_{k}")} for k in order]
+            )
+        return Answer(answer, timings)
+
+    @timed
+    async def rerank(
+        self,
+        query: str,
+        texts: list[str],
+        raw_scores: bool,
+        return_text: bool,
+        long_text: LongText,
+        direction: Direction,
+    ) -> Answer[list[dict[str, Any]]]:
+        """Each text's relevance to ``query``, best first (``index`` is its position in ``texts``): the
+        cross-encoder's score of the pair (query, text), as sentence-transformers' ``CrossEncoder.predict``.
+
+        Raises:
+            Unsupported: the model is not a cross-encoder (one label).
+            EmptyInput: no texts, or an empty query or text.
+        """
+        head = self.core.head("/rerank", "reranker")
+        if not texts:
+            raise EmptyInput("texts is empty: send at least one text to rank")
+        self.core.texts([query], Names("query", lambda _i: "query"))
+        self.core.texts(texts, listed("texts", texts))
+        logits, timings = await self._logits([(query, t) for t in texts], long_text, direction, "texts")
+        scores = (logits if raw_scores else head_scores(logits, head.activation))[:, 0]
+        order = np.argsort(-scores, kind="stable")
+        ranks = []
+        for k in order.tolist():
+            rank: dict[str, Any] = {"index": k, "score": float(scores[k])}
+            if return_text:
+                rank["text"] = texts[k]
+            ranks.append(rank)
+        return Answer(ranks, timings)
+
+    @timed
+    async def token_classification(
+        self,
+        inputs: str | list[str],
+        strategy: entities.AggregationStrategy,
+        ignore_labels: list[str],
+        long_text: LongText,
+        direction: Direction,
+    ) -> Answer[list[Any]]:
+        """The entities of each input, as transformers' ``pipeline("token-classification")`` with
+        ``aggregation_strategy`` answers (:mod:`app.tasks.entities`); a string's answer alone, a list's one
+        answer per input.
+
+        Raises:
+            Unsupported: the model is not a token classifier.
+            ValidationFailed: an input over the model's length without truncation; an unknown strategy.
+        """
+        head = self.core.head("/token-classification", "tagger")
+        names = listed("inputs", inputs)
+        texts = self.core.texts(inputs, names)
+        limit = self.core.model.tokenizer.max_length
+        with self.core.engine.admit(len(texts)):
+            encodings, tokenization_ms = await self.core.tokenize(texts)
+            kept = []
+            for i, enc in enumerate(encodings):
+                if len(enc.ids) <= 2:
+                    raise no_tokens(names.item(i))
+                if len(enc.ids) > limit and long_text == "error":
+                    check_length(names.item(i), len(enc.ids), limit, TOO_LONG_HEAD)
+                kept.append(
+                    truncated_positions(len(enc.ids), limit, direction)
+                    if len(enc.ids) > limit
+                    else np.arange(len(enc.ids))
+                )
+            ids = [np.asarray(e.ids, dtype=np.int64)[k] for e, k in zip(encodings, kept, strict=True)]
+            job = await self.core.run(ids, Need(head=True))
+        answer = []
+        for text, enc, k, states in zip(texts, encodings, kept, job.token_states, strict=True):
+            if states is None:
+                raise InternalError("a tagger job came back without its token logits")
+            offsets, special = enc.offsets, enc.special_tokens_mask
+            answer.append(
+                entities.entities(
+                    text,
+                    [enc.ids[j] for j in k],
+                    [offsets[j] for j in k],
+                    [special[j] for j in k],
+                    head_scores(states[0], "softmax").astype(np.float32),
+                    head.labels,
+                    cast(entities.Vocabulary, self.vocabulary),
+                    strategy,
+                    ignore_labels,
+                )
+            )
+        value: list[Any] = answer[0] if isinstance(inputs, str) else answer
+        return Answer(value, timings_of([job], tokenization_ms))
+
+    async def _logits(
+        self,
+        inputs: list[TextInput],
+        long_text: LongText,
+        direction: Direction,
+        field_name: str = "inputs",
+    ) -> tuple[np.ndarray, Timings]:
+        """The head's logits [inputs, labels] of texts and pairs (checked by the caller against the
+        per-request limits), through the cache when there is one; ``field_name`` names them in errors."""
+        # Each input's cache key is its JSON: a text's a JSON string, a pair's a JSON array, never the same.
+        keys = [json.dumps(x, ensure_ascii=False) for x in inputs]
+        item = dict(zip(keys, inputs, strict=True))
+        position = {k: i for i, k in reversed(list(enumerate(keys)))}  # a key's first input, for messages
+        limit = self.core.model.tokenizer.max_length
+        jobs: list[Job] = []
+        tokenization_ms = 0.0
+
+        async def compute(todo: list[str]) -> np.ndarray:
+            nonlocal tokenization_ms
+            todo_inputs = [item[k] for k in todo]
+            encodings, took = await self.core.tokenize(todo_inputs, offsets=False)
+            tokenization_ms += took
+            ids, types = [], []
+            for k, (x, enc) in enumerate(zip(todo_inputs, encodings, strict=True)):
+                name = f"{field_name}[{position[todo[k]]}]"
+                row = np.asarray(enc.ids, dtype=np.int64)
+                kinds = np.asarray(enc.type_ids, dtype=np.int64)
+                if len(row) > limit:
+                    if long_text == "error":
+                        check_length(name, len(row), limit, TOO_LONG_HEAD)
+                    if isinstance(x, str):
+                        keep = truncated_positions(len(row), limit, direction)
+                        row, kinds = row[keep], kinds[keep]
+                    else:
+                        row, kinds = truncate_pair(row, kinds, limit, direction)
+                ids.append(row)
+                types.append(kinds if not isinstance(x, str) else None)
+            job = await self.core.run(ids, Need(head=True), types)
+            jobs.append(job)
+            if job.vectors is None:
+                raise InternalError("a /predict job came back without its logits")
+            return job.vectors[:, 0, :]
+
+        with self.core.engine.admit(len(inputs)):
+            if self.core.cache.enabled:
+                prefix = cache_keys.space(
+                    self.core.model_digest,
+                    {
+                        **dict.fromkeys(("pooling", "layers", "layer_combine", "layer_weights", "normalize")),
+                        "long_text": long_text,
+                        "truncation_direction": direction,
+                        "input": "json",  # keys are each text or pair as JSON
+                        "prompt": None,
+                        "output": "head_logits",
+                    },
+                )
+                logits = np.stack(await self.core.cache.vectors(prefix, keys, compute))
+            else:
+                distinct = list(dict.fromkeys(keys))
+                row_of = {k: i for i, k in enumerate(distinct)}
+                logits = (await compute(distinct))[[row_of[k] for k in keys]]
+        return logits, timings_of(jobs, tokenization_ms)

@@ -1,0 +1,91 @@
+"""What ``GET /info`` shows of a service: the model by its served name (never a path), variant and
+provider, limits, batching settings, and the engine's and cache's counters."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from app import __version__
+from app.model.manifest import KIND_NAMES
+
+if TYPE_CHECKING:
+    from app.tasks.service import Service
+
+
+# Where each default comes from, by the kind of folder the model was exported from.
+_SOURCES = {
+    "bert": {
+        "pooling": "zhembed's default for a BERT checkpoint",
+        "normalize": "zhembed's default (TEI's)",
+        "long_text": "zhembed's default (TEI's: refuse over-long inputs)",
+        "max_input_length": "config.json max_position_embeddings",
+        "prompt_name": "none (the model defines no prompts)",
+    },
+    "sentence-transformers": {
+        "pooling": "the folder's Pooling module (its config.json)",
+        "normalize": "modules.json (a Normalize module, or none)",
+        "long_text": "sentence-transformers' encode, which truncates",
+        "max_input_length": "sentence_bert_config.json max_seq_length",
+        "prompt_name": "config_sentence_transformers.json default_prompt_name",
+    },
+}
+
+
+def defaults(service: Service) -> dict[str, Any]:
+    """The options a request gets for what it leaves out, and where each came from."""
+    d = service.model.manifest.defaults
+    o = service.defaults
+    return {
+        "pooling": o.pooling,
+        "normalize": o.normalize,
+        "long_text": o.long_text,
+        "max_input_length": service.model.tokenizer.max_length,
+        "prompt_name": o.prompt_name,
+        "prompts": d.prompts,
+        "include_prompt": d.include_prompt,
+        "do_lower_case": d.do_lower_case,
+        "dense": [{"in": x.in_features, "out": x.out_features, "activation": x.activation} for x in d.dense],
+        "dimensions": service.embeddings.width,
+        "modules": d.modules,
+        "source": d.source,
+        "sources": _SOURCES[d.source],
+    }
+
+
+def describe(service: Service) -> dict[str, Any]:
+    m = service.model.manifest
+    s = service.settings
+    head = m.head
+    return {
+        "model_id": service.served_name,
+        "kind": m.kind,
+        "kind_description": KIND_NAMES[m.kind],
+        "routes": service.routes(),
+        "labels": {str(k): v for k, v in head.labels.items()} if head is not None else None,
+        "defaults": defaults(service),
+        "revision": m.source.revision,
+        "weights": m.source.weights,
+        "variant": service.model.variant,
+        "provider": service.model.providers[0],
+        "providers": service.model.providers,
+        "choice": service.model.reason,
+        "architecture": m.config.architecture,
+        "num_layers": m.config.num_layers,
+        "hidden_size": m.config.hidden_size,
+        "has_pooler": service.model.has_pooler,
+        "has_mlm_head": service.model.has_mlm_head,
+        "max_input_length": m.tokenizer.max_length,
+        "max_input_chars": s.max_input_chars,
+        "max_inputs_per_request": s.max_inputs_per_request,
+        "max_embed_all_tokens": s.max_embed_all_tokens,
+        "batching": {
+            "max_batch_tokens": s.max_batch_tokens,
+            "max_batch_size": s.max_batch_size,
+            "max_wait_ms": s.max_wait_ms,
+            "max_concurrent_inputs": s.max_concurrent_inputs,
+        },
+        "ready": service.ready,
+        "version": __version__,
+        "stats": service.engine.stats(),
+        "cache": service.cache.stats(),
+    }

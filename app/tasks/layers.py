@@ -1,0 +1,91 @@
+"""Per-request layer arithmetic on pooled vectors and token rows, in numpy.
+
+:func:`combine_layers` applies a :class:`~app.tasks.options.LayerMix` (concat, mean, weighted, difference: the same
+arithmetic for pooled vectors and for token rows); a long input's windows are averaged weighted by their
+tokens; vectors and rows are normalised; fill-mask takes the top k of a probability row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from app.errors import InternalError
+from app.tasks.options import LayerMix
+
+
+def combine_layers(stack: np.ndarray, mix: LayerMix) -> np.ndarray:
+    """Combine the first axis (layers) of ``stack``: [layers, …, hidden] → […, width].
+
+    concat: the layers side by side in the requested order (width = layers × hidden); mean; weighted:
+    the weighted sum with ``mix.weights``; difference: the first layer minus the second.
+
+    Raises:
+        InternalError: a mix that validation should not have let through.
+    """
+    if mix.how == "concat":
+        return np.concatenate(list(stack), axis=-1)
+    if mix.how == "mean":
+        return stack.mean(axis=0)
+    if mix.how == "difference":
+        if stack.shape[0] != 2:
+            raise InternalError(f"difference of {stack.shape[0]} layers; validation lets only 2 through")
+        return stack[0] - stack[1]
+    if mix.weights is None or len(mix.weights) != stack.shape[0]:
+        raise InternalError("weighted combination without one weight per layer")
+    return np.tensordot(np.asarray(mix.weights, dtype=stack.dtype), stack, axes=1)
+
+
+def weighted_average(vectors: list[np.ndarray], weights: list[int]) -> np.ndarray:
+    """Average of a long input's window vectors, each weighted by its number of tokens."""
+    if len(vectors) == 1:
+        return vectors[0]
+    w = np.asarray(weights, dtype=np.float32)
+    return (np.stack(vectors) * w[:, None]).sum(axis=0) / w.sum()
+
+
+def normalize(vector: np.ndarray) -> np.ndarray:
+    norm = float(np.linalg.norm(vector))
+    return vector / norm if norm > 0 else vector
+
+
+def row_norms(rows: np.ndarray) -> np.ndarray:
+    """[tokens, width] → [tokens]: each row's L2 norm."""
+    return np.linalg.norm(rows, axis=-1)
+
+
+def normalize_rows(rows: np.ndarray) -> np.ndarray:
+    """Each row of [tokens, width] scaled to unit length (a zero row stays zero)."""
+    norms = row_norms(rows)[:, None]
+    return rows / np.where(norms > 0, norms, 1)
+
+
+def top_k(probs: np.ndarray, k: int) -> tuple[list[int], list[float]]:
+    """The ``k`` most probable ids of one [vocab] row, most probable first."""
+    k = min(k, probs.shape[-1])
+    idx = np.argpartition(-probs, k - 1)[:k]
+    idx = idx[np.argsort(-probs[idx], kind="stable")]
+    return idx.tolist(), probs[idx].astype(float).tolist()
+
+
+# A long input's windows: (owners, tokens), sequence i belonging to input owners[i] with tokens[i] tokens.
+Windows = tuple[np.ndarray, np.ndarray]
+
+
+def input_vectors(
+    count: int, pooled: np.ndarray, mix: LayerMix, normalized: bool, windows: Windows | None = None
+) -> np.ndarray:
+    """[count, width]: one vector per input from the pooled vectors of its sequences.
+
+    ``pooled`` is [sequences, layers, hidden], one sequence per input in order unless ``windows`` says
+    which input each belongs to and how many tokens it carries. An input's window vectors are combined
+    by ``mix`` and averaged weighted by tokens, then normalised if asked; all in whole-array operations,
+    whatever the number of inputs.
+    """
+    combined = combine_layers(pooled.transpose(1, 0, 2), mix)  # [sequences, width]
+    if windows is not None:
+        owners, tokens = windows
+        w = tokens.astype(np.float32)
+        sums = np.zeros((count, combined.shape[-1]), dtype=np.float32)
+        np.add.at(sums, owners, combined * w[:, None])
+        combined = sums / np.bincount(owners, weights=w, minlength=count).astype(np.float32)[:, None]
+    return normalize_rows(combined) if normalized else combined

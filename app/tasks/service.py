@@ -1,0 +1,72 @@
+"""The service: every task over one shared core, and the warm-up.
+
+``Service`` is the :class:`~app.tasks.core.Core` (the model, engine, cache, metrics, readiness and the
+shared steps) with a room per task: ``embeddings`` (``/embed``, ``/``, ``/v1/embeddings``,
+``/similarity``, ``/embed_all``), ``fill_mask``, ``heads`` (``/predict``, ``/rerank``,
+``/token-classification``) and ``tokens`` (``/tokenize``). It knows nothing of HTTP or gRPC: the tasks
+raise the typed errors of :mod:`app.errors` and return arrays and plain data with their timings; wire
+encodings and header names belong to :mod:`app.api`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from app.cache.vectors import VectorCache
+from app.engine.engine import Engine
+from app.engine.work import Need
+from app.model.runtime import OnnxModel
+from app.settings import Settings
+from app.tasks.answers import Answer, TokenVectors
+from app.tasks.core import Core
+from app.tasks.embeddings import Embeddings
+from app.tasks.fill_mask import FillMask
+from app.tasks.heads import Heads
+from app.tasks.options import listed
+from app.tasks.tokenize import Tokens
+from app.telemetry.metrics import Metrics
+from app.telemetry.timings import Timings
+
+__all__ = ["Answer", "Service", "Timings", "TokenVectors"]
+
+# Texts embedded at start-up: short, medium and long Chinese inputs, alone and batched.
+_WARMUP_TEXTS = ("你好", "今天天气很好，我们去公园散步吧。", "北京是中华人民共和国的首都。" * 12)
+
+
+class Service(Core):
+    """The shared core and its tasks: one per process."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        model: OnnxModel,
+        engine: Engine,
+        cache: VectorCache,
+        metrics: Metrics,
+    ) -> None:
+        super().__init__(settings, model, engine, cache, metrics)
+        self.embeddings = Embeddings(self)
+        self.fill_mask = FillMask(self)
+        self.heads = Heads(self)
+        self.tokens = Tokens(self)
+
+    async def warmup(self) -> None:
+        """Embed and fill a few inputs of typical shapes so the first real request pays no set-up (the app
+        marks the service ready once this is done: :mod:`app.serving.factory`)."""
+        texts = list(_WARMUP_TEXTS)
+        # No more at once than the server admits (a warm-up refused with 429 would never mark it ready).
+        room = self.settings.max_concurrent_inputs
+        for batch in ([texts[0]], texts[:room], (texts * 3)[:room]):
+            await self.embeddings.vectors(
+                batch,
+                replace(self.defaults, long_text="truncate"),
+                listed("inputs", batch),
+                check_ready=False,
+                use_cache=False,
+            )
+        if self.model.has_mlm_head:
+            info = self.model.manifest.tokenizer
+            ids = np.array([info.cls_id, info.mask_id, info.sep_id], dtype=np.int64)
+            await self.run([ids], [Need(mask_positions=(1,))])

@@ -1,0 +1,134 @@
+"""Long inputs: the windows a tokenised input runs as — itself, its truncation, or its chunks — and what
+each route tells the sender of an input over the model's length."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from app.errors import ValidationFailed
+from app.tasks.layers import Windows
+from app.tasks.options import Direction, EmbedOptions, LongText
+
+# What to do about an input over the model's length, by route.
+TOO_LONG_EMBED = "send long_text 'truncate' or 'chunk' (or truncate: true) to embed it anyway"
+TOO_LONG_TOKENS = "send long_text 'truncate' (or truncate: true) for its start; /embed_all cannot chunk"
+TOO_LONG_OPENAI = (
+    "this route does not truncate: shorten it, or use POST /embed with long_text 'truncate' or 'chunk'"
+)
+TOO_LONG_MASKS = "fill-mask cannot truncate: shorten the text around the masks"
+TOO_LONG_HEAD = "send truncate: true to keep its start (truncation_direction left keeps its end)"
+
+
+def truncated_positions(length: int, limit: int, direction: Direction) -> np.ndarray:
+    """Positions a sequence of ``length`` tokens keeps when truncated to ``limit``: [CLS], the first
+    (right) or last (left) ``limit - 2`` tokens of its body, and [SEP]."""
+    body = limit - 2
+    start = 1 if direction == "right" else length - 1 - body
+    return np.concatenate([[0], np.arange(start, start + body), [length - 1]])
+
+
+def truncate_pair(
+    ids: np.ndarray, types: np.ndarray, limit: int, direction: Direction
+) -> tuple[np.ndarray, np.ndarray]:
+    """A pair ``[CLS] a [SEP] b [SEP]`` (``types`` 0 for [CLS] a [SEP], 1 for b [SEP]) cut to ``limit``
+    tokens the way Hugging Face tokenizers' ``longest_first`` does: the longer text loses tokens until
+    both fit, and when both are over half the room each keeps half (the second the odd one).
+    """
+    if len(ids) <= limit:
+        return ids, types
+    first = np.flatnonzero(types == 0)[1:-1]  # a's positions
+    second = np.flatnonzero(types == 1)[:-1]  # b's positions
+    room = limit - 3
+    n1, n2 = len(first), len(second)
+    swap = n1 > n2
+    if swap:
+        n1, n2 = n2, n1
+    n2 = n1 if n1 > room else max(n1, room - n1)
+    if n1 + n2 > room:
+        n1 = room // 2
+        n2 = n1 + room % 2
+    if swap:
+        n1, n2 = n2, n1
+
+    def kept(positions: np.ndarray, n: int) -> np.ndarray:
+        if len(positions) <= n:
+            return positions
+        return positions[:n] if direction == "right" else positions[len(positions) - n :]
+
+    a, b = kept(first, n1), kept(second, n2)
+    last_a = int(np.flatnonzero(types == 0)[-1])
+    keep = np.concatenate([[0], a, [last_a], b, [len(ids) - 1]]).astype(np.int64)
+    return ids[keep], types[keep]
+
+
+def windows(
+    ids: np.ndarray, limit: int, long_text: LongText, direction: Direction, cls_id: int, sep_id: int
+) -> list[np.ndarray]:
+    """The sequences of at most ``limit`` tokens that ``ids`` ([CLS] … [SEP]) runs as.
+
+    Short enough: itself. Longer: its truncation (``truncate``), or its body cut into windows of
+    ``limit - 2`` tokens, each with its own [CLS] and [SEP] (``chunk``).
+
+    Raises:
+        ValueError: ``long_text`` "error" with ``ids`` over ``limit`` (the caller checks first).
+    """
+    if len(ids) <= limit:
+        return [ids]
+    if long_text == "truncate":
+        return [ids[truncated_positions(len(ids), limit, direction)]]
+    if long_text != "chunk":
+        raise ValueError(f"{len(ids)} tokens over the limit of {limit} with long_text {long_text!r}")
+    per_window = limit - 2  # room for [CLS] and [SEP]
+    body = ids[1:-1]
+    cls, sep = np.array([cls_id], ids.dtype), np.array([sep_id], ids.dtype)
+    return [np.concatenate([cls, body[s : s + per_window], sep]) for s in range(0, len(body), per_window)]
+
+
+def check_length(name: str, tokens: int, limit: int, remedy: str) -> None:
+    """Refuse the input called ``name`` (``inputs[2]``) of ``tokens`` tokens when over the model's
+    ``limit``, saying what to do (``remedy``).
+
+    Raises:
+        ValidationFailed: over the limit.
+    """
+    if tokens > limit:
+        raise ValidationFailed(f"{name} has {tokens} tokens, over the model's limit of {limit}; {remedy}")
+
+
+@dataclass
+class Prepared:
+    sequences: list[np.ndarray]  # the ids of each sequence to run: inputs, or their windows
+    windows: Windows | None  # which input each sequence belongs to; None: one sequence per input
+
+
+def prepare(
+    ids: list[np.ndarray],
+    options: EmbedOptions,
+    limit: int,
+    specials: tuple[int, int],
+    name: Callable[[int], str],
+    too_long: str,
+) -> Prepared:
+    """The sequences each input (its token ids) runs as: itself, its truncation, or its windows.
+
+    ``specials`` are the [CLS] and [SEP] ids; ``name(i)`` names input ``i`` as the request did and
+    ``too_long`` is the remedy, for error messages (a function: names are formatted for an error only).
+
+    Raises:
+        ValidationFailed: an input over ``limit`` with long_text "error".
+    """
+    if all(len(x) <= limit for x in ids):  # the common case: one sequence per input, no loop below
+        return Prepared(ids, None)
+    sequences: list[np.ndarray] = []
+    owners: list[int] = []
+    for i, x in enumerate(ids):
+        if len(x) > limit and options.long_text == "error":
+            check_length(name(i), len(x), limit, too_long)
+        cut = windows(x, limit, options.long_text, options.truncation_direction, *specials)
+        sequences.extend(cut)
+        owners.extend([i] * len(cut))
+    tokens = np.array([max(len(w) - 2, 1) for w in sequences], dtype=np.int64)
+    return Prepared(sequences, (np.array(owners, dtype=np.int64), tokens))

@@ -1,0 +1,55 @@
+"""413 for bodies over the limit, without reading them all."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.types import Message, Receive, Scope, Send
+
+from app.api.http.body_limit import BodyLimitMiddleware
+
+
+async def echo_length(scope: Scope, receive: Receive, send: Send) -> None:
+    body = await Request(scope, receive).body()
+    await JSONResponse({"length": len(body)})(scope, receive, send)
+
+
+def call(headers: list[tuple[bytes, bytes]], chunks: list[bytes], limit: int) -> tuple[int, dict, int]:
+    """Status, JSON body, and how many chunks the app pulled."""
+    pulled = 0
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        nonlocal pulled
+        pulled += 1
+        more = pulled < len(chunks)
+        return {"type": "http.request", "body": chunks[pulled - 1], "more_body": more}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/", "headers": headers, "query_string": b""}
+    asyncio.run(BodyLimitMiddleware(echo_length, max_body_bytes=limit)(scope, receive, send))
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return start["status"], json.loads(body), pulled
+
+
+def test_declared_length_over_the_limit_is_refused_unread() -> None:
+    status, body, pulled = call([(b"content-length", b"5000")], [b"x" * 5000], limit=1000)
+    assert status == 413 and body["error_type"] == "payload_too_large"
+    assert pulled == 0
+
+
+def test_streamed_body_is_cut_off_once_over_the_limit() -> None:
+    status, body, pulled = call([], [b"x" * 400] * 10, limit=1000)
+    assert status == 413 and body["error_type"] == "payload_too_large"
+    assert pulled == 3  # stopped at the chunk that crossed the limit, not the 10th
+
+
+def test_bodies_within_the_limit_pass() -> None:
+    status, body, _ = call([(b"content-length", b"800")], [b"x" * 400] * 2, limit=1000)
+    assert status == 200 and body == {"length": 800}

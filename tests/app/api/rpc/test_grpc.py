@@ -1,0 +1,340 @@
+"""gRPC beside HTTP, through a real client generated here from the project's protos (as a user of
+text-embeddings-inference's proto would generate theirs), against ``python -m app`` in a process of its
+own (its generated modules and ours must not meet in one protobuf descriptor pool).
+
+The same Service answers both protocols: each call equals its HTTP route, errors carry the HTTP route's
+message under the status code of the one error table, API keys and overload behave alike, metrics count
+gRPC calls with ``protocol="grpc"``, health and reflection answer, and SIGTERM drains gRPC as it drains
+HTTP.
+"""
+
+from __future__ import annotations
+
+import importlib
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+
+from tests.app.api.rpc.grpc_process import KEY, Server, start_grpc_server, stop_grpc_server
+
+PROTOS = Path(__file__).resolve().parents[4] / "app" / "api" / "rpc" / "proto"
+
+
+@pytest.fixture(scope="module")
+def stubs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ModuleType]:
+    """tei_pb2, tei_pb2_grpc, zhembed_pb2, zhembed_pb2_grpc, generated now from app/api/rpc/proto."""
+    from grpc_tools import protoc
+
+    out = tmp_path_factory.mktemp("grpc-client")
+    code = protoc.main(
+        [
+            "protoc",
+            f"-I{PROTOS}",
+            f"--python_out={out}",
+            f"--grpc_python_out={out}",
+            str(PROTOS / "tei.proto"),
+            str(PROTOS / "zhembed.proto"),
+        ]
+    )
+    assert code == 0
+    sys.path.insert(0, str(out))
+    try:
+        return {
+            n: importlib.import_module(n)
+            for n in ("tei_pb2", "tei_pb2_grpc", "zhembed_pb2", "zhembed_pb2_grpc")
+        }
+    finally:
+        sys.path.remove(str(out))
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir: Path) -> Iterator[Server]:
+    running = start_grpc_server(tiny_model_dir, ZHEMBED_SHUTDOWN_DRAIN_S="0.2")
+    yield running
+    stop_grpc_server(running)
+
+
+def _http(server: Server, path: str, body: dict[str, Any], status: int = 200) -> Any:
+    response = httpx.post(server.url + path, json=body, timeout=60)
+    assert response.status_code == status, response.text
+    return response.json()
+
+
+def _error(call: Any, *args: Any, **kwargs: Any) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as caught:
+        call(*args, **kwargs)
+    return caught.value
+
+
+def _f32(values: Any) -> np.ndarray:
+    return np.asarray(values, dtype=np.float32)
+
+
+TEXTS = ["今天天气很好", "北京是中国的首都。", "你好", "这家餐厅的菜很好吃，服务也很周到。"]
+
+
+def test_tei_embed_equals_post_embed_with_the_same_options(
+    server: Server, stubs: dict[str, ModuleType]
+) -> None:
+    pb, rpc = stubs["tei_pb2"], stubs["tei_pb2_grpc"]
+    embed = rpc.EmbedStub(server.channel)
+    for normalize in (True, False):
+        for direction, name in (
+            (pb.TRUNCATION_DIRECTION_RIGHT, "right"),
+            (pb.TRUNCATION_DIRECTION_LEFT, "left"),
+        ):
+            text = "长城" * 100  # over the tiny model's 128 tokens: truncated one way or the other
+            got = embed.Embed(
+                pb.EmbedRequest(
+                    inputs=text, truncate=True, normalize=normalize, truncation_direction=direction
+                )
+            )
+            body = {"inputs": text, "truncate": True, "normalize": normalize, "truncation_direction": name}
+            np.testing.assert_array_equal(_f32(got.embeddings), _f32(_http(server, "/embed", body)[0]))
+            assert got.metadata.compute_chars == len(text) and got.metadata.total_time_ns > 0
+
+
+def test_tei_embed_stream_answers_in_order(server: Server, stubs: dict[str, ModuleType]) -> None:
+    pb, rpc = stubs["tei_pb2"], stubs["tei_pb2_grpc"]
+    texts = [f"第{i}句话" * (1 + i % 5) for i in range(40)]
+    answers = list(
+        rpc.EmbedStub(server.channel).EmbedStream(
+            iter(pb.EmbedRequest(inputs=t, normalize=True) for t in texts)
+        )
+    )
+    expected = _http(server, "/embed", {"inputs": texts})
+    assert len(answers) == len(texts)
+    for got, want in zip(answers, expected, strict=True):  # batched otherwise: equal to float rounding
+        np.testing.assert_allclose(_f32(got.embeddings), _f32(want), rtol=1e-5, atol=1e-6)
+
+
+def test_tei_embed_all_tokenize_decode_and_info(server: Server, stubs: dict[str, ModuleType]) -> None:
+    pb, rpc = stubs["tei_pb2"], stubs["tei_pb2_grpc"]
+    rows = rpc.EmbedStub(server.channel).EmbedAll(pb.EmbedAllRequest(inputs=TEXTS[0]))
+    want = _http(server, "/embed_all", {"inputs": TEXTS[0]})[0]
+    np.testing.assert_array_equal(_f32([r.embeddings for r in rows.token_embeddings]), _f32(want))
+    tokens = rpc.TokenizeStub(server.channel).Tokenize(
+        pb.EncodeRequest(inputs=TEXTS[1], add_special_tokens=True)
+    )
+    http_tokens = _http(server, "/tokenize", {"inputs": TEXTS[1]})[0]
+    assert [(t.id, t.text, t.special, t.start, t.stop) for t in tokens.tokens] == [
+        (t["id"], t["text"], t["special"], t["start"], t["stop"]) for t in http_tokens
+    ]
+    decoded = rpc.TokenizeStub(server.channel).Decode(
+        pb.DecodeRequest(ids=[t.id for t in tokens.tokens], skip_special_tokens=True)
+    )
+    assert decoded.text.replace(" ", "") == TEXTS[1]
+    info = rpc.InfoStub(server.channel).Info(pb.InfoRequest())
+    http_info = httpx.get(server.url + "/info").json()
+    assert info.model_id == http_info["model_id"] and info.model_type == pb.MODEL_TYPE_EMBEDDING
+    assert info.max_input_length == http_info["max_input_length"] and info.model_dtype == "fp32"
+
+
+def test_errors_carry_the_http_message_under_the_tables_status(
+    server: Server, stubs: dict[str, ModuleType]
+) -> None:
+    pb, rpc, zpb, zrpc = (
+        stubs["tei_pb2"],
+        stubs["tei_pb2_grpc"],
+        stubs["zhembed_pb2"],
+        stubs["zhembed_pb2_grpc"],
+    )
+    embed = rpc.EmbedStub(server.channel)
+    empty = _error(embed.Embed, pb.EmbedRequest(inputs="   "))
+    assert empty.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert empty.details() == _http(server, "/embed", {"inputs": "   "}, 400)["error"]
+    long = _error(embed.Embed, pb.EmbedRequest(inputs="长城" * 100))
+    assert long.code() == grpc.StatusCode.INVALID_ARGUMENT and "limit of 128" in long.details()
+    bad = _error(
+        zrpc.ZhembedStub(server.channel).Embed,
+        zpb.EmbedRequest(inputs=["a"], options=zpb.EmbedOptions(pooling="median", layers=[9])),
+    )
+    http_bad = _http(server, "/embed", {"inputs": ["a"], "pooling": "median", "layers": [9]}, 422)["error"]
+    assert bad.code() == grpc.StatusCode.INVALID_ARGUMENT and bad.details() == http_bad
+    kind = _error(rpc.PredictStub(server.channel).Predict, pb.PredictRequest(inputs="a"))
+    assert kind.code() == grpc.StatusCode.FAILED_PRECONDITION and "an embedding model" in kind.details()
+    sparse = _error(embed.EmbedSparse, pb.EmbedSparseRequest(inputs="a"))
+    assert sparse.code() == grpc.StatusCode.FAILED_PRECONDITION and "SPLADE" in sparse.details()
+    stream = rpc.EmbedStub(server.channel).EmbedStream(
+        iter([pb.EmbedRequest(inputs="好"), pb.EmbedRequest(inputs="")])
+    )
+    first = next(stream)
+    assert len(first.embeddings) == 64
+    with pytest.raises(grpc.RpcError) as caught:
+        next(stream)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_zhembed_v1_says_what_tei_cannot(server: Server, stubs: dict[str, ModuleType]) -> None:
+    zpb, zrpc = stubs["zhembed_pb2"], stubs["zhembed_pb2_grpc"]
+    ours = zrpc.ZhembedStub(server.channel)
+    options = zpb.EmbedOptions(
+        pooling="cls", layers=[1, -1], layer_combine="weighted", layer_weights=[1.0, 3.0], long_text="chunk"
+    )
+    texts = [*TEXTS, "长城" * 100]
+    got = ours.Embed(zpb.EmbedRequest(inputs=texts, options=options, normalize=False))
+    body = {
+        "inputs": texts,
+        "pooling": "cls",
+        "layers": [1, -1],
+        "layer_combine": "weighted",
+        "layer_weights": [1.0, 3.0],
+        "long_text": "chunk",
+        "normalize": False,
+    }
+    np.testing.assert_array_equal(_f32([v.values for v in got.vectors]), _f32(_http(server, "/embed", body)))
+    int8 = ours.Embed(zpb.EmbedRequest(inputs=TEXTS[:2], encoding=zpb.ENCODING_INT8))
+    http_int8 = _http(server, "/embed", {"inputs": TEXTS[:2], "encoding": "int8"})
+    for v, h in zip(int8.vectors, http_int8, strict=True):
+        assert np.frombuffer(v.int8, dtype=np.int8).tolist() == h["values"]
+        assert v.scale == pytest.approx(h["scale"], rel=1e-6)
+    scores = ours.Similarity(zpb.SimilarityRequest(source_sentence=TEXTS[0], sentences=TEXTS[1:]))
+    http_scores = _http(
+        server, "/similarity", {"inputs": {"source_sentence": TEXTS[0], "sentences": TEXTS[1:]}}
+    )
+    np.testing.assert_allclose(scores.scores, http_scores, rtol=1e-6)
+    filled = ours.FillMask(
+        zpb.FillMaskRequest(inputs=["北京是中国的[MASK]都。", "[MASK]天[MASK]气"], top_k=3)
+    )
+    http_filled = _http(
+        server, "/fill-mask", {"inputs": ["北京是中国的[MASK]都。", "[MASK]天[MASK]气"], "top_k": 3}
+    )
+    assert [c.token for c in filled.answers[0].masks[0].candidates] == [c["token"] for c in http_filled[0]]
+    assert len(filled.answers[1].masks) == 2
+    assert [c.token_str for c in filled.answers[1].masks[1].candidates] == [
+        c["token_str"] for c in http_filled[1][1]
+    ]
+
+
+def test_health_reflection_and_metrics(server: Server, stubs: dict[str, ModuleType]) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    health = health_pb2_grpc.HealthStub(server.channel)
+    for name in ("", "tei.v1.Embed", "zhembed.v1.Zhembed"):
+        status = health.Check(health_pb2.HealthCheckRequest(service=name)).status
+        assert status == health_pb2.HealthCheckResponse.SERVING, name
+    reflection = reflection_pb2_grpc.ServerReflectionStub(server.channel)
+    (answer,) = reflection.ServerReflectionInfo(
+        iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+    )
+    names = {s.name for s in answer.list_services_response.service}
+    assert {"tei.v1.Embed", "tei.v1.Info", "tei.v1.Predict", "tei.v1.Rerank", "tei.v1.Tokenize"} <= names
+    assert {"zhembed.v1.Zhembed", "grpc.health.v1.Health"} <= names
+    pb, rpc = stubs["tei_pb2"], stubs["tei_pb2_grpc"]
+    rpc.EmbedStub(server.channel).Embed(pb.EmbedRequest(inputs="计数"))
+    metrics = httpx.get(server.url + "/metrics").text
+    assert 'zhembed_requests_total{protocol="grpc",route="/tei.v1.Embed/Embed",status="OK"}' in metrics
+    assert (
+        'zhembed_requests_total{protocol="grpc",route="/tei.v1.Embed/Embed",status="INVALID_ARGUMENT"}'
+        in metrics
+    )
+    assert 'protocol="http"' in metrics
+
+
+def test_api_keys_and_overload(tiny_model_dir: Path, stubs: dict[str, ModuleType]) -> None:
+    pb, rpc, zpb, zrpc = (
+        stubs["tei_pb2"],
+        stubs["tei_pb2_grpc"],
+        stubs["zhembed_pb2"],
+        stubs["zhembed_pb2_grpc"],
+    )
+    server = start_grpc_server(
+        tiny_model_dir,
+        ZHEMBED_API_KEYS=KEY,
+        ZHEMBED_MAX_CONCURRENT_INPUTS="4",
+        ZHEMBED_MAX_INPUTS_PER_REQUEST="4",
+    )
+    try:
+        embed = rpc.EmbedStub(server.channel)
+        missing = _error(embed.Embed, pb.EmbedRequest(inputs="你好"))
+        assert (
+            missing.code() == grpc.StatusCode.UNAUTHENTICATED and "Authorization: Bearer" in missing.details()
+        )
+        wrong = _error(
+            embed.Embed, pb.EmbedRequest(inputs="你好"), metadata=[("authorization", "Bearer nope")]
+        )
+        assert wrong.code() == grpc.StatusCode.UNAUTHENTICATED and wrong.details() == "unknown API key"
+        ok = embed.Embed(pb.EmbedRequest(inputs="你好"), metadata=[("authorization", f"Bearer {KEY}")])
+        assert len(ok.embeddings) == 64
+        # A stream's requests run at once: the second finds the first holding every permit, and is refused
+        # before any work, as HTTP's 429 is.
+        ours = zrpc.ZhembedStub(server.channel)
+        stream = ours.EmbedStream(
+            iter([zpb.EmbedRequest(inputs=["字" * 60] * 4)] * 3),
+            metadata=[("authorization", f"Bearer {KEY}")],
+        )
+        with pytest.raises(grpc.RpcError) as caught:
+            list(stream)
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "4 of 4 inputs in flight" in caught.value.details()
+        assert ("retry-after", "1") in (caught.value.trailing_metadata() or ())
+    finally:
+        stop_grpc_server(server)
+
+
+def test_sigterm_drains_grpc_with_http(tiny_model_dir: Path, stubs: dict[str, ModuleType]) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    pb, rpc = stubs["tei_pb2"], stubs["tei_pb2_grpc"]
+    server = start_grpc_server(tiny_model_dir, ZHEMBED_SHUTDOWN_DRAIN_S="1.5", ZHEMBED_SHUTDOWN_GRACE_S="10")
+    try:
+        # A stream in flight across the signal: it was accepted, so it goes on to its last answer.
+        release = threading.Event()
+
+        def requests() -> Iterator[Any]:
+            yield pb.EmbedRequest(inputs="信号之前")
+            release.wait(10)
+            for i in range(5):
+                yield pb.EmbedRequest(inputs=f"信号之后{i}")
+
+        answers: list[Any] = []
+        streaming = threading.Thread(
+            target=lambda: answers.extend(rpc.EmbedStub(server.channel).EmbedStream(requests()))
+        )
+        streaming.start()
+        time.sleep(0.5)
+        server.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        health = health_pb2_grpc.HealthStub(server.channel)
+        assert (
+            health.Check(health_pb2.HealthCheckRequest()).status == health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        refused = _error(rpc.EmbedStub(server.channel).Embed, pb.EmbedRequest(inputs="新的"))
+        assert refused.code() == grpc.StatusCode.UNAVAILABLE
+        assert httpx.post(server.url + "/embed", json={"inputs": "新的"}).status_code == 503
+        release.set()
+        streaming.join(15)
+        assert len(answers) == 6
+        assert server.proc.wait(timeout=20) == 0
+    finally:
+        stop_grpc_server(server)
+
+
+def test_every_worker_serves_grpc_behind_the_one_port(
+    tiny_model_dir: Path, stubs: dict[str, ModuleType]
+) -> None:
+    pb, rpc = stubs["tei_pb2"], stubs["tei_pb2_grpc"]
+    server = start_grpc_server(tiny_model_dir, ZHEMBED_WORKERS="2")
+    try:
+        for i in range(12):  # a connection each: the kernel spreads them over the workers' sockets
+            with grpc.insecure_channel(
+                server.target, options=[("grpc.use_local_subchannel_pool", 1)]
+            ) as channel:
+                assert len(rpc.EmbedStub(channel).Embed(pb.EmbedRequest(inputs=f"第{i}句")).embeddings) == 64
+        metrics = httpx.get(server.url + "/metrics").text  # one scrape adds up every worker
+        assert (
+            'zhembed_requests_total{protocol="grpc",route="/tei.v1.Embed/Embed",status="OK"} 12.0' in metrics
+        )
+    finally:
+        stop_grpc_server(server)

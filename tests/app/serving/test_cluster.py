@@ -1,0 +1,61 @@
+"""What the workers of one server share: one admission budget across processes, readiness of all, the
+worker count."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from typing import Any
+
+import pytest
+
+from app.engine.admission import Admission
+from app.errors import Overloaded
+from app.serving.cluster import AUTO_CUDA_WORKERS, Cluster, Shared, SharedLedger, resolve_count
+from app.settings import Settings
+
+
+def _hold(permits: Any, index: int, count: int, held: Any, release: Any) -> None:
+    """In another process: take ``count`` permits as worker ``index``, hold them until told."""
+    admission = Admission(10, SharedLedger(permits, index))
+    with admission.try_acquire(count):
+        held.set()
+        release.wait(30)
+
+
+def test_the_permit_budget_is_the_servers_not_each_workers() -> None:
+    ctx = mp.get_context("spawn")
+    permits = ctx.Array("q", 2)
+    held, release = ctx.Event(), ctx.Event()
+    other = ctx.Process(target=_hold, args=(permits, 1, 7, held, release))
+    other.start()
+    try:
+        assert held.wait(60)
+        mine = Admission(10, SharedLedger(permits, 0))
+        assert mine.in_use == 7
+        with pytest.raises(Overloaded, match="7 of 10 inputs in flight"):
+            mine.try_acquire(4)
+        with mine.try_acquire(3):
+            assert mine.in_use == 10
+        release.set()
+        other.join(30)
+        assert mine.in_use == 0 and list(permits[:]) == [0, 0]
+    finally:
+        release.set()
+        other.join(30)
+
+
+def test_readiness_needs_every_worker() -> None:
+    ctx = mp.get_context("spawn")
+    shared = Shared(ctx.Array("q", 2), ctx.Array("b", 2), "/nonexistent")
+    first, second = Cluster(shared, 0), Cluster(shared, 1)
+    first.set_ready(True)
+    assert not first.all_ready() and not second.all_ready()
+    second.set_ready(True)
+    assert first.all_ready()
+
+
+def test_worker_count_auto_is_one_on_cpu_and_four_on_cuda() -> None:
+    assert resolve_count(Settings(workers=3)) == 3
+    assert resolve_count(Settings(providers="CPUExecutionProvider")) == 1
+    cuda = Settings(providers="CUDAExecutionProvider,CPUExecutionProvider")
+    assert resolve_count(cuda) == AUTO_CUDA_WORKERS

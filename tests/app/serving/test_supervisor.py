@@ -1,0 +1,215 @@
+"""Several workers behind one port, as ``python -m app`` starts them: each serves, one /metrics counts
+them all, the server's budget holds, a killed worker is replaced, drain, faults."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from app.serving.supervisor import MIN_UPTIME_S
+from tests.app.conftest import Running, free_port, wait_until
+
+
+class Server:
+    def __init__(self, proc: subprocess.Popen[str], port: int) -> None:
+        self.proc = proc
+        self.url = f"http://127.0.0.1:{port}"
+
+
+def start(model: Path, port: int, **env: str) -> subprocess.Popen[str]:
+    variables = {
+        **os.environ,
+        "ZHEMBED_MODEL": str(model),
+        "ZHEMBED_VARIANT": "fp32",
+        "ZHEMBED_HOST": "127.0.0.1",
+        "ZHEMBED_PORT": str(port),
+        "ZHEMBED_WORKERS": "2",
+        "ZHEMBED_CACHE_BYTES": "0",
+        **env,
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "app"],
+        env=variables,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def ready(url: str) -> bool:
+    try:
+        return httpx.get(url + "/ready", timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def start_ready(model: Path, **env: str) -> Server:
+    """Two workers serving ``model``, once ``/ready`` says so."""
+    port = free_port()
+    server = Server(start(model, port, **env), port)
+    wait_until(lambda: ready(server.url) or server.proc.poll() is not None, seconds=120, every=0.1)
+    assert server.proc.poll() is None, server.proc.communicate()[0]
+    return server
+
+
+@pytest.fixture(scope="module")
+def two_workers(tiny_model_dir: Path) -> Iterator[Server]:
+    server = start_ready(
+        tiny_model_dir, ZHEMBED_MAX_CONCURRENT_INPUTS="64", ZHEMBED_MAX_INPUTS_PER_REQUEST="16"
+    )
+    try:
+        yield server
+    finally:
+        if server.proc.poll() is None:
+            server.proc.send_signal(signal.SIGTERM)
+            try:
+                server.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                server.proc.kill()
+
+
+def scrape(url: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", timeout=10).text
+    out: dict[str, float] = defaultdict(float)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "zhembed_requests_total" and sample.labels.get("route") == "/embed":
+                out[f"embed_{sample.labels['status']}"] += sample.value
+            elif sample.name in ("zhembed_workers_ready", "zhembed_inputs_in_flight"):
+                out[sample.name] = sample.value
+    return out
+
+
+@pytest.mark.slow
+def test_both_workers_serve_and_one_scrape_counts_them_all(two_workers: Server) -> None:
+    before = scrape(two_workers.url)
+    served_by: set[int] = set()
+    for i in range(40):
+        with httpx.Client(base_url=two_workers.url, timeout=30) as client:  # a fresh connection each time
+            assert client.post("/embed", json={"inputs": [f"第{i}句"]}).status_code == 200
+            served_by.add(client.get("/info").json()["worker"]["pid"])
+    after = scrape(two_workers.url)
+    assert after["embed_200"] - before.get("embed_200", 0) == 40  # whichever worker answered each
+    assert after["zhembed_workers_ready"] == 2
+    assert len(served_by) == 2, served_by
+
+
+@pytest.mark.slow
+def test_past_the_servers_budget_only_200_or_429_and_nothing_leaks(two_workers: Server) -> None:
+    async def flood() -> Counter[int]:
+        limits = httpx.Limits(max_connections=64)
+        async with httpx.AsyncClient(base_url=two_workers.url, timeout=60, limits=limits) as client:
+            bodies = [{"inputs": [f"请求{i}的第{j}句话" * 8 for j in range(16)]} for i in range(48)]
+            responses = await asyncio.gather(*(client.post("/embed", json=b) for b in bodies))
+        for r in responses:
+            if r.status_code == 429:
+                assert r.headers["retry-after"] == "1" and r.json()["error_type"] == "overloaded"
+        return Counter(r.status_code for r in responses)
+
+    statuses = asyncio.run(flood())
+    assert set(statuses) <= {200, 429}, statuses
+    assert statuses[200] >= 4, statuses  # the budget admits four such requests at a time
+    wait_until(lambda: scrape(two_workers.url).get("zhembed_inputs_in_flight") == 0, every=0.6)
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_replaced_and_the_server_keeps_serving(tiny_model_dir: Path) -> None:
+    server = start_ready(tiny_model_dir, ZHEMBED_WARMUP="false")
+    proc, url = server.proc, server.url
+    try:
+        victim = httpx.get(url + "/info", timeout=10).json()["worker"]["pid"]
+        time.sleep(MIN_UPTIME_S)  # past the start-up window, where a death stops the server
+        os.kill(victim, signal.SIGKILL)
+        statuses: Counter[int] = Counter()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (statuses[200] >= 20 and ready(url)):
+            with httpx.Client(base_url=url, timeout=30) as client:
+                statuses[client.post("/embed", json={"inputs": "还在吗"}).status_code] += 1
+        assert set(statuses) == {200}, statuses
+        assert ready(url)
+        pids = {httpx.get(url + "/info", timeout=10).json()["worker"]["pid"] for _ in range(30)}
+        assert victim not in pids
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, output
+    assert "starting another" in output, output
+
+
+def test_a_damaged_model_stops_the_server_before_any_worker_starts(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    (folder / "encoder.fp32.onnx").unlink()
+    proc = start(folder, free_port())
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2, output
+    lines = [line for line in output.strip().splitlines() if line.startswith("zhembed")]
+    assert len(lines) == 1 and "encoder.fp32.onnx: missing" in lines[0], output
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+@pytest.mark.slow
+def test_no_worker_outlives_a_killed_supervisor(tiny_model_dir: Path) -> None:
+    proc = start_ready(tiny_model_dir, ZHEMBED_WARMUP="false").proc
+    try:
+        pids = {int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()}
+        pids = {p for p in pids if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()}
+        assert len(pids) == 2, pids
+        proc.kill()  # SIGKILL: the supervisor cannot forward anything
+        proc.wait(10)
+        wait_until(lambda: not any(_alive(p) for p in pids), seconds=60, every=0.1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.slow
+def test_two_workers_answer_the_option_combinations_as_one_process_does(
+    two_workers: Server, server: Running
+) -> None:
+    """Issue 19's vectors-unchanged target with 2 workers: the pooled-in-graph answers of each worker
+    equal the in-process server's (which equal numpy pooling's: tests/app/engine/test_graph_pooling.py)."""
+    from tests.app.engine.test_graph_pooling import SHORT, bodies, decoded, tolerance
+
+    cases = list(bodies())[::5]  # a spread of the combinations; every one runs in the 1-process test
+    served_by: set[int] = set()
+    with httpx.Client(base_url=server.url, timeout=60) as one:
+        for body in cases:
+            body = {**body, "inputs": SHORT}  # within the 2-worker server's 16 inputs and 64 in flight
+            with httpx.Client(base_url=two_workers.url, timeout=60) as two:  # a fresh connection: any worker
+                got = two.post("/embed", json=body)
+                served_by.add(two.get("/info").json()["worker"]["pid"])
+            want = one.post("/embed", json=body)
+            assert got.status_code == want.status_code == 200, (body, got.text)
+            for g, w in zip(got.json(), want.json(), strict=True):
+                np.testing.assert_allclose(
+                    decoded(g, body["encoding"]),
+                    decoded(w, body["encoding"]),
+                    rtol=0,
+                    atol=tolerance(body) if body["encoding"] != "int8" else 1.01 * w["scale"] + 1e-6,
+                    err_msg=str(body),
+                )
+    assert len(served_by) == 2, served_by

@@ -1,0 +1,76 @@
+"""Layer arithmetic: combination, window averages, normalisation, top-k."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from app.errors import InternalError
+from app.tasks import layers
+from app.tasks.options import LayerMix, layer_mix
+
+
+def test_combine_average_and_normalize() -> None:
+    vectors = np.array([[1.0, 2.0], [3.0, 4.0]], dtype=np.float32)
+    np.testing.assert_allclose(layers.combine_layers(vectors, LayerMix("concat")), [1, 2, 3, 4])
+    np.testing.assert_allclose(layers.combine_layers(vectors, LayerMix("mean")), [2, 3])
+    avg = layers.weighted_average([np.array([0.0, 0.0]), np.array([4.0, 8.0])], [3, 1])
+    np.testing.assert_allclose(avg, [1, 2])
+    assert abs(np.linalg.norm(layers.normalize(np.array([3.0, 4.0]))) - 1) < 1e-7
+    np.testing.assert_array_equal(layers.normalize(np.zeros(2)), np.zeros(2))
+
+
+def test_top_k_is_sorted() -> None:
+    probs = np.array([0.2, 0.5, 0.25, 0.05], dtype=np.float32)
+    ids, scores = layers.top_k(probs, 3)
+    assert ids == [1, 2, 0]
+    assert scores == sorted(scores, reverse=True)
+    assert layers.top_k(probs, 10)[0][:2] == [1, 2]  # k beyond the vocabulary: all of it
+
+
+def test_weighted_and_difference_combine_pooled_vectors_and_token_rows_alike() -> None:
+    rng = np.random.default_rng(0)
+    stack = rng.standard_normal((3, 5, 4)).astype(np.float32)  # [layers, tokens, hidden]
+    mix = layer_mix("weighted", 3, (1.0, 2.0, 1.0))
+    assert mix.weights == (0.25, 0.5, 0.25)
+    want = 0.25 * stack[0] + 0.5 * stack[1] + 0.25 * stack[2]
+    np.testing.assert_allclose(layers.combine_layers(stack, mix), want, rtol=1e-6)
+    np.testing.assert_allclose(layers.combine_layers(stack[:, 2], mix), want[2], rtol=1e-6)
+    diff = layer_mix("difference", 2, None)
+    np.testing.assert_array_equal(layers.combine_layers(stack[:2], diff), stack[0] - stack[1])
+    concat = layers.combine_layers(stack, LayerMix("concat"))
+    assert concat.shape == (5, 12)
+    np.testing.assert_array_equal(concat[:, 4:8], stack[1])
+
+
+def test_a_mix_validation_would_refuse_is_a_server_fault() -> None:
+    stack = np.ones((3, 4), dtype=np.float32)
+    with pytest.raises(InternalError):
+        layers.combine_layers(stack, LayerMix("difference"))
+    with pytest.raises(InternalError):
+        layers.combine_layers(stack, LayerMix("weighted", (1.0,)))
+
+
+def test_rows_normalise() -> None:
+    rows = np.array([[3.0, 4.0], [0.0, 0.0]], dtype=np.float32)
+    np.testing.assert_allclose(layers.row_norms(rows), [5.0, 0.0])
+    np.testing.assert_allclose(layers.normalize_rows(rows), [[0.6, 0.8], [0.0, 0.0]])
+
+
+def test_input_vectors_average_an_inputs_windows_by_tokens() -> None:
+    pooled = np.array([[[1.0, 0.0]], [[0.0, 1.0]], [[2.0, 2.0]]], dtype=np.float32)  # [seq, 1 layer, 2]
+    owners, weights = np.array([0, 0, 1]), np.array([3, 1, 5])
+    out = layers.input_vectors(2, pooled, LayerMix(), False, (owners, weights))
+    np.testing.assert_allclose(out[0], [0.75, 0.25])
+    np.testing.assert_allclose(out[1], [2.0, 2.0])
+    normalized = layers.input_vectors(1, pooled[2:], LayerMix(), True)
+    assert abs(np.linalg.norm(normalized[0]) - 1) < 1e-6
+
+
+def test_input_vectors_combine_layers_for_every_input_at_once() -> None:
+    rng = np.random.default_rng(1)
+    pooled = rng.standard_normal((4, 2, 3)).astype(np.float32)  # [seq, layers, hidden]
+    concat = layers.input_vectors(4, pooled, LayerMix("concat"), False)
+    np.testing.assert_array_equal(concat, pooled.reshape(4, 6))
+    diff = layers.input_vectors(4, pooled, LayerMix("difference"), False)
+    np.testing.assert_array_equal(diff, pooled[:, 0] - pooled[:, 1])

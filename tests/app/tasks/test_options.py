@@ -1,0 +1,110 @@
+"""Request options: layer resolution, layer mixes and the per-request input limits."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from app.errors import EmptyInput, Unsupported, ValidationFailed
+from app.tasks.options import (
+    EmbedAllOptions,
+    EmbedOptions,
+    LayerCombine,
+    Names,
+    layer_mix,
+    listed,
+    resolve_embed,
+    resolve_embed_all,
+    resolve_layers,
+    texts_of,
+)
+
+
+def test_weights_are_scaled_without_overflow() -> None:
+    assert layer_mix("weighted", 2, (1e308, 1e308)).weights == (0.5, 0.5)
+    assert layer_mix("weighted", 2, (0.0, 3.0)).weights == (0.0, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("how", "layers", "weights", "words"),
+    [
+        ("weighted", 2, None, "needs layer_weights"),
+        ("weighted", 2, (1.0,), "1 weights for 2 layers"),
+        ("weighted", 2, (1.0, -1.0), "layer_weights[1] is -1.0"),
+        ("weighted", 2, (float("nan"), 1.0), "layer_weights[0] is nan"),
+        ("weighted", 2, (float("inf"), 1.0), "layer_weights[0] is inf"),
+        ("weighted", 2, (0.0, 0.0), "all 0"),
+        ("mean", 2, (1.0, 1.0), "'weighted' only"),
+        ("difference", 3, None, "got 3"),
+        ("difference", 1, None, "got 1"),
+    ],
+)
+def test_layer_mix_refuses_what_does_not_fit(
+    how: LayerCombine, layers: int, weights: tuple[float, ...] | None, words: str
+) -> None:
+    with pytest.raises(ValidationFailed, match=re.escape(words)):
+        layer_mix(how, layers, weights)
+
+
+def test_layers_resolve_to_one_based_from_either_end() -> None:
+    assert resolve_layers(None, 12) == (12,)
+    assert resolve_layers((6, -1, -12), 12) == (6, 12, 1)
+    for bad, words in [
+        ((), "empty"),
+        ((13,), "out of range"),
+        ((0,), "out of range"),
+        ((1,) * 13, "at most 12"),
+    ]:
+        with pytest.raises(ValidationFailed, match=words):
+            resolve_layers(bad, 12)
+
+
+def test_pooler_reads_the_last_layer_of_a_model_that_has_one() -> None:
+    assert resolve_embed(EmbedOptions(pooling="pooler"), 3, has_pooler=True).layers == (3,)
+    assert resolve_embed(EmbedOptions(pooling="pooler", layers=(-1,)), 3, has_pooler=True).layers == (3,)
+    with pytest.raises(Unsupported, match="no pooler"):
+        resolve_embed(EmbedOptions(pooling="pooler"), 3, has_pooler=False)
+    with pytest.raises(ValidationFailed, match="last layer only"):
+        resolve_embed(EmbedOptions(pooling="pooler", layers=(1,)), 3, has_pooler=True)
+
+
+def test_resolution_checks_the_mix_against_the_layers() -> None:
+    resolved = resolve_embed(
+        EmbedOptions(layers=(1, 2), layer_combine="weighted", layer_weights=(1, 3)), 3, True
+    )
+    assert resolved.layers == (1, 2) and resolved.mix.weights == (0.25, 0.75)
+    with pytest.raises(ValidationFailed, match="exactly two layers"):
+        resolve_embed_all(EmbedAllOptions(layers=(1,), layer_combine="difference"), 3)
+
+
+def test_texts_are_checked_against_the_limits() -> None:
+    assert texts_of("一", 2, 5) == ["一"]
+    assert texts_of(["一", "二"], 2, 5) == ["一", "二"]
+    with pytest.raises(EmptyInput, match="inputs is empty"):
+        texts_of([], 2, 5)
+    with pytest.raises(EmptyInput, match=re.escape("inputs[1] is empty")):
+        texts_of(["一", ""], 2, 5)
+    with pytest.raises(ValidationFailed, match="3 inputs in one request; the limit is 2"):
+        texts_of(["一"] * 3, 2, 5)
+    with pytest.raises(ValidationFailed, match=re.escape("inputs[0] has 6 characters; the limit is 5")):
+        texts_of(["一" * 6], 2, 5)
+
+
+@pytest.mark.parametrize("blank", [" ", "\t\n", "\u3000", "\u00a0 "])
+def test_whitespace_only_is_empty_like_the_empty_string(blank: str) -> None:
+    with pytest.raises(EmptyInput, match=re.escape("inputs[1] is only whitespace")):
+        texts_of(["一", blank], 2, 5)
+    assert texts_of([" 一 "], 2, 5) == [" 一 "]  # spaces around text are text's business
+
+
+def test_messages_name_texts_as_the_request_wrote_them() -> None:
+    with pytest.raises(EmptyInput, match=r"^inputs is empty$"):
+        texts_of("", 2, 5)  # one string: no index
+    pairs = Names("pairs", lambda k: f"pairs[{k // 2}][{k % 2}]")
+    with pytest.raises(EmptyInput, match=re.escape("pairs[1][0] is empty")):
+        texts_of(["a", "b", "", "c"], 4, 5, pairs)
+    with pytest.raises(ValidationFailed, match=re.escape("input[1] has 6 characters")):
+        texts_of(["a", "一" * 6], 2, 5, listed("input", ["a", "b"]))
+    with pytest.raises(ValidationFailed, match="split the text into parts of at most 5 characters"):
+        texts_of("一" * 6, 2, 5)
