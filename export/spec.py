@@ -25,7 +25,7 @@ PROVIDERS: dict[Variant, str] = {
 
 @dataclass(frozen=True)
 class Int8Recipe:
-    """How the int8 graph is made. Compared by ``python -m loadtest.int8_recipes`` (README, Export).
+    """How the int8 graph is made. Compared by ``python -m loadtest.int8_recipes`` (docs/export.md).
 
     ``per_token`` (export/quantize.py): SmoothQuant-calibrated, per-token asymmetric activations, per-channel
     weights; a token's vector does not depend on its batch. ``dynamic``: onnxruntime's quantize_dynamic,

@@ -19,7 +19,7 @@ Text comes from ``loadtest/data/corpus_zh.txt`` (one sentence a line), or from t
 ``export/data/validation_zh.txt`` and ``calibration_zh.txt`` while that file is absent;
 ``LOADTEST_CORPUS`` names another file.
 
-Headless, writing CSV and HTML reports (see README "Load test")::
+Headless, writing CSV and HTML reports (see docs/deployment.md, "Load test")::
 
     locust -f loadtest/locustfile.py --headless -H http://127.0.0.1:8080 -u 32 -r 8 -t 2m \\
         --csv loadtest/results/mix --html loadtest/results/mix.html
