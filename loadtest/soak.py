@@ -16,9 +16,9 @@
    whole process tree (the supervisor, its workers, and what they start; :mod:`loadtest.procs`) and of
    each worker, as PSS: shared pages split among the processes that map them, so the rows add up to the
    tree. At the end, per process and for the tree: RSS (as ``top`` shows it) and PSS at the start of the
-   soak and at the end, and the growth of PSS in percent; errors; and whether the targets were met: the
-   tree's growth and each worker's under 5% (a leak in one of 8 workers is under 5% of the tree), no
-   worker gone or replaced, zero errors. ``--json`` writes the same as a JSON file. With
+   soak and at the end, the growth of PSS in percent, and the CPU seconds used (how the workers shared
+   the load); errors; and whether the targets were met: the tree's growth and each worker's under 5% (a
+   leak in one of 8 workers is under 5% of the tree), no worker gone or replaced, zero errors. ``--json`` writes the same as a JSON file. With
    ``ZHEMBED_WORKERS=N`` in the environment, the server runs N workers.
 
 A benchmark, not a test: it runs for minutes and its numbers depend on the machine.
@@ -72,13 +72,31 @@ class Growth:
     pss_start_mb: float | None
     pss_end_mb: float | None
     growth: float | None  # of PSS
+    cpu_s: float | None  # CPU seconds used from the start to the end: how the work was shared
 
     @classmethod
-    def of(cls, role: str, pid: int | None, start: procs.Memory | None, end: procs.Memory | None) -> Growth:
-        rss0, pss0 = (None, None) if start is None else (start.rss / procs.MB, start.pss / procs.MB)
-        rss1, pss1 = (None, None) if end is None else (end.rss / procs.MB, end.pss / procs.MB)
-        grew = None if start is None or end is None else (end.pss - start.pss) / start.pss
-        return cls(role, pid, rss0, rss1, pss0, pss1, grew)
+    def of(
+        cls,
+        role: str,
+        pid: int | None,
+        start: procs.Process | procs.Tree | None,
+        end: procs.Process | procs.Tree | None,
+    ) -> Growth:
+        """From the process (or the tree) in the readings at the soak's start and at its end."""
+        grew = cpu = None
+        if start is not None and end is not None:
+            grew = (end.memory.pss - start.memory.pss) / start.memory.pss
+            cpu = end.cpu_s - start.cpu_s
+        return cls(
+            role,
+            pid,
+            None if start is None else start.memory.rss / procs.MB,
+            None if end is None else end.memory.rss / procs.MB,
+            None if start is None else start.memory.pss / procs.MB,
+            None if end is None else end.memory.pss / procs.MB,
+            grew,
+            cpu,
+        )
 
     @property
     def ok(self) -> bool:
@@ -92,15 +110,8 @@ def growth_by_process(start: procs.Tree, end: procs.Tree) -> list[Growth]:
     rows = []
     for pid in dict.fromkeys([*before, *after]):
         first = before.get(pid) or after[pid]
-        rows.append(
-            Growth.of(
-                first.role,
-                pid,
-                before[pid].memory if pid in before else None,
-                after[pid].memory if pid in after else None,
-            )
-        )
-    rows.append(Growth.of("tree", None, start.memory, end.memory))
+        rows.append(Growth.of(first.role, pid, before.get(pid), after.get(pid)))
+    rows.append(Growth.of("tree", None, start, end))
     return rows
 
 
@@ -296,14 +307,15 @@ def render(report: SoakReport) -> str:
         )
     lines += [
         "memory in MB; PSS splits each shared page among the processes that map it, so the rows add up to "
-        "the tree; RSS (as top shows it) counts shared pages in every process",
-        f"{'process':<18}{'pid':>8}{'RSS start':>11}{'RSS end':>9}{'PSS start':>11}{'PSS end':>9}{'growth':>9}",
+        "the tree; RSS (as top shows it) counts shared pages in every process; CPU s: used during the soak",
+        f"{'process':<18}{'pid':>8}{'RSS start':>11}{'RSS end':>9}{'PSS start':>11}{'PSS end':>9}{'growth':>9}"
+        f"{'CPU s':>8}",
     ]
     for g in report.memory:
         grew = "gone" if g.pss_end_mb is None else "new" if g.pss_start_mb is None else f"{g.growth:+.1%}"
         lines.append(
             f"{g.role:<18}{'' if g.pid is None else g.pid:>8}{_mb(g.rss_start_mb, 11)}{_mb(g.rss_end_mb, 9)}"
-            f"{_mb(g.pss_start_mb, 11)}{_mb(g.pss_end_mb, 9)}{grew:>9}"
+            f"{_mb(g.pss_start_mb, 11)}{_mb(g.pss_end_mb, 9)}{grew:>9}{_mb(g.cpu_s, 8)}"
         )
     verdict = "PASS" if report.ok else "FAIL"
     worst = max((w.growth for w in report.workers if w.growth is not None), default=None)

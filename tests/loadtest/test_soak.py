@@ -14,11 +14,13 @@ from tests.loadtest.conftest import run_module
 MB = procs.MB
 
 
-def _tree(*rows: tuple[int, str, float]) -> procs.Tree:
-    """A reading of (pid, role, PSS in MB) rows; RSS is PSS + 10 MB of shared pages."""
+def _tree(*rows: tuple[int, str, float], cpu: dict[int, float] | None = None) -> procs.Tree:
+    """A reading of (pid, role, PSS in MB) rows; RSS is PSS + 10 MB of shared pages; CPU seconds by pid."""
     return procs.Tree(
         tuple(
-            procs.Process(pid, role, procs.Memory(int((mb + 10) * MB), int(mb * MB)), 0.0)
+            procs.Process(
+                pid, role, procs.Memory(int((mb + 10) * MB), int(mb * MB)), (cpu or {}).get(pid, 0.0)
+            )
             for pid, role, mb in rows
         )
     )
@@ -72,7 +74,18 @@ def test_quick_soak_with_two_workers_reports_each_worker(tmp_path: Path) -> None
     for key in ("pss_start_mb", "pss_end_mb", "rss_start_mb", "rss_end_mb"):
         assert tree[key] == pytest.approx(sum(g[key] for g in rows))  # the rows add up to the tree
     workers = [g for g in rows if g["role"] == "worker"]
-    assert all(w["pss_start_mb"] > 20 and w["growth"] is not None for w in workers)
+    assert all(w["pss_start_mb"] > 20 and w["growth"] is not None and w["cpu_s"] >= 0 for w in workers)
+    assert tree["cpu_s"] > 0  # the workers' work, read from each
     assert report["errors"] == 0 and report["requests"] > 0
     assert all(len(w["workers_mb"]) == 2 for w in report["windows"])
     assert sum(line.startswith("worker ") for line in stdout.splitlines()) == 2
+
+
+def test_each_process_shows_the_cpu_it_used_during_the_soak() -> None:
+    rows = ((1, "supervisor", 60.0), (2, "worker", 300.0), (3, "worker", 300.0))
+    start = _tree(*rows, cpu={1: 1.0, 2: 10.0, 3: 10.0})
+    end = _tree(*rows, cpu={1: 1.5, 2: 70.0, 3: 12.0})
+    report = _report(start, end)
+    assert [g.cpu_s for g in report.memory] == [0.5, 60.0, 2.0, 62.5]
+    workers = [line for line in render(report).splitlines() if line.startswith("worker ")]
+    assert [line.split()[-1] for line in workers] == ["60.0", "2.0"]
