@@ -25,12 +25,8 @@ from app.model.manifest import (
     LAST_HIDDEN_STATE,
     MLM_INPUT,
     VARIANTS,
-    Defaults,
-    DenseLayer,
     GraphFile,
     GraphName,
-    Head,
-    Kind,
     Manifest,
     ManifestError,
     ModelConfig,
@@ -45,7 +41,7 @@ from app.model.manifest import (
     verify_files,
 )
 from app.model.runtime import return_freed_memory
-from export import graphs, sentence, source, validate, variants
+from export import graphs, heads, sentence, source, validate, variants
 from export.spec import DEFAULT_MODEL, DEFAULT_OPSET, INT8_RECIPE, PROVIDERS, THRESHOLDS, Threshold
 
 Log = Callable[[str], None]
@@ -232,22 +228,22 @@ def _export_into(
     with clock.step("load PyTorch model"):
         loaded = source.load(src, options.twin)
     cfg = loaded.config
-    heads, hidden = cfg.num_attention_heads, cfg.hidden_size
+    num_heads, hidden = cfg.num_attention_heads, cfg.hidden_size
     # A fine-tuned head is served as its checkpoint says; an encoder folder may be a sentence-transformers one.
     st = sentence.read(src.folder) if loaded.head is None else None
     max_length = cfg.max_position_embeddings
     if st is not None and st.max_seq_length is not None:
         max_length = min(max_length, st.max_seq_length)
-    head = _head(loaded)
+    head = heads.head(loaded.head_architecture, cfg)
     modes = graphs.graph_modes(st.pooling if st is not None else None)
 
     with clock.step("save tokenizer"):
         tokenizer = source.load_tokenizer(src.folder, max_length)
         if st is not None and st.do_lower_case:
-            _lowercase(tokenizer)
+            sentence.lowercase(tokenizer)
         saved = tokenizer.save_pretrained(tmp)
         token_files = {Path(p).name: sha256_file(Path(p)) for p in saved if Path(p).is_file()}
-        dense_layers, dense_files = _save_dense(tmp, st.dense if st is not None else ())
+        dense_layers, dense_files = sentence.save_dense(tmp, st.dense if st is not None else ())
 
     scratch = tmp / "scratch"
     scratch.mkdir()
@@ -280,7 +276,7 @@ def _export_into(
         sentence_pooling=st.pooling if st is not None and st.dense else None,
         dense=st.dense if st is not None else (),
     )
-    kind = _kind(loaded)
+    kind = heads.kind(loaded.head_architecture, cfg)
     del loaded
     gc.collect()
 
@@ -297,9 +293,11 @@ def _export_into(
                         "opset": options.opset,
                     }
                 elif variant == "fp16":
-                    recipe = dict(variants.to_fp16(src_path, dst, heads, hidden, fused=graph == "encoder"))
+                    recipe = dict(
+                        variants.to_fp16(src_path, dst, num_heads, hidden, fused=graph == "encoder")
+                    )
                 else:
-                    recipe = dict(variants.to_int8(src_path, dst, heads, hidden, calibration[graph]))
+                    recipe = dict(variants.to_int8(src_path, dst, num_heads, hidden, calibration[graph]))
             files[graph][variant] = _graph_file(tmp, dst.name, variant, *io[graph], recipe)
         provider = PROVIDERS[variant]
         with clock.step(f"validate {variant}"):
@@ -329,14 +327,14 @@ def _export_into(
             fingerprint=fingerprint,
         ),
         kind=kind,
-        defaults=_defaults(st, dense_layers),
+        defaults=sentence.defaults(st, dense_layers),
         head=head,
         extra_files=dense_files,
         config=ModelConfig(
             architecture=head.architecture if head else "BertForPreTraining" if has_mlm else "BertModel",
             num_layers=cfg.num_hidden_layers,
             hidden_size=hidden,
-            num_heads=heads,
+            num_heads=num_heads,
             intermediate_size=cfg.intermediate_size,
             vocab_size=cfg.vocab_size,
             max_position_embeddings=max_length,
@@ -372,112 +370,3 @@ def _export_into(
     )
     manifest.dump(tmp)
     return manifest
-
-
-def _kind(loaded: source.LoadedModel) -> Kind:
-    if loaded.head_architecture == "BertForTokenClassification":
-        return "tagger"
-    if loaded.head_architecture == "BertForSequenceClassification":
-        return "reranker" if loaded.config.num_labels == 1 else "classifier"
-    return "embedding"
-
-
-# sentence-transformers' CrossEncoder names its activation in config.json ("sentence_transformers").
-_CROSS_ENCODER_ACTIVATIONS = {
-    "torch.nn.modules.activation.Sigmoid": "sigmoid",
-    "torch.nn.modules.linear.Identity": "identity",
-}
-
-
-def _head(loaded: source.LoadedModel) -> Head | None:
-    """The head's labels and how its scores are made: as transformers' text-classification pipeline does
-    (sigmoid for one label or multi-label, none for regression, else softmax), or a cross-encoder's own
-    activation (sentence-transformers' CrossEncoder: sigmoid unless the config names another)."""
-    if loaded.head_architecture is None:
-        return None
-    cfg = loaded.config
-    problem = cfg.problem_type
-    activation = "softmax"
-    if loaded.head_architecture == "BertForSequenceClassification":
-        if cfg.num_labels == 1:
-            st_config = getattr(cfg, "sentence_transformers", None) or {}
-            name = st_config.get("activation_fn", "torch.nn.modules.activation.Sigmoid")
-            if name not in _CROSS_ENCODER_ACTIVATIONS:
-                raise source.ExportError(
-                    f"cross-encoder activation {name!r} cannot be served (served: "
-                    f"{', '.join(_CROSS_ENCODER_ACTIVATIONS)})"
-                )
-            activation = _CROSS_ENCODER_ACTIVATIONS[name]
-        elif problem == "multi_label_classification":
-            activation = "sigmoid"
-        elif problem == "regression":
-            activation = "identity"
-    return Head(
-        architecture=loaded.head_architecture,
-        labels={int(k): str(v) for k, v in (cfg.id2label or {}).items()},
-        problem_type=problem,
-        activation=activation,  # type: ignore[arg-type]
-    )
-
-
-def _lowercase(tokenizer: PreTrainedTokenizerFast) -> None:
-    """sentence_bert_config.json's ``do_lower_case``, as sentence-transformers applies it: a Lowercase
-    normalizer in front of the tokenizer's own (unless it has one), so the saved tokenizer.json does it."""
-    from tokenizers.normalizers import Lowercase, Sequence
-
-    backend = tokenizer.backend_tokenizer
-    current = backend.normalizer
-    if isinstance(current, Lowercase) or (
-        isinstance(current, Sequence) and any(isinstance(n, Lowercase) for n in current)
-    ):
-        return
-    chain = [Lowercase()]
-    if isinstance(current, Sequence):
-        chain += list(current)
-    elif current is not None:
-        chain.append(current)
-    backend.normalizer = Sequence(chain)
-
-
-def _save_dense(folder: Path, layers: tuple[sentence.Dense, ...]) -> tuple[list[DenseLayer], dict[str, str]]:
-    """Write each Dense module's weights as .npy files; their manifest entries and file hashes."""
-    entries: list[DenseLayer] = []
-    files: dict[str, str] = {}
-    for k, layer in enumerate(layers):
-        weight = f"dense_{k}.weight.npy"
-        np.save(folder / weight, layer.weight)
-        files[weight] = sha256_file(folder / weight)
-        bias = None
-        if layer.bias is not None:
-            bias = f"dense_{k}.bias.npy"
-            np.save(folder / bias, layer.bias)
-            files[bias] = sha256_file(folder / bias)
-        out_features, in_features = layer.weight.shape
-        entries.append(
-            DenseLayer(
-                weight=weight,
-                bias=bias,
-                in_features=in_features,
-                out_features=out_features,
-                activation=layer.activation,  # type: ignore[arg-type]
-            )
-        )
-    return entries, files
-
-
-def _defaults(st: sentence.SentenceConfig | None, dense: list[DenseLayer]) -> Defaults:
-    """A plain BERT's defaults, or a sentence-transformers folder's own (as ``encode`` serves it)."""
-    if st is None:
-        return Defaults()
-    return Defaults(
-        source="sentence-transformers",
-        pooling=st.pooling,
-        normalize=st.normalize,
-        long_text="truncate",
-        include_prompt=st.include_prompt,
-        do_lower_case=st.do_lower_case,
-        prompts=st.prompts,
-        default_prompt_name=st.default_prompt_name,
-        dense=dense,
-        modules=list(st.modules),
-    )

@@ -6,6 +6,9 @@ checkpoint in the folder itself, with ``sentence_bert_config.json``'s ``max_seq_
 after pooling) and ``Normalize``, plus ``config_sentence_transformers.json``'s ``prompts`` and
 ``default_prompt_name``. Anything else is refused with one line naming it: serving a folder without one
 of its modules would answer vectors that ``SentenceTransformer(folder).encode`` does not.
+
+What is read is carried into the export here too: ``do_lower_case`` as a normalizer in the saved
+tokenizer, the Dense weights as .npy files, and the manifest's defaults (pooling, normalize, prompts…).
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from transformers import PreTrainedTokenizerFast
 
+from app.model.manifest import Defaults, DenseLayer, sha256_file
 from export.source import ExportError
 
 MODULES = "modules.json"
@@ -224,3 +229,69 @@ def torch_dense(vectors: torch.Tensor, layers: tuple[Dense, ...]) -> torch.Tenso
             torch.nn.functional.linear(vectors, torch.from_numpy(layer.weight), bias)
         )
     return vectors
+
+
+# ---- carrying the settings into the export: the saved tokenizer, the Dense weights, the manifest's defaults
+
+
+def lowercase(tokenizer: PreTrainedTokenizerFast) -> None:
+    """sentence_bert_config.json's ``do_lower_case``, as sentence-transformers applies it: a Lowercase
+    normalizer in front of the tokenizer's own (unless it has one), so the saved tokenizer.json does it."""
+    from tokenizers.normalizers import Lowercase, Sequence
+
+    backend = tokenizer.backend_tokenizer
+    current = backend.normalizer
+    if isinstance(current, Lowercase) or (
+        isinstance(current, Sequence) and any(isinstance(n, Lowercase) for n in current)
+    ):
+        return
+    chain = [Lowercase()]
+    if isinstance(current, Sequence):
+        chain += list(current)
+    elif current is not None:
+        chain.append(current)
+    backend.normalizer = Sequence(chain)
+
+
+def save_dense(folder: Path, layers: tuple[Dense, ...]) -> tuple[list[DenseLayer], dict[str, str]]:
+    """Write each Dense module's weights as .npy files; their manifest entries and file hashes."""
+    entries: list[DenseLayer] = []
+    files: dict[str, str] = {}
+    for k, layer in enumerate(layers):
+        weight = f"dense_{k}.weight.npy"
+        np.save(folder / weight, layer.weight)
+        files[weight] = sha256_file(folder / weight)
+        bias = None
+        if layer.bias is not None:
+            bias = f"dense_{k}.bias.npy"
+            np.save(folder / bias, layer.bias)
+            files[bias] = sha256_file(folder / bias)
+        out_features, in_features = layer.weight.shape
+        entries.append(
+            DenseLayer(
+                weight=weight,
+                bias=bias,
+                in_features=in_features,
+                out_features=out_features,
+                activation=layer.activation,  # type: ignore[arg-type]
+            )
+        )
+    return entries, files
+
+
+def defaults(st: SentenceConfig | None, dense: list[DenseLayer]) -> Defaults:
+    """A plain BERT's defaults, or a sentence-transformers folder's own (as ``encode`` serves it)."""
+    if st is None:
+        return Defaults()
+    return Defaults(
+        source="sentence-transformers",
+        pooling=st.pooling,
+        normalize=st.normalize,
+        long_text="truncate",
+        include_prompt=st.include_prompt,
+        do_lower_case=st.do_lower_case,
+        prompts=st.prompts,
+        default_prompt_name=st.default_prompt_name,
+        dense=dense,
+        modules=list(st.modules),
+    )

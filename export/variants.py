@@ -23,7 +23,7 @@ from onnxruntime.quantization import QuantType, quantize_dynamic
 from onnxruntime.transformers.onnx_model import OnnxModel
 from onnxruntime.transformers.optimizer import optimize_model
 
-from export import graphs, quantize
+from export import graphs, quantize, smoothquant
 from export.spec import INT8_RECIPE, Int8Recipe
 
 
@@ -83,7 +83,7 @@ def to_int8(
         calibration: feeds for ``src`` whose activation maxima set the smoothing (``per_token`` only).
     """
     if recipe.method == "per_token":
-        absmax = quantize.calibrate(src, calibration)
+        absmax = smoothquant.calibrate(src, calibration)
         quantize.quantize_per_token(src, dst, absmax, recipe.alpha, recipe.act_levels())
         return {"tool": "export.quantize", "weight_type": "QInt8", **recipe.describe()}
     with tempfile.TemporaryDirectory(dir=dst.parent) as tmp:

@@ -165,7 +165,7 @@ def service_rows(
     facts: dict[str, Any] = {}
     flops_per_sentence = float(np.mean([shape.flops(len(x)) for x in ids]))
     with ServiceProcess("app", _service_env(opts, 0), opts.logs / "service.log") as svc:
-        facts["rss_after_start"] = svc.rss_bytes()
+        facts["memory_after_start"] = svc.processes().as_json()
         for per_request in opts.texts_per_request:
             make = loadgen.cycle(request_bodies(corpus, per_request), per_request)
             for c in opts.concurrency:
@@ -192,8 +192,7 @@ def service_rows(
                         row.note += f"; vs raw pass adjacent ({before_raw:.1f}/{after_raw:.1f} s/s)"
                 rows.append(row)
                 print(format_row(row), flush=True)
-        facts["rss_steady"] = svc.rss_bytes()
-        facts["pid_status_vmhwm"] = svc.peak_rss_bytes()
+        facts["memory_steady"] = svc.processes().as_json()
     return rows, facts
 
 
@@ -259,7 +258,7 @@ def cache_rows(opts: Options, corpus: list[str]) -> tuple[list[Row], dict[str, A
             row = http_row("cache", label, result, server_cores, f"measured hit ratio {ratio:.1%}")
             rows.append(row)
             print(format_row(row), flush=True)
-        facts["rss_steady"] = svc.rss_bytes()
+        facts["memory_steady"] = svc.processes().as_json()
     return rows, facts
 
 

@@ -194,7 +194,7 @@ def last_layer_only(model_dir: Path, seconds: float) -> list[dict[str, float | i
     export), quantises both fp32 graphs with the export's per-token recipe, and times each pair
     interleaved. Needs the export extra (torch).
     """
-    from export import graphs, quantize, source
+    from export import graphs, quantize, smoothquant, source
     from export.spec import DEFAULT_OPSET
 
     manifest = json.loads((model_dir / "manifest.json").read_text())
@@ -210,7 +210,7 @@ def last_layer_only(model_dir: Path, seconds: float) -> list[dict[str, float | i
         calib = [_synthetic(8, 32), _synthetic(8, 16)]
         for kind in ("all", "last"):
             dst = tmp / f"{kind}.int8.onnx"
-            quantize.quantize_per_token(paths[kind], dst, quantize.calibrate(paths[kind], calib), 0.5)
+            quantize.quantize_per_token(paths[kind], dst, smoothquant.calibrate(paths[kind], calib), 0.5)
         for precision in ("fp32", "int8"):
             sessions = {
                 kind: ort.InferenceSession(

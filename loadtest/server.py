@@ -13,50 +13,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from loadtest import procs
 from loadtest.loadgen import get_json
 
 HOST = "127.0.0.1"
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _stat(pid: int) -> list[str]:
-    """The fields of /proc/PID/stat after the command name (field 3, the state, first)."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-
-
-def descendants(pid: int) -> list[int]:
-    """The live processes below ``pid`` (children, their children, …), from each process's parent id."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            parent = int(_stat(int(entry.name))[1])
-        except (OSError, IndexError, ValueError):  # it ended while we looked
-            continue
-        children.setdefault(parent, []).append(int(entry.name))
-    found: list[int] = []
-    todo = [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """User + system CPU time of ``pid`` and all its live descendants, all their threads, plus what their
-    ended children had used (cutime + cstime), so a worker that ends between two readings still counts."""
-    ticks = 0
-    for p in (pid, *descendants(pid)):
-        try:
-            fields = _stat(p)
-        except OSError:  # a descendant ended between the listing and here
-            if p == pid:
-                raise
-            continue
-        ticks += sum(int(fields[i]) for i in (11, 12, 13, 14))  # utime, stime, cutime, cstime
-    return ticks / CLOCK_TICKS
 
 
 def parse_exposition(text: str) -> dict[str, float]:
@@ -79,8 +39,8 @@ def free_port() -> int:
 class ServiceProcess:
     """``python -m <module>`` with ``env`` added, listening on a free port; a context manager.
 
-    The command is started directly (no shell) so that ``pid`` is the server's own process, whose
-    /proc entries give its resident memory and CPU time.
+    The command is started directly (no shell) so that ``pid`` is the server's own process, the root of
+    the tree whose memory and CPU time :mod:`loadtest.procs` reads.
     """
 
     def __init__(self, module: str, env: dict[str, str], log: Path, ready_path: str = "/ready") -> None:
@@ -124,23 +84,14 @@ class ServiceProcess:
                 self.proc.kill()
                 self.proc.wait()
 
-    def rss_bytes(self) -> int:
-        """Resident memory now (VmRSS of /proc/PID/status)."""
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        raise RuntimeError(f"no VmRSS in /proc/{self.pid}/status")
-
-    def peak_rss_bytes(self) -> int:
-        """The most resident memory so far (VmHWM of /proc/PID/status)."""
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-        return 0
+    def processes(self) -> procs.Tree:
+        """The server's process tree now (the supervisor and its workers, or the one process): each
+        one's memory and CPU time (:mod:`loadtest.procs`)."""
+        return procs.tree(self.pid)
 
     def cpu_seconds(self) -> float:
         """User + system CPU time of the server so far: all its threads and all its worker processes."""
-        return tree_cpu_seconds(self.pid)
+        return procs.tree_cpu_seconds(self.pid)
 
     def engine_stats(self) -> dict[str, Any]:
         """The engine's counters (``/info``'s ``stats``: batches, tokens, …).

@@ -164,12 +164,13 @@ def targets(rows: list[Row], facts: dict[str, Any], variant: str) -> list[str]:
             None if rps is None else rps >= 2000,
             hit.note if rps is None else f"{rps:.0f}",
         )
-    if "rss_steady" in facts and "model_bytes" in facts:
+    if "memory_steady" in facts and "model_bytes" in facts:
         limit = 1.5 * facts["model_bytes"] + facts.get("cache_budget", 0)
+        rss = facts["memory_steady"]["rss"]  # summed over the process tree: one process by default
         say(
             "RSS <= 1.5 x model + cache budget",
-            facts["rss_steady"] <= limit,
-            f"{facts['rss_steady'] / 2**20:.0f} MiB vs {limit / 2**20:.0f} MiB "
+            rss <= limit,
+            f"{rss / 2**20:.0f} MiB vs {limit / 2**20:.0f} MiB "
             f"(model {facts['model_bytes'] / 2**20:.0f} MiB, service started with cache off)",
         )
     return out
@@ -186,6 +187,7 @@ def summary(
 ) -> list[str]:
     """The closing block: every row again, the GEMM peaks, the FLOP formula, memory, and the targets."""
     cache_facts = facts.get("cache", {})
+    start, steady = facts["memory_after_start"], facts["memory_steady"]
     out = [
         "",
         "=" * len(HEADER),
@@ -197,14 +199,19 @@ def summary(
         f"int8 MatMulInteger {peaks['int8'] / 1e9:.1f} GOP/s; %peak uses the row's precision (naive: fp32).",
         "FLOPs per sentence of L tokens: 2*L*N*(4H^2 + 2HI) + 4*N*L^2*H + 2H^2 (useful: each sentence at its "
         f"own length); N={shape.layers}, H={shape.hidden}, I={shape.intermediate}.",
-        f"Service RSS: {facts['rss_after_start'] / 2**20:.0f} MiB after start, {facts['rss_steady'] / 2**20:.0f} MiB "
-        f"steady (peak {facts['pid_status_vmhwm'] / 2**20:.0f} MiB); {service_variant} graphs "
-        f"{facts['model_bytes'] / 2**20:.0f} MiB; cache off in the service rows"
+        f"Service RSS, summed over its processes (loadtest.procs): {start['rss'] / 2**20:.0f} MiB after start, "
+        f"{steady['rss'] / 2**20:.0f} MiB steady (each process's peak, summed: {steady['peak_rss'] / 2**20:.0f} "
+        f"MiB); PSS (shared pages once) {start['pss'] / 2**20:.0f} / {steady['pss'] / 2**20:.0f} MiB; "
+        f"{service_variant} graphs {facts['model_bytes'] / 2**20:.0f} MiB; cache off in the service rows"
         + (
             f"; with a {cache_bytes / 2**20:.0f} MiB cache budget: "
-            f"{cache_facts['rss_steady'] / 2**20:.0f} MiB after the cache rows"
-            if "rss_steady" in cache_facts
+            f"{cache_facts['memory_steady']['rss'] / 2**20:.0f} MiB after the cache rows"
+            if "memory_steady" in cache_facts
             else ""
+        ),
+        *(
+            f"  {p['role']} {p['pid']}: RSS {p['rss'] / 2**20:.0f} MiB, PSS {p['pss'] / 2**20:.0f} MiB steady"
+            for p in (steady["processes"] if len(steady["processes"]) > 1 else [])
         ),
         "Targets (issue 5):",
         *targets(rows, facts, service_variant),

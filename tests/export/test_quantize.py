@@ -13,14 +13,7 @@ from onnx import TensorProto, helper, numpy_helper, save
 from app.model.manifest import ANY_CPU, VNNI
 from app.model.runtime import cpu_has_vnni
 from export import spec
-from export.quantize import (
-    LEVELS_ANY_CPU,
-    LEVELS_VNNI,
-    _zero_point_rows,
-    gelu_outputs,
-    quantize_per_token,
-    smooth,
-)
+from export.quantize import LEVELS_ANY_CPU, LEVELS_VNNI, _zero_point_rows, quantize_per_token
 from export.spec import Int8Recipe
 
 K, N = 48, 24
@@ -97,39 +90,6 @@ def test_zero_point_rows_add_up_to_minus_the_column_sums() -> None:
     assert np.abs(rows.astype(np.int64)).max() <= 127
     with pytest.raises(ValueError, match="cannot hold"):
         _zero_point_rows(np.array([127 * 3 + 1]), 3)
-
-
-def test_gelu_outputs_are_not_smoothed() -> None:
-    """The exporter's GELU (x·0.5·(1 + erf(x/√2))) feeding a MatMul: its output gets no smoothing Mul."""
-    inits = [
-        numpy_helper.from_array(np.array(2**0.5, dtype=np.float32), "sqrt2"),
-        numpy_helper.from_array(np.array(1.0, dtype=np.float32), "one"),
-        numpy_helper.from_array(np.array(0.5, dtype=np.float32), "half"),
-        numpy_helper.from_array(np.ones((K, N), dtype=np.float32), "w_in"),
-        numpy_helper.from_array(np.ones((N, K), dtype=np.float32), "w_out"),
-    ]
-    nodes = [
-        helper.make_node("MatMul", ["x", "w_in"], ["h"]),
-        helper.make_node("Div", ["h", "sqrt2"], ["d"]),
-        helper.make_node("Erf", ["d"], ["e"]),
-        helper.make_node("Add", ["e", "one"], ["a"]),
-        helper.make_node("Mul", ["h", "a"], ["m"]),
-        helper.make_node("Mul", ["m", "half"], ["g"]),
-        helper.make_node("MatMul", ["g", "w_out"], ["y"]),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "ffn",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", K])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", K])],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    assert gelu_outputs(model) == {"g"}
-    absmax = {"x": np.full(K, 4.0, dtype=np.float32), "g": np.full(N, 4.0, dtype=np.float32)}
-    assert smooth(model, absmax, 0.5) == 1
-    matmul_inputs = [n.input[0] for n in model.graph.node if n.op_type == "MatMul"]
-    assert matmul_inputs[1] == "g" and matmul_inputs[0] != "x"
 
 
 @pytest.mark.parametrize(("cpu", "levels", "target"), [("any", 128, ANY_CPU), ("vnni", 256, VNNI)])

@@ -1,4 +1,5 @@
-"""Reading a sentence-transformers folder's settings, and refusing what cannot be served with one line."""
+"""Reading a sentence-transformers folder's settings, refusing what cannot be served with one line, and
+carrying the settings into the export."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tokenizers.normalizers import Lowercase, Sequence
 from transformers import BertConfig
 
+from app.model.manifest import sha256_file
 from export import sentence
 from export.__main__ import main
-from export.source import ExportError, head_architecture
+from export.source import ExportError, head_architecture, load_tokenizer
 from tests.checkpoints import minilm_folder
 
 TRANSFORMER = {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}
@@ -173,3 +176,28 @@ def test_the_cli_refuses_an_unserved_module_in_one_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "sentence_transformers.models.LSTM" in err[0] and "cannot be served" in err[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_dense_weights_are_saved_with_their_hashes_and_shapes(tmp_path: Path) -> None:
+    weight = np.arange(24, dtype=np.float32).reshape(3, 8)
+    layers = (
+        sentence.Dense(weight, None, "tanh"),
+        sentence.Dense(weight[:2, :3], np.ones(2, np.float32), "relu"),
+    )
+    entries, files = sentence.save_dense(tmp_path, layers)
+    assert [(e.in_features, e.out_features, e.activation, e.bias) for e in entries] == [
+        (8, 3, "tanh", None),
+        (3, 2, "relu", "dense_1.bias.npy"),
+    ]
+    assert sorted(files) == ["dense_0.weight.npy", "dense_1.bias.npy", "dense_1.weight.npy"]
+    assert all(files[name] == sha256_file(tmp_path / name) for name in files)
+    np.testing.assert_array_equal(np.load(tmp_path / entries[1].weight), weight[:2, :3])
+
+
+def test_lower_casing_is_put_in_front_of_the_tokenizer_once(tiny_source_dir: Path) -> None:
+    tokenizer = load_tokenizer(tiny_source_dir, 32)
+    sentence.lowercase(tokenizer)
+    sentence.lowercase(tokenizer)  # already there: not added again
+    normalizer = tokenizer.backend_tokenizer.normalizer
+    assert isinstance(normalizer, Sequence) and sum(isinstance(n, Lowercase) for n in normalizer) == 1
+    assert normalizer.normalize_str("ABC Déjà") == "abc déjà"

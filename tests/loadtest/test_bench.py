@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from loadtest.flops import BertShape
 from loadtest.loadgen import CellResult
-from loadtest.table import http_row
+from loadtest.table import http_row, summary
 from tests.loadtest.conftest import run_module
 
 EXPECTED = [
@@ -65,3 +66,26 @@ def test_a_row_whose_requests_outlast_a_third_of_the_window_is_marked_unreliable
     none = http_row("naive", "naive c=32 x16", _cell(latency_ms=0, wall_s=10, requests=0), 1.0)
     assert "UNRELIABLE" in slow.note and "UNRELIABLE" not in fast.note
     assert "no request ended" in none.note
+
+
+def test_the_summary_gives_the_memory_of_the_whole_tree_and_each_process() -> None:
+    def reading(*mib: tuple[str, int, int]) -> dict[str, object]:
+        """A procs.Tree.as_json() of (role, RSS MiB, PSS MiB) processes."""
+        return {
+            "rss": sum(rss for _, rss, _ in mib) * 2**20,
+            "pss": sum(pss for _, _, pss in mib) * 2**20,
+            "peak_rss": 0,
+            "processes": [
+                {"pid": i, "role": role, "rss": rss * 2**20, "pss": pss * 2**20}
+                for i, (role, rss, pss) in enumerate(mib)
+            ],
+        }
+
+    start = reading(("supervisor", 90, 60), ("worker", 250, 220), ("worker", 250, 220))
+    steady = reading(("supervisor", 90, 60), ("worker", 380, 350), ("worker", 390, 360))
+    facts = {"memory_after_start": start, "memory_steady": steady, "model_bytes": 100 * 2**20}
+    peaks = {"fp32": 1e9, "int8": 1e9}
+    text = "\n".join(summary([], facts, peaks, BertShape(2, 64, 128), "int8", 0, 1.0))
+    assert "590 MiB after start, 860 MiB steady" in text and "PSS (shared pages once) 500 / 770 MiB" in text
+    assert "worker 2: RSS 390 MiB, PSS 360 MiB steady" in text
+    assert "[MISS] RSS <= 1.5 x model + cache budget: 860 MiB vs 150 MiB" in text

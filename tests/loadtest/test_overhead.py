@@ -13,7 +13,7 @@ import pytest
 from app.settings import Settings
 from loadtest.corpus import load_corpus
 from loadtest.floor import floor
-from loadtest.overhead import Cell, distinct_bodies, parse_cells, targets
+from loadtest.overhead import distinct_bodies, parse_cells
 from tests.loadtest.conftest import run_module
 
 
@@ -50,23 +50,6 @@ def test_quick_overhead_measures_each_cell_and_splits_the_server_cpu(tmp_path: P
     assert "[n/a ] machinery <= 25 us/sentence at 64x32 (--gpu-like): run with --gpu-like" in stdout
     assert re.search(r"\[(PASS|MISS)\] CPU outside Session.run <= 250 us/request at 32x1: \d+ us", stdout)
     assert "[n/a ] 256x32 sentences/s >= 0.9 x 8x32" in stdout
-
-
-def test_gpu_like_targets_are_the_machinery_at_64_and_256_clients() -> None:
-    def made(label: str, outside: float, floor_us: float) -> Cell:
-        clients, texts = parse_cells(label)[0]
-        # 1e4 sentences computed, 100 us of Session.run each, `outside` us of the rest.
-        c = Cell(clients, texts, 1000.0, 1000.0 / texts, 1.0, 2.0, 0, 10, None, {}, 8.0, 1e4,
-                 1e-2 * (100 + outside), 1.0, 10.0, 0.1, "")  # fmt: skip
-        c.tokenize_us, c.write_us = floor_us, 0.0
-        return c
-
-    lines = targets([made("64x32", 30.0, 10.0), made("256x32", 50.0, 10.0)], gpu_like=True)
-    assert "  [PASS] machinery <= 25 us/sentence at 64x32 (--gpu-like): 20 us" in lines, lines
-    assert "  [MISS] machinery <= 25 us/sentence at 256x32 (--gpu-like): 40 us" in lines, lines
-    assert any(
-        line.startswith("  [n/a ] machinery <= 60 us/sentence at 8x32 (CPU defaults)") for line in lines
-    )
 
 
 def test_the_floor_is_tokenising_and_writing_in_a_process_of_its_own(tmp_path: Path) -> None:

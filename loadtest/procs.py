@@ -1,0 +1,194 @@
+"""The server as a benchmark sees it: the tree of processes under one pid (the server, its workers and
+whatever they start), and each one's memory and CPU time, read from /proc (Linux, as the service's
+supervisor is). The one place a benchmark reads a server's memory or CPU.
+
+Memory, per process, from ``/proc/PID/smaps_rollup``:
+
+- **RSS**: resident pages, shared ones included: what ``top`` and ``ps`` show. Summed over a tree it
+  counts a page once per process that maps it: the libraries every worker maps (ONNX Runtime, numpy,
+  the interpreter) count N + 1 times with N workers.
+- **PSS** (proportional set size): each resident page divided among the processes that map it. Summed
+  over a tree, each page the tree holds counts once, so the processes' rows add up to the tree's total
+  (a page also mapped by processes outside the tree, a system library, is split with them). Benchmarks
+  give a tree's total and each process's growth in PSS: a leak is private pages, which PSS counts in
+  full, and a page that merely becomes shared does not look like growth in the tree.
+- **USS**: private pages only (Private_Clean + Private_Dirty): what ending the process would free.
+
+CPU: user + system time of every thread, plus what ended and reaped children used (cutime + cstime), so
+a worker that ends between two readings still counts, in its parent.
+
+Why /proc and not psutil: the GPU host runs the benchmarks offline from a fixed set of wheels
+(``shared/gpu/pack.sh``), and these few fields need no compiled package.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+MB = 2**20
+# Where multiprocessing's spawn start method puts the processes it starts (the supervisor's workers):
+# their command line ends with this flag. Its resource tracker runs this module instead.
+SPAWNED = "--multiprocessing-fork"
+RESOURCE_TRACKER = "multiprocessing.resource_tracker"
+
+
+def _stat(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the command name (field 3, the state, first)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def descendants(pid: int) -> list[int]:
+    """The live processes below ``pid`` (children, their children, …), from each process's parent id."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int(_stat(int(entry.name))[1])
+        except (OSError, IndexError, ValueError):  # it ended while we looked
+            continue
+        children.setdefault(parent, []).append(int(entry.name))
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of ``pid``'s threads, plus what its ended children used."""
+    fields = _stat(pid)
+    return sum(int(fields[i]) for i in (11, 12, 13, 14)) / CLOCK_TICKS  # utime, stime, cutime, cstime
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """:func:`cpu_seconds` summed over ``pid`` and all its live descendants."""
+    total = 0.0
+    for p in (pid, *descendants(pid)):
+        try:
+            total += cpu_seconds(p)
+        except OSError:  # a descendant ended between the listing and here
+            if p == pid:
+                raise
+    return total
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes of one process, or a sum over several (module docstring: what each counts)."""
+
+    rss: int = 0
+    pss: int = 0
+    uss: int = 0
+    peak_rss: int = 0  # VmHWM: the most RSS so far; over a tree, the sum of each one's peak (an upper bound)
+
+    def __add__(self, other: Memory) -> Memory:
+        return Memory(
+            self.rss + other.rss,
+            self.pss + other.pss,
+            self.uss + other.uss,
+            self.peak_rss + other.peak_rss,
+        )
+
+
+def _kb(path: Path, keys: tuple[str, ...]) -> dict[str, int]:
+    """``Key:  N kB`` lines of a /proc file, in bytes, summed per key (smaps has one block per mapping,
+    smaps_rollup one in all: the same sums)."""
+    out = dict.fromkeys(keys, 0)
+    for line in path.read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in out:
+            out[key] += int(rest.split()[0]) * 1024
+    return out
+
+
+def memory(pid: int) -> Memory:
+    """RSS, PSS, USS and peak RSS of one process now.
+
+    Raises:
+        OSError: the process is gone (or not ours to read).
+    """
+    smaps = Path(f"/proc/{pid}/smaps_rollup")
+    if not smaps.exists():  # Linux before 4.14
+        smaps = Path(f"/proc/{pid}/smaps")
+    m = _kb(smaps, ("Rss", "Pss", "Private_Clean", "Private_Dirty"))
+    peak = _kb(Path(f"/proc/{pid}/status"), ("VmHWM",))["VmHWM"]
+    return Memory(m["Rss"], m["Pss"], m["Private_Clean"] + m["Private_Dirty"], peak)
+
+
+def role(pid: int, root: int) -> str:
+    """What a process of the tree is: ``server`` (the root), ``worker`` (a process multiprocessing
+    spawned: the supervisor's workers), ``resource tracker`` (multiprocessing's), else its command name."""
+    if pid == root:
+        return "server"
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    if RESOURCE_TRACKER.encode() in b" ".join(cmdline):
+        return "resource tracker"
+    if SPAWNED.encode() in cmdline:
+        return "worker"
+    return Path(f"/proc/{pid}/comm").read_text().strip()
+
+
+@dataclass(frozen=True)
+class Process:
+    pid: int
+    role: str
+    memory: Memory
+    cpu_s: float
+
+
+@dataclass(frozen=True)
+class Tree:
+    """One reading of a process tree: the root first, then its live descendants."""
+
+    processes: tuple[Process, ...]
+
+    @property
+    def memory(self) -> Memory:
+        total = Memory()
+        for p in self.processes:
+            total += p.memory
+        return total
+
+    @property
+    def cpu_s(self) -> float:
+        return sum(p.cpu_s for p in self.processes)
+
+    @property
+    def workers(self) -> tuple[Process, ...]:
+        return tuple(p for p in self.processes if p.role == "worker")
+
+    def as_json(self) -> dict[str, Any]:
+        """The tree's sums (bytes, seconds) and each process's figures, for a report's JSON."""
+        return {
+            **asdict(self.memory),
+            "cpu_s": self.cpu_s,
+            "processes": [
+                {"pid": p.pid, "role": p.role, **asdict(p.memory), "cpu_s": p.cpu_s} for p in self.processes
+            ],
+        }
+
+
+def tree(pid: int) -> Tree:
+    """Memory and CPU of ``pid`` and each of its live descendants now; the root is named ``supervisor``
+    when it has workers.
+
+    Raises:
+        OSError: ``pid`` itself is gone.
+    """
+    found: list[Process] = []
+    for p in (pid, *descendants(pid)):
+        try:
+            found.append(Process(p, role(p, pid), memory(p), cpu_seconds(p)))
+        except (OSError, IndexError, ValueError):  # a descendant ended between the listing and here
+            if p == pid:
+                raise
+    if any(p.role == "worker" for p in found):
+        found[0] = Process(pid, "supervisor", found[0].memory, found[0].cpu_s)
+    return Tree(tuple(found))
