@@ -58,8 +58,7 @@ class Zhembed(rpc.ZhembedServicer):
     @staticmethod
     async def _embed(service: Service, request: pb.EmbedRequest) -> pb.EmbedResponse:
         fields = {"inputs": list(request.inputs), **options(request.options)}
-        if request.HasField("normalize"):
-            fields["normalize"] = request.normalize
+        fields.update({n: getattr(request, n) for n in ("normalize", "dimensions") if request.HasField(n)})
         body = validated(EmbedRequest, fields)
         answer = await service.embeddings.embed(body.inputs, body.options(service.defaults))
         return pb.EmbedResponse(

@@ -2,8 +2,11 @@
 
 Each call is the HTTP route's twin: its message is read into the route's own schema (the same defaults,
 validation and messages), the same Service method answers, and the answer is written as TEI's message.
-What a field means follows TEI: ``truncate`` false refuses an over-long input, ``normalize`` is as sent
-(proto3: false unless set), ``truncation_direction`` right keeps the start.
+What a field means follows TEI: ``truncate`` false refuses an over-long input, ``normalize`` unset is the
+model's default (normalised, for a plain BERT) as on TEI and ``POST /embed``, ``dimensions`` is
+``POST /embed``'s (the first components, where the model was trained for it), ``truncation_direction``
+right keeps the start. A field TEI declares ``optional`` is sent to the schema only when the message sets
+it, so "unset" means what a JSON body without it means.
 """
 
 from __future__ import annotations
@@ -52,8 +55,9 @@ def metadata(timings: Timings, chars: int = 0, tokens: int = 0) -> pb.Metadata:
     )
 
 
-def _prompt(request: Any) -> dict[str, Any]:
-    return {"prompt_name": request.prompt_name} if request.HasField("prompt_name") else {}
+def _set(request: Any, *names: str) -> dict[str, Any]:
+    """The ``optional`` fields among ``names`` that ``request`` sets, as a JSON body would carry them."""
+    return {name: getattr(request, name) for name in names if request.HasField(name)}
 
 
 class Info(rpc.InfoServicer):
@@ -91,9 +95,8 @@ class Embed(rpc.EmbedServicer):
             {
                 "inputs": request.inputs,
                 "truncate": request.truncate,
-                "normalize": request.normalize,
                 "truncation_direction": _direction(request.truncation_direction),
-                **_prompt(request),
+                **_set(request, "normalize", "prompt_name", "dimensions"),
             },
         )
         answer = await service.embeddings.embed(body.inputs, body.options(service.defaults))
