@@ -18,6 +18,7 @@ import grpc
 import numpy as np
 
 from app import __version__
+from app.api.rpc import wire
 from app.api.rpc.calls import Calls, streaming, unary, validated
 from app.api.rpc.proto import tei_pb2 as pb
 from app.api.rpc.proto import tei_pb2_grpc as rpc
@@ -213,10 +214,10 @@ class Rerank(rpc.RerankServicer):
     async def RerankStream(
         self, request_iterator: AsyncIterator[pb.RerankStreamRequest], context: grpc.aio.ServicerContext
     ) -> pb.RerankResponse:
-        # The texts of every message, ranked against the first message's query with its options.
-        messages = [m async for m in request_iterator]
-
+        # The texts of every message, ranked against the first message's query with its options; read
+        # within the call, so that one message that does not parse is refused as the call's error.
         async def work(service: Service) -> pb.RerankResponse:
+            messages = [m async for m in request_iterator]
             if not messages:
                 raise EmptyInput("the stream sent no texts: send at least one RerankStreamRequest")
             return await self._rerank(service, messages[0], [m.text for m in messages])
@@ -258,13 +259,16 @@ class Tokenize(rpc.TokenizeServicer):
 
 
 def add_to(server: grpc.aio.Server, calls: Calls) -> list[str]:
-    """Add every tei.v1 service to ``server``; their full names (for reflection and health)."""
-    rpc.add_InfoServicer_to_server(Info(calls), server)
-    rpc.add_EmbedServicer_to_server(Embed(calls), server)
-    rpc.add_PredictServicer_to_server(Predict(calls), server)
-    rpc.add_RerankServicer_to_server(Rerank(calls), server)
-    rpc.add_TokenizeServicer_to_server(Tokenize(calls), server)
+    """Add every tei.v1 service to ``server`` (requests read by :mod:`app.api.rpc.wire`); their full
+    names (for reflection and health)."""
+    servicers = {
+        "Info": Info(calls),
+        "Embed": Embed(calls),
+        "Predict": Predict(calls),
+        "Rerank": Rerank(calls),
+        "Tokenize": Tokenize(calls),
+    }
     return [
-        pb.DESCRIPTOR.services_by_name[n].full_name
-        for n in ("Info", "Embed", "Predict", "Rerank", "Tokenize")
+        wire.register(server, calls, servicer, pb.DESCRIPTOR.services_by_name[name])
+        for name, servicer in servicers.items()
     ]
