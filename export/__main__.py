@@ -1,5 +1,5 @@
 """``python -m export --model SRC --out DIR [--revision REV] [--variants fp32,fp16,int8] [--opset N]
-[--twin] [--force]``."""
+[--twin] [--matryoshka-dimensions 768,256,64 | any] [--force]``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 from app.model.manifest import VARIANTS, Variant
 from app.model.resolve import EXIT_EXPORT_ERROR, EXIT_HUB_UNREACHABLE
+from export.matryoshka import ANY_WIDTH, Declared
 from export.pipeline import ExportOptions, run_export
 from export.source import ExportError, HubUnreachableError
 from export.spec import DEFAULT_MODEL, DEFAULT_OPSET
@@ -21,6 +22,20 @@ def _variants(text: str) -> tuple[Variant, ...]:
     if unknown or not chosen:
         raise argparse.ArgumentTypeError(f"variants are a comma list of {', '.join(VARIANTS)}; got {text!r}")
     return tuple(v for v in VARIANTS if v in chosen)
+
+
+def _matryoshka(text: str) -> Declared:
+    if text.strip() == ANY_WIDTH:
+        return ANY_WIDTH
+    try:
+        widths = tuple(int(d) for d in text.split(",") if d.strip())
+    except ValueError:
+        widths = ()
+    if not widths or min(widths) < 1:
+        raise argparse.ArgumentTypeError(
+            f"matryoshka dimensions are a comma list of widths ≥ 1 (e.g. 768,256,64) or {ANY_WIDTH}; got {text!r}"
+        )
+    return widths
 
 
 def parse_args(argv: list[str] | None = None) -> ExportOptions:
@@ -40,6 +55,14 @@ def parse_args(argv: list[str] | None = None) -> ExportOptions:
     parser.add_argument(
         "--twin", action="store_true", help="random weights from SRC's config and tokenizer (benchmarks only)"
     )
+    parser.add_argument(
+        "--matryoshka-dimensions",
+        type=_matryoshka,
+        default=None,
+        help="the checkpoint was trained for shorter vectors (Matryoshka loss) at these widths, or at any "
+        f"('{ANY_WIDTH}'), though its config.json does not say so (matryoshka_dimensions, is_matryoshka): "
+        "requests may then ask for dimensions",
+    )
     parser.add_argument("--force", action="store_true", help="export even if --out is up to date")
     args = parser.parse_args(argv)
     return ExportOptions(
@@ -50,6 +73,7 @@ def parse_args(argv: list[str] | None = None) -> ExportOptions:
         opset=args.opset,
         twin=args.twin,
         force=args.force,
+        matryoshka_dimensions=args.matryoshka_dimensions,
     )
 
 

@@ -41,7 +41,7 @@ from app.model.manifest import (
     verify_files,
 )
 from app.model.runtime import return_freed_memory
-from export import graphs, heads, sentence, source, validate, variants
+from export import graphs, heads, matryoshka, sentence, source, validate, variants
 from export.spec import DEFAULT_MODEL, DEFAULT_OPSET, INT8_RECIPE, PROVIDERS, THRESHOLDS, Threshold
 
 Log = Callable[[str], None]
@@ -56,15 +56,20 @@ class ExportOptions:
     opset: int = DEFAULT_OPSET
     twin: bool = False
     force: bool = False
+    # --matryoshka-dimensions: declares what the checkpoint's config.json does not (None: read it there).
+    matryoshka_dimensions: matryoshka.Declared = None
 
     def fingerprint_fields(self) -> dict[str, object]:
-        return {
+        fields: dict[str, object] = {
             "variants": sorted(self.variants),
             "opset": self.opset,
             "twin": self.twin,
             "revision": self.revision,
             "int8_recipe": INT8_RECIPE.describe(),
         }
+        if self.matryoshka_dimensions is not None:  # only then: every other export keeps its fingerprint
+            fields["matryoshka"] = matryoshka.as_flag(self.matryoshka_dimensions)
+        return fields
 
 
 @dataclass
@@ -136,10 +141,16 @@ def _graph_file(
     )
 
 
-def _up_to_date(out: Path, fingerprint: str) -> Manifest | None:
+def _up_to_date(out: Path, fingerprint: str, declared: matryoshka.Declared) -> Manifest | None:
     try:
         manifest = load_manifest(out)
         if manifest.source.fingerprint != fingerprint:
+            return None
+        # An export from before the manifest recorded Matryoshka training reads as untrained: exported
+        # again if the source declares it (the fingerprint, over the same config.json, cannot tell).
+        if (manifest.defaults.matryoshka, manifest.defaults.matryoshka_dimensions) != matryoshka.recorded(
+            declared
+        ):
             return None
         files = {g.file: g.sha256 for per in manifest.graphs.values() for g in per.values()}
         verify_files(out, files | manifest.files())
@@ -184,7 +195,8 @@ def run_export(
     # Hashed once here (the fingerprint and the manifest both use it); a 400 MB read is worth not repeating.
     weights_sha = None if options.twin else sha256_file(source.require_weights(src))
     fingerprint = source.fingerprint(src, weights_sha, options.fingerprint_fields())
-    if not options.force and (existing := _up_to_date(out, fingerprint)) is not None:
+    declared = options.matryoshka_dimensions or matryoshka.declared(src.folder)
+    if not options.force and (existing := _up_to_date(out, fingerprint, declared)) is not None:
         log(f"[export] {out} is up to date (same source and options); pass --force to export again")
         return existing
 
@@ -193,7 +205,7 @@ def run_export(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        manifest = _export_into(tmp, src, weights_sha, fingerprint, options, clock, thresholds)
+        manifest = _export_into(tmp, src, weights_sha, fingerprint, declared, options, clock, thresholds)
         _swap_into_place(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -221,6 +233,7 @@ def _export_into(
     src: source.ResolvedSource,
     weights_sha: str | None,
     fingerprint: str,
+    declared: matryoshka.Declared,
     options: ExportOptions,
     clock: _Clock,
     thresholds: dict[Variant, tuple[Threshold, ...]],
@@ -244,6 +257,8 @@ def _export_into(
         saved = tokenizer.save_pretrained(tmp)
         token_files = {Path(p).name: sha256_file(Path(p)) for p in saved if Path(p).is_file()}
         dense_layers, dense_files = sentence.save_dense(tmp, st.dense if st is not None else ())
+    # Checked before any graph is made: a width the vectors do not have is the user's to fix.
+    recorded = matryoshka.checked(declared, dense_layers[-1].out_features if dense_layers else hidden)
 
     scratch = tmp / "scratch"
     scratch.mkdir()
@@ -327,7 +342,7 @@ def _export_into(
             fingerprint=fingerprint,
         ),
         kind=kind,
-        defaults=sentence.defaults(st, dense_layers),
+        defaults=sentence.defaults(st, dense_layers, recorded),
         head=head,
         extra_files=dense_files,
         config=ModelConfig(
@@ -365,6 +380,11 @@ def _export_into(
             "opset": options.opset,
             "twin": options.twin,
             **{f"int8_{k}": v for k, v in INT8_RECIPE.describe().items()},
+            **(
+                {"matryoshka": matryoshka.as_flag(options.matryoshka_dimensions)}
+                if options.matryoshka_dimensions
+                else {}
+            ),
         },
         created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     )

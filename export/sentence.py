@@ -279,10 +279,14 @@ def save_dense(folder: Path, layers: tuple[Dense, ...]) -> tuple[list[DenseLayer
     return entries, files
 
 
-def defaults(st: SentenceConfig | None, dense: list[DenseLayer]) -> Defaults:
-    """A plain BERT's defaults, or a sentence-transformers folder's own (as ``encode`` serves it)."""
+def defaults(
+    st: SentenceConfig | None, dense: list[DenseLayer], matryoshka: tuple[bool, list[int] | None]
+) -> Defaults:
+    """A plain BERT's defaults, or a sentence-transformers folder's own (as ``encode`` serves it); with
+    either, whether it was trained for shorter vectors (``matryoshka``: trained, and the widths if listed)."""
+    trained, listed = matryoshka
     if st is None:
-        return Defaults()
+        return Defaults(matryoshka=trained, matryoshka_dimensions=listed)
     return Defaults(
         source="sentence-transformers",
         pooling=st.pooling,
@@ -294,4 +298,6 @@ def defaults(st: SentenceConfig | None, dense: list[DenseLayer]) -> Defaults:
         default_prompt_name=st.default_prompt_name,
         dense=dense,
         modules=list(st.modules),
+        matryoshka=trained,
+        matryoshka_dimensions=listed,
     )

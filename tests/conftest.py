@@ -53,3 +53,22 @@ def tiny_model_dir(tiny_source_dir: Path, tmp_path_factory: pytest.TempPathFacto
     out = tmp_path_factory.mktemp("tiny-export") / "model"
     run_export(ExportOptions(out=out, model=str(tiny_source_dir)), log=lambda _line: None)
     return out
+
+
+# A tiny BERT whose config.json says it was trained for shorter vectors, as a Matryoshka checkpoint's does
+# (vLLM reads the same key): requests may ask for these widths of its 64.
+MATRYOSHKA_DIMENSIONS = [64, 32, 16]
+
+
+@pytest.fixture(scope="session")
+def matryoshka_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from export.pipeline import ExportOptions, run_export
+
+    source = make_tiny_source(
+        tmp_path_factory.mktemp("matryoshka-source"),
+        seed=13,
+        config={**TINY_CONFIG, "matryoshka_dimensions": MATRYOSHKA_DIMENSIONS},
+    )
+    out = tmp_path_factory.mktemp("matryoshka-export") / "model"
+    run_export(ExportOptions(out=out, model=str(source), variants=("fp32",)), log=lambda _line: None)
+    return out

@@ -354,9 +354,16 @@ TOO_DEEP = (
 )
 
 
+def server_fault() -> InternalError:
+    """What a client is told of a fault of the server's own (a bug, not its request), over HTTP (500) and
+    gRPC (INTERNAL) alike: that it happened and where it is recorded, never the exception, whose class and
+    text are the server's insides (they go to the log)."""
+    return InternalError("internal error: the server failed on this request; the fault is in its log")
+
+
 async def _on_unexpected(request: Request, exc: Exception) -> Response:
     log.exception("server fault on %s %s", request.method, request.url.path, exc_info=exc)
-    return error_response(InternalError(f"internal error: {type(exc).__name__}"), request)
+    return error_response(server_fault(), request)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -17,6 +17,7 @@ NAMESPACE = "zhembed:v1"
 
 # Every option that changes an /embed vector, resolved (layers 1-based, weights scaled to sum 1). A key
 # built from any other set of fields is refused, so an option added later cannot be left out silently.
+# All but ``dimensions``: the cache keeps whole vectors, and the first components are cut after it.
 OPTION_FIELDS = frozenset(
     {
         "pooling",

@@ -151,7 +151,8 @@ class Defaults(_Frozen):
 
     A plain BERT folder: mean pooling, normalised, over-long inputs refused. A sentence-transformers
     folder: its ``Pooling`` mode, ``Normalize`` (or none), ``Dense`` modules, truncation at its
-    ``max_seq_length`` (as ``encode`` does), its ``do_lower_case`` and prompts.
+    ``max_seq_length`` (as ``encode`` does), its ``do_lower_case`` and prompts. Either: whether it was
+    trained for shorter vectors (Matryoshka), which decides what a request's ``dimensions`` may ask.
     """
 
     source: Literal["bert", "sentence-transformers"] = "bert"
@@ -164,6 +165,15 @@ class Defaults(_Frozen):
     default_prompt_name: str | None = None
     dense: list[DenseLayer] = Field(default_factory=list)
     modules: list[str] = Field(default_factory=list, description="the sentence-transformers modules read")
+    # Read with a default, so a manifest written before these fields reads as "not trained for it".
+    matryoshka: bool = Field(
+        default=False,
+        description="trained for shorter vectors (Matryoshka): a request's dimensions keeps the first ones; "
+        "from config.json is_matryoshka / matryoshka_dimensions (as vLLM reads them) or --matryoshka-dimensions",
+    )
+    matryoshka_dimensions: list[int] | None = Field(
+        default=None, description="the widths it was trained for, widest first; None: any (is_matryoshka)"
+    )
 
 
 class Head(_Frozen):
@@ -272,6 +282,8 @@ def reexport_command(folder: Path, raw: dict[str, object]) -> str:
         command += ["--opset", str(options["opset"])]
     if options.get("twin") is True:
         command.append("--twin")
+    if isinstance(options.get("matryoshka"), str):
+        command += ["--matryoshka-dimensions", str(options["matryoshka"])]
     return shlex.join([*command, "--force"])
 
 

@@ -5,7 +5,8 @@ The way every vector is made: the texts (with the model's prompt), through the v
 is one (:mod:`app.cache.vectors`), what it lacks tokenised and planned into sequences on the tokenisation
 thread (windows for long texts: :mod:`app.tasks.windows`), pooled by the engine, through the model's
 Dense modules (:mod:`app.model.dense`), then combined across layers and windows and normalised
-(:mod:`app.tasks.layers`).
+(:mod:`app.tasks.layers`); and last, with ``dimensions``, cut to their first components and normalised
+again (Matryoshka), after the cache, which keeps whole vectors.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from app.tasks.options import (
     Resolved,
     check_dimensions,
     listed,
+    matryoshka_of,
     no_tokens,
     prompt_text,
     resolve_embed,
@@ -58,6 +60,7 @@ class Embeddings:
         self.dense = dense.load(core.model.folder, m.defaults.dense)
         # The width of the vectors: the encoder's hidden size, or the last Dense module's output.
         self.width = dense.width(m.defaults.dense, m.config.hidden_size)
+        self.matryoshka = matryoshka_of(m.defaults)
         # Prompt name → its text and the tokens it takes ([CLS] and the prompt's own, not [SEP]: how
         # sentence-transformers counts the positions that include_prompt false leaves out of the pooling).
         prompts = m.defaults.prompts
@@ -122,11 +125,11 @@ class Embeddings:
             The vectors and the inputs' tokens ([CLS] and [SEP] included).
 
         Raises:
-            ValidationFailed: ``dimensions`` other than the model's; an id out of the vocabulary; an input
-                over the model's length; over the per-request limits.
+            ValidationFailed: a ``dimensions`` the model cannot give (:func:`check_dimensions`); an id out
+                of the vocabulary; an input over the model's length; over the per-request limits.
             EmptyInput: no inputs, or an empty one.
         """
-        check_dimensions(dimensions, self.width)
+        options = replace(self.core.defaults, dimensions=dimensions)
         if (id_inputs := token_id_lists(inputs)) is not None:
             sequences, names = id_inputs
             given = token_id_inputs(
@@ -137,12 +140,12 @@ class Embeddings:
                 self.core.model.manifest.config.vocab_size,
             )
             texts = list(given)
-            vectors, timings, _ = await self.vectors(texts, self.core.defaults, names, TOO_LONG_OPENAI, given)
+            vectors, timings, _ = await self.vectors(texts, options, names, TOO_LONG_OPENAI, given)
             return Answer((vectors, sum(len(given[t]) for t in texts)), timings)
         names = listed("input", inputs)
         texts = self.core.texts(cast(str | list[str], inputs), names)
         vectors, timings, tokens = await self.vectors(
-            texts, self.core.defaults, names, TOO_LONG_OPENAI, count_tokens=True
+            texts, options, names, TOO_LONG_OPENAI, count_tokens=True
         )
         return Answer((vectors, sum(tokens[t] for t in texts)), timings)
 
@@ -154,7 +157,8 @@ class Embeddings:
         pairs: list[list[str]] | None,
         options: EmbedOptions,
     ) -> Answer[list[float]]:
-        """Cosine of ``source`` with each of ``sentences``, or of each pair."""
+        """Cosine of ``source`` with each of ``sentences``, or of each pair (of their first ``dimensions``
+        components, when the options say so: the root route's similarity form)."""
         options = replace(options, normalize=True)
         if pairs is not None:
             if not pairs:
@@ -189,7 +193,8 @@ class Embeddings:
         count_tokens: bool = False,
     ) -> tuple[np.ndarray, Timings, dict[str, int]]:
         """The combined (and optionally normalised) float32 vector of each text, [texts, width], through
-        the cache when there is one.
+        the cache when there is one; with ``options.dimensions``, its first components [texts, dimensions]
+        (normalised again if ``options.normalize``).
 
         ``names`` name the texts in error messages, ``too_long`` says what to do about one over the
         model's length. With ``given``, the texts are keys of token ids that run as they are.
@@ -200,6 +205,7 @@ class Embeddings:
         if check_ready:
             self.core.check_ready()
         resolved = resolve_embed(options, self.core.model.num_layers, self.core.model.has_pooler)
+        self._check_dimensions(options, resolved)
         pool_from = 0
         asked = texts
         if given is None and (
@@ -270,15 +276,23 @@ class Embeddings:
             if count_tokens and (uncounted := [t for t in first if t not in computed.tokens]):
                 encodings, _ = await self.core.tokenize(uncounted, offsets=False)
                 computed.tokens.update((t, len(e.ids)) for t, e in zip(uncounted, encodings, strict=True))
+        if options.dimensions is not None and options.dimensions < vectors.shape[1]:  # the width: as it is
+            vectors = layers.first_components(vectors, options.dimensions, options.normalize)
         tokens = computed.tokens
         if count_tokens and texts is not asked:  # counted with the prompt, reported by the texts sent
             tokens = {a: tokens[t] for a, t in zip(asked, texts, strict=True)}
         return vectors, timings_of(computed.jobs, computed.tokenization_ms), tokens
 
+    def _check_dimensions(self, options: EmbedOptions, resolved: Resolved) -> None:
+        """``options.dimensions`` against the width of the vectors asked for (layers side by side widen them)."""
+        width = self.width * len(resolved.layers) if resolved.mix.how == "concat" else self.width
+        check_dimensions(options.dimensions, width, self.matryoshka)
+
     def _key_prefix(self, options: EmbedOptions, resolved: Resolved, token_ids: bool = False) -> str:
         """Everything besides the text that changes a vector: model, pooling, layers and the rest; and
         whether the "texts" are token ids written out (their own key space: ids "101,102" are not the
-        text "101,102")."""
+        text "101,102"). Not ``dimensions``: the cache keeps whole vectors, cut after it (normalising a cut
+        of a normalised vector gives what normalising the cut of the raw one does)."""
         return cache_keys.space(
             self.core.model_digest,
             {

@@ -12,6 +12,11 @@ if TYPE_CHECKING:
     from app.tasks.service import Service
 
 
+_MATRYOSHKA = (
+    "config.json matryoshka_dimensions or is_matryoshka (as vLLM reads them), or python -m export "
+    "--matryoshka-dimensions"
+)
+
 # Where each default comes from, by the kind of folder the model was exported from.
 _SOURCES = {
     "bert": {
@@ -20,6 +25,7 @@ _SOURCES = {
         "long_text": "zhembed's default (TEI's: refuse over-long inputs)",
         "max_input_length": "config.json max_position_embeddings",
         "prompt_name": "none (the model defines no prompts)",
+        "matryoshka": _MATRYOSHKA,
     },
     "sentence-transformers": {
         "pooling": "the folder's Pooling module (its config.json)",
@@ -27,6 +33,7 @@ _SOURCES = {
         "long_text": "sentence-transformers' encode, which truncates",
         "max_input_length": "sentence_bert_config.json max_seq_length",
         "prompt_name": "config_sentence_transformers.json default_prompt_name",
+        "matryoshka": _MATRYOSHKA,
     },
 }
 
@@ -46,6 +53,10 @@ def defaults(service: Service) -> dict[str, Any]:
         "do_lower_case": d.do_lower_case,
         "dense": [{"in": x.in_features, "out": x.out_features, "activation": x.activation} for x in d.dense],
         "dimensions": service.embeddings.width,
+        # Whether a request's dimensions may cut the vectors (else only the width above is taken), and to
+        # which widths (None: any of 1..dimensions).
+        "matryoshka": d.matryoshka,
+        "matryoshka_dimensions": d.matryoshka_dimensions,
         "modules": d.modules,
         "source": d.source,
         "sources": _SOURCES[d.source],

@@ -89,3 +89,11 @@ def input_vectors(
         np.add.at(sums, owners, combined * w[:, None])
         combined = sums / np.bincount(owners, weights=w, minlength=count).astype(np.float32)[:, None]
     return normalize_rows(combined) if normalized else combined
+
+
+def first_components(vectors: np.ndarray, dimensions: int, normalized: bool) -> np.ndarray:
+    """[n, width] → [n, dimensions]: each vector's first ``dimensions`` components (Matryoshka), scaled to
+    unit length again if ``normalized``. Cutting a unit vector and normalising gives what cutting the raw
+    vector and normalising does, so a cache of normalised vectors serves every ``dimensions``."""
+    cut = vectors[:, :dimensions]
+    return normalize_rows(cut) if normalized else np.ascontiguousarray(cut)  # contiguous for the writers

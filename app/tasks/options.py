@@ -46,6 +46,9 @@ class EmbedOptions:
     truncation_direction: Direction = "right"
     normalize: bool = True
     prompt_name: str | None = None  # one of the model's prompts, put before each text
+    # Matryoshka: keep the first ``dimensions`` components of each vector (then normalise); None = all.
+    # Checked by :func:`check_dimensions`; applied after the cache, which keeps whole vectors.
+    dimensions: int | None = None
 
 
 def model_defaults(defaults: Defaults) -> EmbedOptions:
@@ -218,17 +221,62 @@ def listed(field: str, inputs: object) -> Names:
     return Names(field, lambda i: f"{field}[{i}]")
 
 
-def check_dimensions(dimensions: int | None, width: int) -> None:
-    """OpenAI's ``dimensions``: only the model's own ``width``, as vLLM answers for a model not trained
-    for shorter vectors (bert-base-chinese is not: cut vectors would lose meaning, not just detail).
+@dataclass(frozen=True)
+class Matryoshka:
+    """Whether a model was trained for shorter vectors (Matryoshka representation learning), read as vLLM
+    reads it from config.json: ``matryoshka_dimensions`` (the widths it was trained for) or
+    ``is_matryoshka`` (any width). The export records it in the manifest (``defaults.matryoshka``)."""
+
+    trained: bool = False
+    dimensions: tuple[int, ...] | None = None  # the widths it was trained for; None: any up to its own
+
+
+def matryoshka_of(defaults: Defaults) -> Matryoshka:
+    """What the manifest says of the model's training for shorter vectors."""
+    listed = defaults.matryoshka_dimensions
+    return Matryoshka(defaults.matryoshka, tuple(listed) if listed is not None else None)
+
+
+# What the refusal tells a client whose model is not Matryoshka-trained, and its operator.
+_NOT_MATRYOSHKA = (
+    "this model was not trained for shorter ones (Matryoshka), so a cut vector would lose meaning, not just "
+    "detail: leave dimensions out, or send {width}. A checkpoint trained for shorter vectors says so in its "
+    "config.json (matryoshka_dimensions or is_matryoshka), or at export: python -m export "
+    "--matryoshka-dimensions"
+)
+
+
+def check_dimensions(dimensions: int | None, width: int, matryoshka: Matryoshka) -> None:
+    """The ``dimensions`` option of every embedding route and call (OpenAI's and TEI's name): the first
+    ``dimensions`` components of each vector.
+
+    A model trained for shorter vectors takes 1..``width``, and one of the widths it lists if it lists
+    them (as vLLM requires; its own ``width``, the whole vector, always). Any other model takes only its
+    ``width`` (nothing is cut: accepted, where vLLM refuses any ``dimensions``, because clients send the
+    width they expect); vLLM and OpenAI refuse the rest alike, since such a model's leading components
+    carry no more of the meaning than any others.
+
+    ``width`` is that of the vectors the request makes (several layers side by side are wider).
 
     Raises:
-        ValidationFailed: any other width.
+        ValidationFailed: a ``dimensions`` the model cannot give, saying why and what to send.
     """
-    if dimensions is not None and dimensions != width:
+    if dimensions is None or dimensions == width:
+        return
+    if not matryoshka.trained:
         raise ValidationFailed(
-            f"dimensions {dimensions} is not supported: this model's vectors have {width} dimensions, and "
-            "it was not trained for shorter ones (leave dimensions out)"
+            f"dimensions {dimensions} is not supported: the vectors have {width} dimensions, and "
+            + _NOT_MATRYOSHKA.format(width=width)
+        )
+    if not 1 <= dimensions <= width:
+        raise ValidationFailed(
+            f"dimensions {dimensions} is out of range: the vectors have {width} dimensions; send 1..{width}"
+        )
+    listed = matryoshka.dimensions
+    if listed is not None and dimensions not in listed:
+        choices = ", ".join(str(d) for d in sorted({*listed, width}, reverse=True) if d <= width)
+        raise ValidationFailed(
+            f"dimensions {dimensions} is not one this model was trained for: send one of {choices}"
         )
 
 

@@ -73,3 +73,17 @@ def test_variants_flag_rejects_unknown_names() -> None:
     with pytest.raises(SystemExit):
         parse_args(["--out", "x", "--variants", "fp32,bf16"])
     assert parse_args(["--out", "x", "--variants", "int8,fp32"]).variants == ("fp32", "int8")
+
+
+def test_matryoshka_dimensions_flag_takes_widths_or_any(capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse_args(["--out", "m"]).matryoshka_dimensions is None
+    assert parse_args(["--out", "m", "--matryoshka-dimensions", "64, 32,16"]).matryoshka_dimensions == (
+        64,
+        32,
+        16,
+    )
+    assert parse_args(["--out", "m", "--matryoshka-dimensions", "any"]).matryoshka_dimensions == "any"
+    for bad in ("0,16", "sixteen", ""):
+        with pytest.raises(SystemExit):
+            parse_args(["--out", "m", "--matryoshka-dimensions", bad])
+        assert "comma list of widths" in capsys.readouterr().err

@@ -9,13 +9,23 @@ from pathlib import Path
 import onnx
 import pytest
 
-from app.model.manifest import ANY_CPU, VARIANTS, VNNI, load_manifest, sha256_file, verify_files
+from app.model.manifest import (
+    ANY_CPU,
+    MANIFEST_NAME,
+    VARIANTS,
+    VNNI,
+    load_manifest,
+    reexport_command,
+    sha256_file,
+    verify_files,
+)
 from app.model.runtime import cpu_has_vnni
 from export import graphs, variants
 from export.pipeline import ExportOptions, run_export
+from export.source import ExportError
 from export.spec import THRESHOLDS, Threshold
 from export.validate import ValidationFailedError
-from tests.conftest import TINY_CONFIG
+from tests.conftest import MATRYOSHKA_DIMENSIONS, TINY_CONFIG
 
 
 def _quiet(_line: str) -> None:
@@ -248,3 +258,64 @@ def test_manifest_is_plain_json_the_service_can_read(tiny_model_dir: Path) -> No
     assert raw["schema_version"] == 3
     assert raw["pooled_outputs"]["mean"]["1"] == "mean_1"  # JSON keys are strings; the model reads ints
     assert set(raw["graphs"]) == {"encoder", "mlm_head"}
+
+
+def test_a_config_that_declares_matryoshka_training_is_recorded(
+    matryoshka_model_dir: Path, tiny_model_dir: Path
+) -> None:
+    declared = load_manifest(matryoshka_model_dir).defaults
+    assert declared.matryoshka is True
+    assert declared.matryoshka_dimensions == sorted(MATRYOSHKA_DIMENSIONS, reverse=True)
+    plain = load_manifest(tiny_model_dir).defaults
+    assert plain.matryoshka is False and plain.matryoshka_dimensions is None
+
+
+def test_the_flag_declares_matryoshka_and_only_then_enters_the_fingerprint(
+    tiny_source_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "model"
+    plain = ExportOptions(out=out, model=str(tiny_source_dir), variants=("fp32",))
+    assert "matryoshka" not in plain.fingerprint_fields()  # every export made before keeps its fingerprint
+    first = run_export(plain, log=_quiet)
+    flagged = run_export(
+        ExportOptions(out=out, model=str(tiny_source_dir), variants=("fp32",), matryoshka_dimensions="any"),
+        _quiet,
+    )
+    assert first.source.fingerprint != flagged.source.fingerprint
+    assert flagged.defaults.matryoshka is True and flagged.defaults.matryoshka_dimensions is None
+    raw = json.loads((out / MANIFEST_NAME).read_text())
+    assert reexport_command(out, raw).endswith("--matryoshka-dimensions any --force")
+
+
+def test_an_export_that_predates_the_matryoshka_fields_is_exported_again(
+    matryoshka_model_dir: Path, tmp_path: Path
+) -> None:
+    # A manifest written before the fields existed, of a source whose config declares the training: the
+    # fingerprint (over the same config.json) matches, the manifest reads as untrained.
+    out = tmp_path / "model"
+    shutil.copytree(matryoshka_model_dir, out)
+    raw = json.loads((out / MANIFEST_NAME).read_text())
+    del raw["defaults"]["matryoshka"], raw["defaults"]["matryoshka_dimensions"]
+    (out / MANIFEST_NAME).write_text(json.dumps(raw))
+    assert load_manifest(out).defaults.matryoshka is False  # read without a schema bump
+    lines: list[str] = []
+    again = run_export(ExportOptions(out=out, model=raw["source"]["model"], variants=("fp32",)), lines.append)
+    assert not any("up to date" in line for line in lines)
+    assert again.defaults.matryoshka_dimensions == sorted(MATRYOSHKA_DIMENSIONS, reverse=True)
+
+
+def test_matryoshka_widths_the_vectors_do_not_have_are_refused_before_any_graph(
+    tiny_source_dir: Path, tmp_path: Path
+) -> None:
+    lines: list[str] = []
+    with pytest.raises(ExportError, match=r"\[128\] do not fit this model's vectors of 64 dimensions"):
+        run_export(
+            ExportOptions(
+                out=tmp_path / "m",
+                model=str(tiny_source_dir),
+                variants=("fp32",),
+                matryoshka_dimensions=(128, 32),
+            ),
+            lines.append,
+        )
+    assert not any("export encoder" in line for line in lines)

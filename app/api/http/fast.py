@@ -56,6 +56,7 @@ from app.api.errors import (
     SCOPE_ERROR_TYPE,
     TOO_DEEP,
     send_error,
+    server_fault,
     unreadable_body_message,
     validation_message,
 )
@@ -188,7 +189,7 @@ class DataPath:
             return await self._error(exc, scope, send)
         except Exception as exc:  # a server fault: logged, answered 500 like every other route's
             log.exception("server fault on POST %s", scope["path"], exc_info=exc)
-            return await self._error(InternalError(f"internal error: {type(exc).__name__}"), scope, send)
+            return await self._error(server_fault(), scope, send)
         headers = response.raw_headers
         if self.drain.draining:  # accepted before the signal, answered after it: the connection closes
             headers = with_close(headers)

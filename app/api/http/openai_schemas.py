@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Discriminator, Field, Tag
 
 from app.api.schemas.common import StrictRequest, Text
+from app.api.schemas.embeddings import DIMENSIONS
 from app.tasks.options import FloatEncoding
 
 
@@ -50,11 +51,7 @@ class OpenAIEmbeddingRequest(StrictRequest):
         default="float", description="float: numbers; base64: little-endian float32 bytes."
     )
     user: str | None = Field(default=None, description="Accepted for compatibility and ignored.")
-    dimensions: int | None = Field(
-        default=None,
-        description="Only the model's own width is accepted: bert-base-chinese was not trained for shorter "
-        "vectors, so they are never cut.",
-    )
+    dimensions: int | None = Field(default=None, description=DIMENSIONS)
 
 
 class OpenAIModel(BaseModel):

@@ -21,8 +21,8 @@ from pydantic import BaseModel, ValidationError
 
 from app.api.auth import ApiKeys
 from app.api.drain import Drain, shutting_down
-from app.api.errors import row_for, validation_message
-from app.errors import InternalError, NotReady, ServiceError, Unauthorized, ValidationFailed
+from app.api.errors import row_for, server_fault, validation_message
+from app.errors import NotReady, ServiceError, Unauthorized, ValidationFailed
 from app.tasks.service import Service
 from app.telemetry.context import CURRENT_INPUTS
 from app.telemetry.metrics import Metrics
@@ -119,10 +119,10 @@ class Calls:
             raise
         except grpc.aio.AbortError:
             raise
-        except Exception as exc:  # a server fault: logged, answered INTERNAL, as HTTP answers 500
+        except Exception:  # a server fault: logged, answered INTERNAL, as HTTP answers 500
             log.exception("server fault on gRPC %s", method)
             code = "INTERNAL"
-            await self._fail(context, InternalError(f"internal error: {type(exc).__name__}"))
+            await self._fail(context, server_fault())
             raise
         finally:
             self._done(method, code, started, span)
@@ -169,10 +169,10 @@ class Calls:
             raise
         except grpc.aio.AbortError:
             raise
-        except Exception as exc:
+        except Exception:
             log.exception("server fault on gRPC %s", method)
             code = "INTERNAL"
-            await self._fail(context, InternalError(f"internal error: {type(exc).__name__}"))
+            await self._fail(context, server_fault())
         finally:
             if reader is not None:
                 reader.cancel()

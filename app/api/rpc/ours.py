@@ -9,6 +9,7 @@ import grpc
 import numpy as np
 
 from app.api.encoding import encode_vectors
+from app.api.rpc import wire
 from app.api.rpc.calls import Calls, streaming, unary, validated
 from app.api.rpc.proto import zhembed_pb2 as pb
 from app.api.rpc.proto import zhembed_pb2_grpc as rpc
@@ -58,8 +59,7 @@ class Zhembed(rpc.ZhembedServicer):
     @staticmethod
     async def _embed(service: Service, request: pb.EmbedRequest) -> pb.EmbedResponse:
         fields = {"inputs": list(request.inputs), **options(request.options)}
-        if request.HasField("normalize"):
-            fields["normalize"] = request.normalize
+        fields.update({n: getattr(request, n) for n in ("normalize", "dimensions") if request.HasField(n)})
         body = validated(EmbedRequest, fields)
         answer = await service.embeddings.embed(body.inputs, body.options(service.defaults))
         return pb.EmbedResponse(
@@ -129,5 +129,5 @@ class Zhembed(rpc.ZhembedServicer):
 
 
 def add_to(server: grpc.aio.Server, calls: Calls) -> list[str]:
-    rpc.add_ZhembedServicer_to_server(Zhembed(calls), server)
-    return [pb.DESCRIPTOR.services_by_name["Zhembed"].full_name]
+    """Add zhembed.v1 to ``server`` (requests read by :mod:`app.api.rpc.wire`); its full name."""
+    return [wire.register(server, calls, Zhembed(calls), pb.DESCRIPTOR.services_by_name["Zhembed"])]

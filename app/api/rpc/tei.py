@@ -2,8 +2,11 @@
 
 Each call is the HTTP route's twin: its message is read into the route's own schema (the same defaults,
 validation and messages), the same Service method answers, and the answer is written as TEI's message.
-What a field means follows TEI: ``truncate`` false refuses an over-long input, ``normalize`` is as sent
-(proto3: false unless set), ``truncation_direction`` right keeps the start.
+What a field means follows TEI: ``truncate`` false refuses an over-long input, ``normalize`` unset is the
+model's default (normalised, for a plain BERT) as on TEI and ``POST /embed``, ``dimensions`` is
+``POST /embed``'s (the first components, where the model was trained for it), ``truncation_direction``
+right keeps the start. A field TEI declares ``optional`` is sent to the schema only when the message sets
+it, so "unset" means what a JSON body without it means.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import grpc
 import numpy as np
 
 from app import __version__
+from app.api.rpc import wire
 from app.api.rpc.calls import Calls, streaming, unary, validated
 from app.api.rpc.proto import tei_pb2 as pb
 from app.api.rpc.proto import tei_pb2_grpc as rpc
@@ -52,8 +56,9 @@ def metadata(timings: Timings, chars: int = 0, tokens: int = 0) -> pb.Metadata:
     )
 
 
-def _prompt(request: Any) -> dict[str, Any]:
-    return {"prompt_name": request.prompt_name} if request.HasField("prompt_name") else {}
+def _set(request: Any, *names: str) -> dict[str, Any]:
+    """The ``optional`` fields among ``names`` that ``request`` sets, as a JSON body would carry them."""
+    return {name: getattr(request, name) for name in names if request.HasField(name)}
 
 
 class Info(rpc.InfoServicer):
@@ -91,9 +96,8 @@ class Embed(rpc.EmbedServicer):
             {
                 "inputs": request.inputs,
                 "truncate": request.truncate,
-                "normalize": request.normalize,
                 "truncation_direction": _direction(request.truncation_direction),
-                **_prompt(request),
+                **_set(request, "normalize", "prompt_name", "dimensions"),
             },
         )
         answer = await service.embeddings.embed(body.inputs, body.options(service.defaults))
@@ -210,10 +214,10 @@ class Rerank(rpc.RerankServicer):
     async def RerankStream(
         self, request_iterator: AsyncIterator[pb.RerankStreamRequest], context: grpc.aio.ServicerContext
     ) -> pb.RerankResponse:
-        # The texts of every message, ranked against the first message's query with its options.
-        messages = [m async for m in request_iterator]
-
+        # The texts of every message, ranked against the first message's query with its options; read
+        # within the call, so that one message that does not parse is refused as the call's error.
         async def work(service: Service) -> pb.RerankResponse:
+            messages = [m async for m in request_iterator]
             if not messages:
                 raise EmptyInput("the stream sent no texts: send at least one RerankStreamRequest")
             return await self._rerank(service, messages[0], [m.text for m in messages])
@@ -255,13 +259,16 @@ class Tokenize(rpc.TokenizeServicer):
 
 
 def add_to(server: grpc.aio.Server, calls: Calls) -> list[str]:
-    """Add every tei.v1 service to ``server``; their full names (for reflection and health)."""
-    rpc.add_InfoServicer_to_server(Info(calls), server)
-    rpc.add_EmbedServicer_to_server(Embed(calls), server)
-    rpc.add_PredictServicer_to_server(Predict(calls), server)
-    rpc.add_RerankServicer_to_server(Rerank(calls), server)
-    rpc.add_TokenizeServicer_to_server(Tokenize(calls), server)
+    """Add every tei.v1 service to ``server`` (requests read by :mod:`app.api.rpc.wire`); their full
+    names (for reflection and health)."""
+    servicers = {
+        "Info": Info(calls),
+        "Embed": Embed(calls),
+        "Predict": Predict(calls),
+        "Rerank": Rerank(calls),
+        "Tokenize": Tokenize(calls),
+    }
     return [
-        pb.DESCRIPTOR.services_by_name[n].full_name
-        for n in ("Info", "Embed", "Predict", "Rerank", "Tokenize")
+        wire.register(server, calls, servicer, pb.DESCRIPTOR.services_by_name[name])
+        for name, servicer in servicers.items()
     ]

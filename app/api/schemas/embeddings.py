@@ -1,5 +1,5 @@
 """/embed, POST /, /similarity and /embed_all: their options (layers, pooling, long inputs, prompts,
-normalisation, encodings) and answers."""
+normalisation, dimensions, encodings) and answers."""
 
 from __future__ import annotations
 
@@ -18,6 +18,13 @@ from app.tasks.options import (
     LayerCombine,
     LongText,
     Pooling,
+)
+
+# One description for every route that takes it (the OpenAI route's too).
+DIMENSIONS = (
+    "Keep each vector's first `dimensions` components, then normalise (if normalize is on): for a model "
+    "trained for shorter vectors (Matryoshka; GET /info says which: defaults.matryoshka), 1..its width, or "
+    "one of the widths it lists. Any other model takes only its own width (nothing is cut). Default: all."
 )
 
 
@@ -91,10 +98,14 @@ class PoolingFields(LayerFields):
             truncation_direction=self._direction(),
             normalize=self._normalize(defaults.normalize),
             prompt_name=self.prompt_name if self.prompt_name is not None else defaults.prompt_name,
+            dimensions=self._dimensions(),
         )
 
     def _normalize(self, default: bool) -> bool:
         return default
+
+    def _dimensions(self) -> int | None:
+        return None
 
 
 class EmbedFields(PoolingFields):
@@ -105,14 +116,20 @@ class EmbedFields(PoolingFields):
         description="Scale each vector to unit length. Default: the model's (true, unless a "
         "sentence-transformers folder has no Normalize module).",
     )
+    # Not bounded here: every value goes to the one check (app.tasks.options.check_dimensions), so HTTP
+    # and gRPC refuse the same request with the same words.
+    dimensions: int | None = Field(default=None, description=DIMENSIONS)
     encoding: Encoding = Field(
         default="float",
         description="float: numbers; base64: little-endian float32 bytes; int8: {values, scale} with "
-        "vector = values × scale.",
+        "vector = values × scale (of the vector cut to dimensions, when asked).",
     )
 
     def _normalize(self, default: bool) -> bool:
         return self.normalize if self.normalize is not None else default
+
+    def _dimensions(self) -> int | None:
+        return self.dimensions
 
 
 # The fields a request's EmbedOptions are read from: none sent means the model's defaults.

@@ -98,3 +98,16 @@ def test_a_source_is_named_by_its_hub_id_or_its_folder_never_its_path(
         model=model, revision=None, local=local, weights="pretrained", weights_sha256=None, fingerprint="f"
     )
     assert source.name() == name
+
+
+def test_a_manifest_without_the_matryoshka_fields_reads_as_not_trained_for_shorter_vectors(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    # Written before the fields existed: same schema_version, read with their defaults, no re-export.
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    raw = json.loads((folder / "manifest.json").read_text())
+    assert raw["defaults"].pop("matryoshka") is False and raw["defaults"].pop("matryoshka_dimensions") is None
+    (folder / "manifest.json").write_text(json.dumps(raw))
+    defaults = load_manifest(folder).defaults
+    assert defaults.matryoshka is False and defaults.matryoshka_dimensions is None

@@ -74,3 +74,26 @@ def test_input_vectors_combine_layers_for_every_input_at_once() -> None:
     np.testing.assert_array_equal(concat, pooled.reshape(4, 6))
     diff = layers.input_vectors(4, pooled, LayerMix("difference"), False)
     np.testing.assert_array_equal(diff, pooled[:, 0] - pooled[:, 1])
+
+
+def test_first_components_of_a_normalised_vector_equal_those_of_the_raw_one() -> None:
+    # What lets the cache keep normalised whole vectors for every dimensions: normalize(cut(v)) equals
+    # normalize(cut(v / |v|)).
+    raw = np.random.default_rng(3).normal(size=(5, 64)).astype(np.float32) * 7
+    cached = layers.normalize_rows(raw)
+    for k in (1, 16, 32, 64):
+        from_raw = layers.first_components(raw, k, True)
+        from_cached = layers.first_components(cached, k, True)
+        assert from_raw.shape == (5, k) and from_raw.dtype == np.float32
+        np.testing.assert_allclose(from_cached, from_raw, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(np.linalg.norm(from_raw, axis=1), 1, rtol=1e-6)
+        np.testing.assert_allclose(
+            from_raw, raw[:, :k] / np.linalg.norm(raw[:, :k], axis=1, keepdims=True), rtol=1e-6
+        )
+
+
+def test_first_components_without_normalising_are_the_leading_values_contiguous() -> None:
+    raw = np.arange(12, dtype=np.float32).reshape(2, 6)
+    cut = layers.first_components(raw, 4, False)
+    np.testing.assert_array_equal(cut, [[0, 1, 2, 3], [6, 7, 8, 9]])
+    assert cut.flags.c_contiguous  # what orjson and the wire encodings write

@@ -1,4 +1,4 @@
-"""Request options: layer resolution, layer mixes and the per-request input limits."""
+"""Request options: layer resolution, layer mixes, dimensions and the per-request input limits."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from app.tasks.options import (
     EmbedAllOptions,
     EmbedOptions,
     LayerCombine,
+    Matryoshka,
     Names,
+    check_dimensions,
     layer_mix,
     listed,
     resolve_embed,
@@ -108,3 +110,55 @@ def test_messages_name_texts_as_the_request_wrote_them() -> None:
         texts_of(["a", "一" * 6], 2, 5, listed("input", ["a", "b"]))
     with pytest.raises(ValidationFailed, match="split the text into parts of at most 5 characters"):
         texts_of("一" * 6, 2, 5)
+
+
+PLAIN = Matryoshka()
+ANY = Matryoshka(trained=True)
+LISTED = Matryoshka(trained=True, dimensions=(64, 32, 16))
+
+
+@pytest.mark.parametrize("model", [PLAIN, ANY, LISTED])
+def test_no_dimensions_and_the_whole_width_are_taken_from_every_model(model: Matryoshka) -> None:
+    check_dimensions(None, 64, model)
+    check_dimensions(64, 64, model)  # nothing is cut: what a client that sends the width expects
+
+
+@pytest.mark.parametrize("dimensions", [0, -3, 16, 63, 65, 10**30])
+def test_a_model_not_trained_for_shorter_vectors_refuses_any_other_width(dimensions: int) -> None:
+    with pytest.raises(ValidationFailed) as refused:
+        check_dimensions(dimensions, 64, PLAIN)
+    message = refused.value.message
+    assert message.startswith(f"dimensions {dimensions} is not supported: the vectors have 64 dimensions")
+    assert "not trained for shorter ones (Matryoshka)" in message  # why
+    assert (
+        "leave dimensions out, or send 64" in message and "--matryoshka-dimensions" in message
+    )  # what to do
+
+
+def test_a_matryoshka_model_takes_any_width_up_to_its_own() -> None:
+    for dimensions in (1, 16, 20, 63):
+        check_dimensions(dimensions, 64, ANY)
+    for dimensions in (0, -1, 65):
+        with pytest.raises(
+            ValidationFailed, match=rf"dimensions {dimensions} is out of range: .* send 1\.\.64"
+        ):
+            check_dimensions(dimensions, 64, ANY)
+
+
+def test_a_model_that_lists_its_widths_takes_those_only() -> None:
+    for dimensions in (16, 32):
+        check_dimensions(dimensions, 64, LISTED)
+    with pytest.raises(ValidationFailed) as refused:
+        check_dimensions(20, 64, LISTED)
+    assert (
+        refused.value.message == "dimensions 20 is not one this model was trained for: send one of 64, 32, 16"
+    )
+    with pytest.raises(ValidationFailed, match="out of range"):
+        check_dimensions(65, 64, LISTED)
+
+
+def test_dimensions_are_checked_against_the_width_of_the_vectors_asked_for() -> None:
+    # Two layers side by side: 128 wide; the model's own 64 would cut them, so it is a cut like any other.
+    check_dimensions(128, 128, PLAIN)
+    with pytest.raises(ValidationFailed, match="the vectors have 128 dimensions"):
+        check_dimensions(64, 128, PLAIN)

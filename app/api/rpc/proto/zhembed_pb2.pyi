@@ -45,16 +45,18 @@ class Timings(_message.Message):
     def __init__(self, queue_ms: _Optional[float] = ..., tokenization_ms: _Optional[float] = ..., inference_ms: _Optional[float] = ..., total_ms: _Optional[float] = ...) -> None: ...
 
 class EmbedRequest(_message.Message):
-    __slots__ = ("inputs", "options", "normalize", "encoding")
+    __slots__ = ("inputs", "options", "normalize", "encoding", "dimensions")
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     NORMALIZE_FIELD_NUMBER: _ClassVar[int]
     ENCODING_FIELD_NUMBER: _ClassVar[int]
+    DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
     inputs: _containers.RepeatedScalarFieldContainer[str]
     options: EmbedOptions
     normalize: bool
     encoding: Encoding
-    def __init__(self, inputs: _Optional[_Iterable[str]] = ..., options: _Optional[_Union[EmbedOptions, _Mapping]] = ..., normalize: _Optional[bool] = ..., encoding: _Optional[_Union[Encoding, str]] = ...) -> None: ...
+    dimensions: int
+    def __init__(self, inputs: _Optional[_Iterable[str]] = ..., options: _Optional[_Union[EmbedOptions, _Mapping]] = ..., normalize: _Optional[bool] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., dimensions: _Optional[int] = ...) -> None: ...
 
 class Vector(_message.Message):
     __slots__ = ("values", "int8", "scale")

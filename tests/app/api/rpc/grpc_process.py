@@ -12,9 +12,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import httpx
+import numpy as np
+import pytest
 
 from tests.app.conftest import free_port
 
@@ -75,3 +78,21 @@ def stop_grpc_server(server: Server) -> None:
             server.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             server.proc.kill()
+
+
+def post(server: Server, path: str, body: dict[str, Any], status: int = 200) -> Any:
+    """The JSON answer of an HTTP POST to ``server``, which must have ``status``."""
+    response = httpx.post(server.url + path, json=body, timeout=60)
+    assert response.status_code == status, response.text
+    return response.json()
+
+
+def rpc_error(call: Any, *args: Any, **kwargs: Any) -> grpc.RpcError:
+    """The error a gRPC call must end with."""
+    with pytest.raises(grpc.RpcError) as caught:
+        call(*args, **kwargs)
+    return caught.value
+
+
+def f32(values: Any) -> np.ndarray:
+    return np.asarray(values, dtype=np.float32)

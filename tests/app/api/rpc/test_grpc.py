@@ -1,4 +1,4 @@
-"""gRPC beside HTTP, through a real client generated here from the project's protos (as a user of
+"""gRPC beside HTTP, through a real client generated from the project's protos (conftest.py; as a user of
 text-embeddings-inference's proto would generate theirs), against ``python -m app`` in a process of its
 own (its generated modules and ours must not meet in one protobuf descriptor pool).
 
@@ -10,9 +10,7 @@ HTTP.
 
 from __future__ import annotations
 
-import importlib
 import signal
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -25,60 +23,15 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.app.api.rpc.grpc_process import KEY, Server, start_grpc_server, stop_grpc_server
-
-PROTOS = Path(__file__).resolve().parents[4] / "app" / "api" / "rpc" / "proto"
-
-
-@pytest.fixture(scope="module")
-def stubs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ModuleType]:
-    """tei_pb2, tei_pb2_grpc, zhembed_pb2, zhembed_pb2_grpc, generated now from app/api/rpc/proto."""
-    from grpc_tools import protoc
-
-    out = tmp_path_factory.mktemp("grpc-client")
-    code = protoc.main(
-        [
-            "protoc",
-            f"-I{PROTOS}",
-            f"--python_out={out}",
-            f"--grpc_python_out={out}",
-            str(PROTOS / "tei.proto"),
-            str(PROTOS / "zhembed.proto"),
-        ]
-    )
-    assert code == 0
-    sys.path.insert(0, str(out))
-    try:
-        return {
-            n: importlib.import_module(n)
-            for n in ("tei_pb2", "tei_pb2_grpc", "zhembed_pb2", "zhembed_pb2_grpc")
-        }
-    finally:
-        sys.path.remove(str(out))
-
-
-@pytest.fixture(scope="module")
-def server(tiny_model_dir: Path) -> Iterator[Server]:
-    running = start_grpc_server(tiny_model_dir, ZHEMBED_SHUTDOWN_DRAIN_S="0.2")
-    yield running
-    stop_grpc_server(running)
-
-
-def _http(server: Server, path: str, body: dict[str, Any], status: int = 200) -> Any:
-    response = httpx.post(server.url + path, json=body, timeout=60)
-    assert response.status_code == status, response.text
-    return response.json()
-
-
-def _error(call: Any, *args: Any, **kwargs: Any) -> grpc.RpcError:
-    with pytest.raises(grpc.RpcError) as caught:
-        call(*args, **kwargs)
-    return caught.value
-
-
-def _f32(values: Any) -> np.ndarray:
-    return np.asarray(values, dtype=np.float32)
-
+from tests.app.api.rpc.grpc_process import (
+    KEY,
+    Server,
+    f32,
+    post,
+    rpc_error,
+    start_grpc_server,
+    stop_grpc_server,
+)
 
 TEXTS = ["今天天气很好", "北京是中国的首都。", "你好", "这家餐厅的菜很好吃，服务也很周到。"]
 
@@ -100,8 +53,27 @@ def test_tei_embed_equals_post_embed_with_the_same_options(
                 )
             )
             body = {"inputs": text, "truncate": True, "normalize": normalize, "truncation_direction": name}
-            np.testing.assert_array_equal(_f32(got.embeddings), _f32(_http(server, "/embed", body)[0]))
+            np.testing.assert_array_equal(f32(got.embeddings), f32(post(server, "/embed", body)[0]))
             assert got.metadata.compute_chars == len(text) and got.metadata.total_time_ns > 0
+
+
+def test_tei_embed_without_normalize_is_normalised_as_post_embed(
+    server: Server, stubs: dict[str, ModuleType]
+) -> None:
+    # TEI's normalize is optional, unset meaning true: a client generated from TEI's proto sends nothing.
+    pb, rpc, zpb, zrpc = (stubs[n] for n in ("tei_pb2", "tei_pb2_grpc", "zhembed_pb2", "zhembed_pb2_grpc"))
+    embed = rpc.EmbedStub(server.channel)
+    unset = f32(embed.Embed(pb.EmbedRequest(inputs=TEXTS[1])).embeddings)
+    assert abs(float(np.linalg.norm(unset)) - 1) < 1e-5
+    np.testing.assert_array_equal(unset, f32(post(server, "/embed", {"inputs": TEXTS[1]})[0]))
+    raw = f32(embed.Embed(pb.EmbedRequest(inputs=TEXTS[1], normalize=False)).embeddings)
+    np.testing.assert_array_equal(
+        raw, f32(post(server, "/embed", {"inputs": TEXTS[1], "normalize": False})[0])
+    )
+    assert abs(float(np.linalg.norm(raw)) - 1) > 0.1
+    np.testing.assert_allclose(raw / np.linalg.norm(raw), unset, rtol=1e-5, atol=1e-6)
+    ours = zrpc.ZhembedStub(server.channel).Embed(zpb.EmbedRequest(inputs=[TEXTS[1]]))
+    np.testing.assert_array_equal(f32(ours.vectors[0].values), unset)
 
 
 def test_tei_embed_stream_answers_in_order(server: Server, stubs: dict[str, ModuleType]) -> None:
@@ -112,21 +84,21 @@ def test_tei_embed_stream_answers_in_order(server: Server, stubs: dict[str, Modu
             iter(pb.EmbedRequest(inputs=t, normalize=True) for t in texts)
         )
     )
-    expected = _http(server, "/embed", {"inputs": texts})
+    expected = post(server, "/embed", {"inputs": texts})
     assert len(answers) == len(texts)
     for got, want in zip(answers, expected, strict=True):  # batched otherwise: equal to float rounding
-        np.testing.assert_allclose(_f32(got.embeddings), _f32(want), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(f32(got.embeddings), f32(want), rtol=1e-5, atol=1e-6)
 
 
 def test_tei_embed_all_tokenize_decode_and_info(server: Server, stubs: dict[str, ModuleType]) -> None:
     pb, rpc = stubs["tei_pb2"], stubs["tei_pb2_grpc"]
     rows = rpc.EmbedStub(server.channel).EmbedAll(pb.EmbedAllRequest(inputs=TEXTS[0]))
-    want = _http(server, "/embed_all", {"inputs": TEXTS[0]})[0]
-    np.testing.assert_array_equal(_f32([r.embeddings for r in rows.token_embeddings]), _f32(want))
+    want = post(server, "/embed_all", {"inputs": TEXTS[0]})[0]
+    np.testing.assert_array_equal(f32([r.embeddings for r in rows.token_embeddings]), f32(want))
     tokens = rpc.TokenizeStub(server.channel).Tokenize(
         pb.EncodeRequest(inputs=TEXTS[1], add_special_tokens=True)
     )
-    http_tokens = _http(server, "/tokenize", {"inputs": TEXTS[1]})[0]
+    http_tokens = post(server, "/tokenize", {"inputs": TEXTS[1]})[0]
     assert [(t.id, t.text, t.special, t.start, t.stop) for t in tokens.tokens] == [
         (t["id"], t["text"], t["special"], t["start"], t["stop"]) for t in http_tokens
     ]
@@ -150,20 +122,20 @@ def test_errors_carry_the_http_message_under_the_tables_status(
         stubs["zhembed_pb2_grpc"],
     )
     embed = rpc.EmbedStub(server.channel)
-    empty = _error(embed.Embed, pb.EmbedRequest(inputs="   "))
+    empty = rpc_error(embed.Embed, pb.EmbedRequest(inputs="   "))
     assert empty.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert empty.details() == _http(server, "/embed", {"inputs": "   "}, 400)["error"]
-    long = _error(embed.Embed, pb.EmbedRequest(inputs="长城" * 100))
+    assert empty.details() == post(server, "/embed", {"inputs": "   "}, 400)["error"]
+    long = rpc_error(embed.Embed, pb.EmbedRequest(inputs="长城" * 100))
     assert long.code() == grpc.StatusCode.INVALID_ARGUMENT and "limit of 128" in long.details()
-    bad = _error(
+    bad = rpc_error(
         zrpc.ZhembedStub(server.channel).Embed,
         zpb.EmbedRequest(inputs=["a"], options=zpb.EmbedOptions(pooling="median", layers=[9])),
     )
-    http_bad = _http(server, "/embed", {"inputs": ["a"], "pooling": "median", "layers": [9]}, 422)["error"]
+    http_bad = post(server, "/embed", {"inputs": ["a"], "pooling": "median", "layers": [9]}, 422)["error"]
     assert bad.code() == grpc.StatusCode.INVALID_ARGUMENT and bad.details() == http_bad
-    kind = _error(rpc.PredictStub(server.channel).Predict, pb.PredictRequest(inputs="a"))
+    kind = rpc_error(rpc.PredictStub(server.channel).Predict, pb.PredictRequest(inputs="a"))
     assert kind.code() == grpc.StatusCode.FAILED_PRECONDITION and "an embedding model" in kind.details()
-    sparse = _error(embed.EmbedSparse, pb.EmbedSparseRequest(inputs="a"))
+    sparse = rpc_error(embed.EmbedSparse, pb.EmbedSparseRequest(inputs="a"))
     assert sparse.code() == grpc.StatusCode.FAILED_PRECONDITION and "SPLADE" in sparse.details()
     stream = rpc.EmbedStub(server.channel).EmbedStream(
         iter([pb.EmbedRequest(inputs="好"), pb.EmbedRequest(inputs="")])
@@ -192,21 +164,21 @@ def test_zhembed_v1_says_what_tei_cannot(server: Server, stubs: dict[str, Module
         "long_text": "chunk",
         "normalize": False,
     }
-    np.testing.assert_array_equal(_f32([v.values for v in got.vectors]), _f32(_http(server, "/embed", body)))
+    np.testing.assert_array_equal(f32([v.values for v in got.vectors]), f32(post(server, "/embed", body)))
     int8 = ours.Embed(zpb.EmbedRequest(inputs=TEXTS[:2], encoding=zpb.ENCODING_INT8))
-    http_int8 = _http(server, "/embed", {"inputs": TEXTS[:2], "encoding": "int8"})
+    http_int8 = post(server, "/embed", {"inputs": TEXTS[:2], "encoding": "int8"})
     for v, h in zip(int8.vectors, http_int8, strict=True):
         assert np.frombuffer(v.int8, dtype=np.int8).tolist() == h["values"]
         assert v.scale == pytest.approx(h["scale"], rel=1e-6)
     scores = ours.Similarity(zpb.SimilarityRequest(source_sentence=TEXTS[0], sentences=TEXTS[1:]))
-    http_scores = _http(
+    http_scores = post(
         server, "/similarity", {"inputs": {"source_sentence": TEXTS[0], "sentences": TEXTS[1:]}}
     )
     np.testing.assert_allclose(scores.scores, http_scores, rtol=1e-6)
     filled = ours.FillMask(
         zpb.FillMaskRequest(inputs=["北京是中国的[MASK]都。", "[MASK]天[MASK]气"], top_k=3)
     )
-    http_filled = _http(
+    http_filled = post(
         server, "/fill-mask", {"inputs": ["北京是中国的[MASK]都。", "[MASK]天[MASK]气"], "top_k": 3}
     )
     assert [c.token for c in filled.answers[0].masks[0].candidates] == [c["token"] for c in http_filled[0]]
@@ -257,11 +229,11 @@ def test_api_keys_and_overload(tiny_model_dir: Path, stubs: dict[str, ModuleType
     )
     try:
         embed = rpc.EmbedStub(server.channel)
-        missing = _error(embed.Embed, pb.EmbedRequest(inputs="你好"))
+        missing = rpc_error(embed.Embed, pb.EmbedRequest(inputs="你好"))
         assert (
             missing.code() == grpc.StatusCode.UNAUTHENTICATED and "Authorization: Bearer" in missing.details()
         )
-        wrong = _error(
+        wrong = rpc_error(
             embed.Embed, pb.EmbedRequest(inputs="你好"), metadata=[("authorization", "Bearer nope")]
         )
         assert wrong.code() == grpc.StatusCode.UNAUTHENTICATED and wrong.details() == "unknown API key"
@@ -310,7 +282,7 @@ def test_sigterm_drains_grpc_with_http(tiny_model_dir: Path, stubs: dict[str, Mo
         assert (
             health.Check(health_pb2.HealthCheckRequest()).status == health_pb2.HealthCheckResponse.NOT_SERVING
         )
-        refused = _error(rpc.EmbedStub(server.channel).Embed, pb.EmbedRequest(inputs="新的"))
+        refused = rpc_error(rpc.EmbedStub(server.channel).Embed, pb.EmbedRequest(inputs="新的"))
         assert refused.code() == grpc.StatusCode.UNAVAILABLE
         assert httpx.post(server.url + "/embed", json={"inputs": "新的"}).status_code == 503
         release.set()

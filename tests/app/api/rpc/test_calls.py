@@ -1,0 +1,70 @@
+"""What every gRPC call shares: a fault of the server's own is answered INTERNAL in the words HTTP's 500
+uses, never with the exception's class or text (they go to the log)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+
+from app.api.drain import Drain
+from app.api.errors import server_fault
+from app.api.rpc.calls import Calls
+from app.telemetry.metrics import Metrics
+
+
+class Context:
+    """The part of grpc.aio's ServicerContext that Calls uses; abort records and raises as grpc.aio does."""
+
+    def __init__(self) -> None:
+        self.aborted: tuple[grpc.StatusCode, str, Any] | None = None
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return ()
+
+    async def abort(self, code: grpc.StatusCode, details: str, metadata: Any = ()) -> None:
+        self.aborted = (code, details, metadata)
+        raise grpc.aio.AbortError("aborted")
+
+
+async def _fault(_service: Any) -> Any:
+    raise KeyError("/srv/models/secret-path")
+
+
+def _calls() -> Calls:
+    return Calls(lambda: object(), Metrics(), Drain(), None)  # type: ignore[arg-type, return-value]
+
+
+def test_a_unary_fault_is_internal_without_the_exception(caplog: pytest.LogCaptureFixture) -> None:
+    context = Context()
+    with caplog.at_level(logging.ERROR, logger="app.api.rpc.calls"), pytest.raises(grpc.aio.AbortError):
+        asyncio.run(_calls().unary("/tei.v1.Embed/Embed", context, _fault))
+    assert context.aborted is not None
+    code, details, _ = context.aborted
+    assert code == grpc.StatusCode.INTERNAL and details == server_fault().message
+    assert "KeyError" not in details and "secret" not in details
+    assert "server fault on gRPC /tei.v1.Embed/Embed" in caplog.text and "KeyError" in caplog.text
+
+
+def test_a_stream_fault_is_internal_without_the_exception() -> None:
+    context = Context()
+
+    async def requests() -> AsyncIterator[int]:
+        yield 1
+
+    async def drain() -> None:
+        async for _ in _calls().stream(
+            "/tei.v1.Embed/EmbedStream", context, requests(), lambda s, r: _fault(s)
+        ):
+            pass
+
+    with pytest.raises(grpc.aio.AbortError):
+        asyncio.run(drain())
+    assert context.aborted is not None and context.aborted[:2] == (
+        grpc.StatusCode.INTERNAL,
+        server_fault().message,
+    )
