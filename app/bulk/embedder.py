@@ -106,7 +106,7 @@ class Embedder:
         )
         self.service.ready = True
         self.options: EmbedOptions = replace(self.service.defaults, **given)
-        self.width = self.service.embeddings.width
+        self.width = self.service.embeddings.width  # until check(): the model's own width
         self._prompt = prompt_text(self.options.prompt_name, self.model.manifest.defaults.prompts) or ""
 
     def close(self) -> None:
@@ -114,23 +114,32 @@ class Embedder:
 
     async def check(self) -> None:
         """Embed one text with the job's options, through the same path as every row: the options are
-        checked against the model here, once, before any input is read.
+        checked against the model here, once, before any input is read, and the vectors' width learnt.
 
         Raises:
             ValidationFailed, Unsupported, EmptyInput: the options do not fit the model.
         """
-        text = ["检查"]
-        await self.service.embeddings.vectors(
-            text, self.options, Names(self.field, lambda _i: self.field), check_ready=False, use_cache=False
+        vectors, _, _ = await self.service.embeddings.vectors(
+            ["检查"], self.options, self._names(), check_ready=False, use_cache=False
         )
+        self.width = int(vectors.shape[1])  # concatenated layers make it a multiple of the model's
 
     async def stream(self, items: Iterable[tuple[T, Rows]]) -> AsyncIterator[tuple[T, Rows, Embedded]]:
         """Each item's rows embedded, in calls of at most :data:`CALL_TEXTS`, ``window`` texts in flight,
         yielded in order: (the item's tag, a call's rows, their answer)."""
         pending: deque[tuple[T, Rows, asyncio.Future[Embedded]]] = deque()
         queued = 0
+        source = iter(items)
+        broken: Exception | None = None
         try:
-            for tag, rows in items:
+            while True:
+                try:
+                    tag, rows = next(source)
+                except StopIteration:
+                    break
+                except Exception as exc:  # an unreadable input: what was read before it is still embedded
+                    broken = exc
+                    break
                 for start in range(0, len(rows), CALL_TEXTS):
                     part = rows.slice(start, start + CALL_TEXTS) if len(rows) > CALL_TEXTS else rows
                     pending.append((tag, part, asyncio.ensure_future(self.embed(part))))
@@ -145,6 +154,8 @@ class Embedder:
         finally:
             for _, _, future in pending:
                 future.cancel()
+        if broken is not None:
+            raise broken
 
     async def embed(self, rows: Rows) -> Embedded:
         """The vectors of ``rows``' good texts; why each of the others is refused."""

@@ -43,6 +43,7 @@ SHARD = re.compile(r"^part-(\d{5,})\.parquet$")
 ROW_GROUP_ROWS = 8192
 # What identifies a job: a rerun into the same folder continues it only if all of these match.
 IDENTITY = ("model", "options", "encoding", "input", "shard_rows")
+MODEL_IDENTITY = ("digest", "variant")  # the graph file and tokenizer, and which variant of it
 
 
 def shard_name(index: int) -> str:
@@ -110,7 +111,8 @@ class ShardWriter:
         self._parts: list[tuple[list[str], np.ndarray, np.ndarray]] = []
         self._buffered = 0
         self.errors: list[tuple[str, str]] = []
-        self.rows = 0
+        self.rows = 0  # rows written
+        self.seen = 0  # input rows of the shard handled, bad ones included (the caller counts)
 
     def add(self, ids: list[str], vectors: np.ndarray, tokens: np.ndarray) -> None:
         if ids:
@@ -254,9 +256,12 @@ def mismatch(old: dict[str, Any], new: dict[str, Any]) -> str | None:
     part of the identity that differs, and how."""
     for key in IDENTITY:
         a, b = old.get(key), new.get(key)
+        if key == "model":  # the model itself, however --model named it
+            a, b = (tuple(_get(m, k) for k in MODEL_IDENTITY) for m in (a, b))
         if a == b:
             continue
         if key == "model":
+            a, b = old.get(key), new.get(key)
             return (
                 f"another model (digest {_get(a, 'digest')}, variant {_get(a, 'variant')} there; "
                 f"digest {_get(b, 'digest')}, variant {_get(b, 'variant')} here)"

@@ -101,6 +101,7 @@ class EmbedBatch:
         self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
         self.embedder = Embedder(settings, given, text_field, window)
+        self.loop.run_until_complete(self.embedder.check())  # and the width of an all-bad batch's columns
         self.encoding = encoding
         self.errors_dir = Path(errors_dir)
 
@@ -146,14 +147,24 @@ def _parts(rows: Rows, size: int = 1024) -> Any:
 def run_ray(job: Job, settings: Settings, given: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """Run ``job`` on Ray Data (``args.ray``: "local" for ``ray.init()``, else the cluster's address).
 
-    The driver resolves the model (exporting it on first use) and checks the options against it, once,
-    before any actor starts; the actors get the resolved folder, which every node must see.
-
     Returns:
         The manifest written.
     """
-    import ray
+    settings, manifest, state = prepare_ray(job, settings, given, args)
+    if state == "done":
+        return manifest
+    return execute(job, settings, given, args, manifest)
 
+
+def prepare_ray(
+    job: Job, settings: Settings, given: dict[str, Any], args: argparse.Namespace
+) -> tuple[Settings, dict[str, Any], str]:
+    """On the driver, before any actor starts: resolve the model (exporting it on first use), check the
+    options against it, and decide what the run does in the output folder (:func:`~app.bulk.runner.prepare`).
+
+    Returns:
+        The settings naming the resolved model folder (which every node must see), the manifest and the state.
+    """
     folder, _, _ = check_model(settings)
     settings = settings.model_copy(update={"model": str(folder)})
     embedder = Embedder(settings, given, job.fields.text, args.window)
@@ -162,16 +173,22 @@ def run_ray(job: Job, settings: Settings, given: dict[str, Any], args: argparse.
         manifest = manifest_of(job, embedder, args.model or settings.model)
     finally:
         embedder.close()
-    del embedder
     manifest["ray"] = {
         "actors": args.ray_actors,
         "cpus_per_actor": args.ray_cpus,
         "gpus_per_actor": args.ray_gpus,
     }
+    state, manifest = prepare(OutputDir(job.output), manifest, args.overwrite, can_resume=False)
+    return settings, manifest, state
+
+
+def execute(
+    job: Job, settings: Settings, given: dict[str, Any], args: argparse.Namespace, manifest: dict[str, Any]
+) -> dict[str, Any]:
+    """The Ray Data pipeline into a staging folder, then :func:`commit`. Starts a Ray unless one is up."""
+    import ray
+
     out = OutputDir(job.output)
-    state, manifest = prepare(out, manifest, args.overwrite, can_resume=False)
-    if state == "done":
-        return manifest
     job.output.mkdir(parents=True, exist_ok=True)
     out.clean_partial()
     staging = job.output / f"_ray-{uuid.uuid4().hex[:12]}"

@@ -8,7 +8,6 @@ there and embeds the rest, and the finished folder equals an uninterrupted run's
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from app.bulk.embedder import Embedder
 from app.bulk.output import OutputDir, ShardWriter, mismatch, now
 from app.bulk.progress import Progress
 from app.bulk.sources import Fields, InputFile, Rows, count_rows, read
+from app.errors import InternalError
 
 
 class Refused(Exception):
@@ -151,15 +151,18 @@ async def run_local(
     writer: ShardWriter | None = None
     try:
         async for shard, rows, answer in embedder.stream(pieces(job, done)):
-            if writer is None or writer.index != shard:
-                if writer is not None:
-                    writer.commit()
+            if writer is not None and writer.index != shard:
+                raise InternalError(f"shard {shard} began before shard {writer.index} had all its rows")
+            if writer is None:
                 writer = ShardWriter(job.output, shard, embedder.width, job.encoding)
             keep = answer.keep
             writer.add([rows.ids[i] for i in keep], answer.vectors, answer.tokens)
             writer.errors.extend((rows.ids[i], message) for i, message in sorted(answer.bad.items()))
+            writer.seen += len(rows)
             progress.update(len(rows), len(keep), int(np.sum(answer.tokens, dtype=np.int64)))
-            await asyncio.sleep(0)  # let finished calls' callbacks run between pieces
+            if writer.seen == job.shard_rows:  # whole: visible now, not when the next row turns up
+                writer.commit()
+                writer = None
         if writer is not None:
             writer.commit()
             writer = None

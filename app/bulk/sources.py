@@ -18,7 +18,7 @@ from __future__ import annotations
 import glob
 import gzip
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Literal, cast
@@ -208,22 +208,18 @@ def _lines(file: InputFile) -> Iterator[tuple[int, str]]:
 
 
 def _text(file: InputFile, fields: Fields, block_rows: int) -> Iterator[Rows]:
-    rows = Rows([], [])
-    for n, line in _lines(file):
-        rows.ids.append(f"{file.name}:{n}")
-        rows.texts.append(line)
-        if len(rows) == block_rows:
-            yield rows
-            rows = Rows([], [])
-    if rows.ids:
-        yield rows
+    return _blocks(file, block_rows, lambda rows, n, line: _add_line(rows, f"{file.name}:{n}", line))
+
+
+def _add_line(rows: Rows, row_id: str, line: str) -> None:
+    rows.ids.append(row_id)
+    rows.texts.append(line)
 
 
 def _jsonl(file: InputFile, fields: Fields, block_rows: int) -> Iterator[Rows]:
-    rows = Rows([], [])
-    for n, line in _lines(file):
+    def add(rows: Rows, n: int, line: str) -> None:
         if not line.strip():
-            continue
+            return
         try:
             obj = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
@@ -231,9 +227,24 @@ def _jsonl(file: InputFile, fields: Fields, block_rows: int) -> Iterator[Rows]:
         if not isinstance(obj, dict):
             raise InputError(f"{file.path} line {n}: a row must be a JSON object, not {_kind(obj)}")
         _add(rows, f"{file.name}:{n}", obj.get(fields.text, _MISSING), obj, fields)
-        if len(rows) == block_rows:
+
+    return _blocks(file, block_rows, add)
+
+
+def _blocks(file: InputFile, block_rows: int, add: Callable[[Rows, int, str], None]) -> Iterator[Rows]:
+    """Blocks of the rows ``add`` makes of a line format's lines. At a line it cannot read, the rows
+    before it come first, then the error: the job embeds everything up to the broken line."""
+    rows = Rows([], [])
+    try:
+        for n, line in _lines(file):
+            add(rows, n, line)
+            if len(rows) == block_rows:
+                yield rows
+                rows = Rows([], [])
+    except InputError:
+        if rows.ids:
             yield rows
-            rows = Rows([], [])
+        raise
     if rows.ids:
         yield rows
 
