@@ -111,37 +111,33 @@ class EmbedBatch:
         rows = Rows(
             ids, batch.column("text").to_pylist(), {i: e for i, e in enumerate(errors) if e is not None}
         )
-        keep, vectors, tokens, bad = self.loop.run_until_complete(self._embed(rows))
+        kept, vectors, tokens, bad = self.loop.run_until_complete(self._embed(rows))
         if bad:
             # Named after the batch's rows: a retry of this batch writes the same file.
             name = hashlib.sha256(orjson.dumps([ids[0], ids[-1], len(ids)])).hexdigest()[:24]
             self.errors_dir.mkdir(parents=True, exist_ok=True)
             write_atomic(self.errors_dir / f"{name}.jsonl", error_lines(bad))
-        return table([ids[i] for i in keep], vectors, tokens, self.encoding)
+        return table(kept, vectors, tokens, self.encoding)
 
-    async def _embed(self, rows: Rows) -> tuple[list[int], np.ndarray, np.ndarray, list[tuple[str, str]]]:
-        keep: list[int] = []
+    async def _embed(self, rows: Rows) -> tuple[list[str], np.ndarray, np.ndarray, list[tuple[str, str]]]:
+        """The batch's rows through :meth:`Embedder.stream`: the ids kept, their vectors and tokens, and
+        the bad rows with their messages."""
+        kept: list[str] = []
         vectors: list[np.ndarray] = []
         tokens: list[np.ndarray] = []
         bad: list[tuple[str, str]] = []
-        async for offset, part, answer in self.embedder.stream(_parts(rows)):
-            keep.extend(offset + i for i in answer.keep)
+        async for _, part, answer in self.embedder.stream([(None, rows)]):
+            kept.extend(part.ids[i] for i in answer.keep)
             vectors.append(answer.vectors)
             tokens.append(answer.tokens)
             bad.extend((part.ids[i], message) for i, message in sorted(answer.bad.items()))
         width = self.embedder.width
         return (
-            keep,
+            kept,
             np.concatenate(vectors) if vectors else np.empty((0, width), np.float32),
             np.concatenate(tokens) if tokens else np.empty(0, np.int32),
             bad,
         )
-
-
-def _parts(rows: Rows, size: int = 1024) -> Any:
-    """(offset, rows[offset : offset + size]) over ``rows``: the tags :meth:`Embedder.stream` hands back."""
-    for start in range(0, len(rows), size):
-        yield start, rows.slice(start, start + size)
 
 
 def run_ray(job: Job, settings: Settings, given: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
