@@ -23,7 +23,8 @@ def test_every_embed_option_is_a_flag_and_the_help_lists_every_flag() -> None:
     for name in flags.SETTING_FLAGS:
         assert f"--{name.replace('_', '-')}" in text, name
         # Its help is the setting's own description (its first words, before argparse wraps them).
-        assert " ".join(Settings.model_fields[name].description.split()[:3]) in " ".join(text.split()), name
+        description = Settings.model_fields[name].description or ""
+        assert " ".join(description.split()[:3]) in " ".join(text.split()), name
     for flag in (
         "--model",
         "--text-field",

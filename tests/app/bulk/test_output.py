@@ -4,6 +4,7 @@ back with pyarrow and pandas; int8 is the API's int8; another job's folder is to
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -75,14 +76,14 @@ def test_int8_columns_are_the_apis_int8_encoding() -> None:
     vectors[2] = 0
     got = table([str(i) for i in range(5)], vectors, np.arange(5), "int8")
     values = np.asarray(got.column("embedding").combine_chunks().flatten()).reshape(5, 16)
-    wire = encode_vectors(vectors, "int8")
+    wire: list[Any] = list(encode_vectors(vectors, "int8"))
     assert values.dtype == np.int8
-    assert np.array_equal(values, np.stack([w["values"] for w in wire]))  # type: ignore[index]
-    assert got.column("scale").to_pylist() == [w["scale"] for w in wire]  # type: ignore[index]
+    assert np.array_equal(values, np.stack([w["values"] for w in wire]))
+    assert got.column("scale").to_pylist() == [w["scale"] for w in wire]
 
 
 def test_a_different_job_is_told_apart_by_its_first_difference() -> None:
-    base = {
+    base: dict[str, Any] = {
         "model": {"digest": "aa", "variant": "int8", "source": "x"},
         "options": {"pooling": "mean", "layers": None},
         "encoding": "float",
