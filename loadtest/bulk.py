@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(
                 f"| memory ratio {max(sizes):,} / {min(sizes):,} rows | {ratio:.2f} | target ≤ 1.2 | {'PASS' if ratio <= 1.2 else 'MISS'} |"
             )
-    print(f"\nbulk job, {cores} cores, {args.model}\n")
+    print(f"\nbulk job, {cores} cores" + ("" if args.skip_speed else f", speed rows on {args.model}") + "\n")
     print("| row | figure | note | target |\n|---|---|---|---|")
     print("\n".join(lines))
     return 0
