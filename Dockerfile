@@ -8,6 +8,7 @@
 #   docker build -t zhembed:gpu .
 #   docker build -t zhembed:cpu --target runtime-cpu .
 #   docker build -t zhembed:cpu --target runtime-cpu --build-arg MODEL_ID=org/model --build-arg MODEL_REVISION=SHA .
+#   docker build -t zhembed:0.1.0-cpu-ray --target runtime-cpu --build-arg EXTRAS=ray .   # the bulk job on Ray
 #   # a local checkpoint (or an already exported folder holding manifest.json), no hub access needed:
 #   docker build -t zhembed:cpu --target runtime-cpu --build-context model-source=/path/to/folder .
 #   # (then run it with ZHEMBED_SERVED_MODEL_NAME=bert-base-chinese: clients are told the source folder's
@@ -25,6 +26,8 @@ FROM scratch AS model-source
 
 # --- wheel: the project as a wheel, plus requirement lists read from pyproject.toml -------------------
 FROM ${PYTHON_IMAGE} AS wheel
+# Extras the runtime images also install, e.g. EXTRAS=ray for the bulk job on Ray (deploy/bulk).
+ARG EXTRAS=
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
@@ -34,12 +37,17 @@ COPY export ./export
 # packages install into the same `onnxruntime/` folder, so one must never be installed over the other.
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
  && python - <<'EOF'
-import re, tomllib
+import os, re, tomllib
 project = tomllib.load(open("pyproject.toml", "rb"))["project"]
-deps = project["dependencies"]
+extras = project["optional-dependencies"]
+def expand(name):  # an extra's requirements, with ours (zhembed[bulk]) spelt out
+    for req in extras[name]:
+        ours = re.fullmatch(r"zhembed\[([\w,-]+)\]", req)
+        yield from (r for n in ours.group(1).split(",") for r in expand(n)) if ours else [req]
+deps = project["dependencies"] + [r for name in os.environ.get("EXTRAS", "").split(",") if name for r in expand(name)]
 is_ort = lambda req: re.split(r"[\s<>=!~;\[]", req, maxsplit=1)[0].lower() == "onnxruntime"
 open("/wheels/requirements-cpu.txt", "w").write("\n".join(deps) + "\n")
-gpu = [d for d in deps if not is_ort(d)] + project["optional-dependencies"]["gpu"]
+gpu = [d for d in deps if not is_ort(d)] + extras["gpu"]
 open("/wheels/requirements-gpu.txt", "w").write("\n".join(gpu) + "\n")
 EOF
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks for the deployment files (issue 6), run by .ci/run after `make install`:
 #   1. hadolint on the Dockerfile, and pip resolving each runtime's requirements for its Python/platform
-#   2. kubectl kustomize on each overlay (and with the ServiceMonitor component), kubernetes-validate
+#   2. kubectl kustomize on each overlay (and with the ServiceMonitor component), kubernetes-validate;
+#      the bulk job's RayJob (deploy/bulk) against KubeRay's RayJob schema, its pod templates as core ones
 #   3. docker-compose.yml against the Compose Specification's JSON schema; Prometheus config (promtool);
 #      every PromQL expression of the Grafana dashboard and the prometheus-adapter rules (promtool)
 #   4. a 10-second headless Locust run against a test server started here on a tiny exported model,
@@ -62,6 +63,36 @@ printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresour
 $BIN/kubectl kustomize --load-restrictor LoadRestrictionsNone "$WORK/with-servicemonitor" >"$WORK/sm.yaml"
 $BIN/kubernetes-validate --strict --quiet --no-warn "$WORK/sm.yaml"
 grep -q '^kind: ServiceMonitor' "$WORK/sm.yaml" && echo "cpu + servicemonitor: renders"
+
+step "Kubernetes, the bulk job: kustomize; the RayJob against KubeRay's schema, its pod templates and the PVC with kubernetes-validate --strict"
+# kubernetes-validate knows no CRDs: the RayJob is checked against the parts of KubeRay 1.7.0's RayJob
+# schema it uses (deploy/bulk/rayjob.schema.json), and each pod template it holds as a core PodTemplate.
+$BIN/kubectl kustomize deploy/bulk >"$WORK/bulk.yaml"
+$PY - "$WORK/bulk.yaml" "$WORK" <<'PYEOF'
+import json, shlex, sys
+import yaml
+from app.bulk.cli import parser
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+job = next(d for d in docs if d["kind"] == "RayJob")
+json.dump(job, open(f"{sys.argv[2]}/rayjob.json", "w"))
+cluster = job["spec"]["rayClusterSpec"]
+groups = [("head", cluster["headGroupSpec"])] + [(g["groupName"], g) for g in cluster.get("workerGroupSpecs", [])]
+core = [d for d in docs if d["kind"] != "RayJob"] + [
+    {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": f"zhembed-bulk-{name}", "namespace": "zhembed"},
+     "template": g["template"]}
+    for name, g in groups
+]
+yaml.safe_dump_all(core, open(f"{sys.argv[2]}/bulk-core.yaml", "w"))
+# The entrypoint is a command the bulk job accepts (argparse exits 2 on an unknown or malformed flag).
+words = shlex.split(job["spec"]["entrypoint"])
+if words[:3] != ["python", "-m", "app.bulk"]:
+    sys.exit(f"the RayJob's entrypoint is not python -m app.bulk: {words[:3]}")
+args = parser().parse_args(words[3:])
+print(f"RayJob entrypoint parses (--ray {args.ray}, {args.ray_actors} actors); {len(groups)} pod templates")
+PYEOF
+$BIN/check-jsonschema --schemafile deploy/bulk/rayjob.schema.json "$WORK/rayjob.json"
+$BIN/kubernetes-validate --strict --quiet "$WORK/bulk-core.yaml"
+echo "bulk: $(grep -c '^kind:' "$WORK/bulk-core.yaml") core resources valid"
 
 step "ZHEMBED_* values in the overlays' ConfigMaps, docker-compose.yml and the Dockerfile are settings the service accepts"
 # Settings ignores unknown ZHEMBED_* names, so a misspelt one would be silently dropped: check names here,

@@ -43,12 +43,19 @@ def encode_vectors(
             binascii.b2a_base64(raw[i : i + step], newline=False).decode("ascii")
             for i in range(0, len(m) * step, step)
         ]
+    values, scales = int8_vectors(m)
+    return [{"values": row, "scale": scale} for row, scale in zip(values, scales.tolist(), strict=True)]
+
+
+def int8_vectors(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The ``int8`` encoding of float32 ``vectors`` [n, width] as arrays: values int8 [n, width] and
+    scales float64 [n], each vector ≈ values × scale (the bulk job writes these as Parquet columns)."""
     # float64 scales, as max |x| (a float32, exactly) / 127 in Python floats; the division in float32,
     # as a float32 vector divided by a Python float is.
-    peaks = np.abs(m).max(axis=1, initial=0.0).astype(np.float64)
+    peaks = np.abs(vectors).max(axis=1, initial=0.0).astype(np.float64)
     scales = np.where(peaks > 0, peaks / 127, 1.0)
-    values = np.clip(np.rint(m / scales.astype(np.float32)[:, None]), -127, 127).astype(np.int8)
-    return [{"values": row, "scale": scale} for row, scale in zip(values, scales.tolist(), strict=True)]
+    values = np.clip(np.rint(vectors / scales.astype(np.float32)[:, None]), -127, 127).astype(np.int8)
+    return values, scales
 
 
 def encode_vector(vector: np.ndarray, encoding: Encoding) -> np.ndarray | str | dict[str, object]:

@@ -21,8 +21,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("app.tasks",),
     ("app.api",),  # what both protocols share: schemas, the error table, keys, drain, encodings
     ("app.api.http", "app.api.rpc"),
-    ("app.serving",),
-    ("app.__main__",),  # python -m app
+    ("app.serving", "app.bulk"),  # how processes start: the service, and the bulk job beside it
+    ("app.__main__", "app.cli"),  # python -m app; the zhembed console script
 ]
 RANK = {group: rank for rank, row in enumerate(LAYERS) for group in row}
 

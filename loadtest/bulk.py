@@ -1,0 +1,278 @@
+"""The bulk job against the raw ONNX Runtime ceiling, on Ray, and its memory: one run, one table.
+
+    python -m loadtest.bulk [--model TWIN] [--texts 3000] [--batch-sizes 8,16,32] [--skip-ray]
+                            [--memory-rows 10000,1000000] [--quick]
+
+Rows (speed: the model's int8 graph, the same corpus of distinct texts, JSON Lines in, Parquet out):
+  raw       the encoder session in-process, the corpus tokenised (one thread, as the engine does) and
+            run in length-sorted batches (loadtest.raw_onnx.ceiling), tokenising included; the best of
+            ``--batch-sizes`` is picked on a part of the corpus, then timed on all of it right before and
+            right after the job (their mean is the ceiling).
+  job       ``python -m app.bulk``'s data path in-process at that batch size: read the JSON Lines, embed
+            on the service's engine, write the shards and finish the folder (the model loaded before).
+  ray       the same on a local Ray with this machine's cores (``ray.init(num_cpus=cores)``, one actor):
+            the Ray Data pipeline and the commit, the actor's start and model load included.
+  memory    peak RSS (``ru_maxrss`` of the ``python -m app.bulk`` process) on the tiny model for each of
+            ``--memory-rows`` rows; target: the largest ≤ 1.2 × the smallest.
+
+Targets (issue 27): job ≥ 0.95 × raw; ray ≥ 0.85 × job; memory ratio ≤ 1.2. Ratios are within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+from tokenizers import Tokenizer
+
+from app.bulk.cli import parser as bulk_parser
+from app.bulk.embedder import Embedder
+from app.bulk.output import OutputDir
+from app.bulk.progress import Progress
+from app.bulk.runner import Job, manifest_of, prepare, run_local
+from app.bulk.sources import Fields, find_inputs
+from loadtest.corpus import load_corpus, unique_texts
+from loadtest.raw_onnx import ceiling, open_encoder, shape_of
+
+DEFAULT_MODEL = Path("models/bert-base-chinese-twin")
+
+
+def write_corpus(path: Path, texts: list[str]) -> Path:
+    with open(path, "wb") as f:
+        for text in texts:
+            f.write(orjson.dumps({"text": text}) + b"\n")
+    return path
+
+
+def raw(model: Path, variant: str, texts: list[str], batch: int) -> dict[str, float]:
+    """Sentences/s of the raw session on ``texts``: tokenising (one thread, no offsets, 256 a call as
+    the engine's tokenisation thread) plus one whole pass of length-sorted batches of ``batch``."""
+    tokenizer = Tokenizer.from_file(str(model / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    started = time.perf_counter()
+    ids = [
+        np.asarray(e.ids, dtype=np.int64)
+        for i in range(0, len(texts), 256)
+        for e in tokenizer.encode_batch_fast(texts[i : i + 256], add_special_tokens=True)
+    ]
+    tokenize_s = time.perf_counter() - started
+    session = open_encoder(model, variant)
+    result = ceiling(session, variant, ids, batch, shape_of(model), 0.0)
+    seconds = tokenize_s + len(texts) / result.sentences_per_s
+    return {
+        "sentences_per_s": len(texts) / seconds,
+        "tokenize_s": tokenize_s,
+        "padding": result.padding_share,
+    }
+
+
+def bulk_args(
+    corpus: Path, out: Path, model: Path, variant: str, batch: int, extra: list[str]
+) -> argparse.Namespace:
+    model_flags = ["--model", str(model), "--variant", variant, "--max-batch-size", str(batch)]
+    model_flags += ["--max-batch-tokens", str(max(4096, batch * 128))]
+    return bulk_parser().parse_args(
+        [*model_flags, "--input", str(corpus), "--output", str(out), "--progress", "off", *extra]
+    )
+
+
+def job_run(corpus: Path, out: Path, model: Path, variant: str, batch: int) -> dict[str, float]:
+    """The single-machine job's data path, timed from the first row read to the finished folder."""
+    import asyncio
+
+    from app.bulk import flags
+
+    args = bulk_args(corpus, out, model, variant, batch, [])
+    fields = Fields()
+    job = Job(
+        find_inputs(str(corpus), None, fields), fields, out, args.shard_rows, "float", str(corpus), None
+    )
+    embedder = Embedder(flags.settings_of(args, str(model)), {}, "text", args.window)
+
+    async def go() -> tuple[float, dict[str, Any]]:
+        await embedder.check()
+        _, manifest = prepare(OutputDir(out), manifest_of(job, embedder, str(model)), overwrite=True)
+        started = time.perf_counter()
+        done = await run_local(job, embedder, manifest, Progress("off"))
+        return time.perf_counter() - started, done
+
+    try:
+        seconds, manifest = asyncio.run(go())
+        stats = embedder.engine.stats()
+    finally:
+        embedder.close()
+    rows = manifest["counts"]["embedded"]
+    return {
+        "sentences_per_s": rows / seconds,
+        "padding": 1 - stats["real_tokens"] / max(stats["padded_tokens"], 1),
+    }
+
+
+def ray_run(corpus: Path, out: Path, model: Path, variant: str, batch: int, cores: int) -> dict[str, float]:
+    """The Ray path on a local Ray of ``cores`` CPUs and one actor: the pipeline and the commit."""
+    import ray
+
+    from app.bulk import flags
+    from app.bulk.ray_job import execute, prepare_ray
+
+    args = bulk_args(corpus, out, model, variant, batch, ["--ray", "--overwrite"])
+    fields = Fields()
+    job = Job(
+        find_inputs(str(corpus), None, fields), fields, out, args.shard_rows, "float", str(corpus), None
+    )
+    settings, manifest, _ = prepare_ray(job, flags.settings_of(args, str(model)), {}, args)
+    ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=False, object_store_memory=200 * 2**20)
+    try:
+        started = time.perf_counter()
+        done = execute(job, settings, {}, args, manifest)
+        seconds = time.perf_counter() - started
+    finally:
+        ray.shutdown()
+    return {"sentences_per_s": done["counts"]["embedded"] / seconds, "seconds": seconds}
+
+
+def peak_rss_mib(model: Path, rows: int, work: Path) -> tuple[float, float]:
+    """Peak RSS (MiB) of ``python -m app.bulk`` embedding ``rows`` distinct short texts, and its seconds.
+
+    The peak is the child's own ``VmHWM``, read until it exits (``ru_maxrss`` would not do: Linux keeps
+    the high-water mark of the forking parent, this benchmark, across the exec).
+    """
+    corpus = work / f"rows-{rows}.jsonl"
+    base = load_corpus()
+    with open(corpus, "wb") as f:
+        for n in range(rows):
+            f.write(orjson.dumps({"text": f"{n} {base[n % len(base)][:12]}"}) + b"\n")
+    out = work / f"out-{rows}"
+    command = [
+        sys.executable,
+        "-m",
+        "app.bulk",
+        "--model",
+        str(model),
+        "--variant",
+        "int8",
+        "--input",
+        str(corpus),
+    ]
+    command += ["--output", str(out), "--progress", "off", "--overwrite", "--max-batch-size", "64"]
+    started = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    status = Path(f"/proc/{process.pid}/status")
+    peak_kib = 0
+    while process.poll() is None:
+        try:
+            line = next(x for x in status.read_text().splitlines() if x.startswith("VmHWM:"))
+            peak_kib = max(peak_kib, int(line.split()[1]))
+        except (OSError, StopIteration):  # exiting: its last reading stands
+            pass
+        time.sleep(0.02)
+    seconds = time.perf_counter() - started
+    if process.returncode != 0:
+        raise RuntimeError(f"the bulk job on {rows} rows failed: {process.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
+    corpus.unlink()
+    return peak_kib / 1024, seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m loadtest.bulk",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="an exported model (the int8 twin)")
+    p.add_argument("--variant", default="int8")
+    p.add_argument("--texts", type=int, default=3000, help="distinct texts of the speed rows")
+    p.add_argument("--batch-sizes", default="8,16,32", help="raw batch sizes to pick the best of")
+    p.add_argument("--skip-ray", action="store_true")
+    p.add_argument("--skip-speed", action="store_true")
+    p.add_argument(
+        "--memory-rows", default=None, help="rows of the memory rows (default 10000,1000000); empty: none"
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="the tiny model, 300 texts, 2,000 / 20,000 memory rows"
+    )
+    args = p.parse_args(argv)
+    cores = len(os.sched_getaffinity(0))
+    with tempfile.TemporaryDirectory(prefix="zhembed-bulk-bench-") as tmp:
+        work = Path(tmp)
+        tiny: Path | None = None
+        if args.quick:
+            from loadtest.quick_model import export_tiny
+
+            tiny, _ = export_tiny(work / "source", work / "tiny", variants=("fp32", "int8"))
+            args.model, args.texts = tiny, 300
+            args.memory_rows = "2000,20000" if args.memory_rows is None else args.memory_rows
+        lines: list[str] = []
+        if not args.skip_speed:
+            lines += speed_rows(args, work, cores)
+        sizes = [
+            int(n)
+            for n in (args.memory_rows if args.memory_rows is not None else "10000,1000000").split(",")
+            if n
+        ]
+        if sizes:
+            if tiny is None:
+                from loadtest.quick_model import export_tiny
+
+                tiny, _ = export_tiny(work / "source", work / "tiny", variants=("fp32", "int8"))
+            peaks = {n: peak_rss_mib(tiny, n, work) for n in sizes}
+            for n, (mib, seconds) in peaks.items():
+                lines.append(
+                    f"| memory, {n:,} rows (tiny model) | peak RSS {mib:.0f} MiB | {n / seconds:,.0f} rows/s incl. start | |"
+                )
+            small, large = peaks[min(sizes)][0], peaks[max(sizes)][0]
+            ratio = large / small
+            lines.append(
+                f"| memory ratio {max(sizes):,} / {min(sizes):,} rows | {ratio:.2f} | target ≤ 1.2 | {'PASS' if ratio <= 1.2 else 'MISS'} |"
+            )
+    print(f"\nbulk job, {cores} cores" + ("" if args.skip_speed else f", speed rows on {args.model}") + "\n")
+    print("| row | figure | note | target |\n|---|---|---|---|")
+    print("\n".join(lines))
+    return 0
+
+
+def speed_rows(args: argparse.Namespace, work: Path, cores: int) -> list[str]:
+    texts = unique_texts(load_corpus(), 0, args.texts)
+    corpus = write_corpus(work / "corpus.jsonl", texts)
+    sizes = [int(b) for b in args.batch_sizes.split(",")]
+    sample = texts[: max(len(texts) // 6, 64)]
+    picks = {b: raw(args.model, args.variant, sample, b)["sentences_per_s"] for b in sizes}
+    best = max(picks, key=lambda b: picks[b])
+    print(
+        "raw on a sixth of the corpus, by batch size: "
+        + ", ".join(f"{b}: {v:.1f}/s" for b, v in picks.items()),
+        flush=True,
+    )
+    before = raw(args.model, args.variant, texts, best)
+    job = job_run(corpus, work / "out-job", args.model, args.variant, best)
+    ray = None if args.skip_ray else ray_run(corpus, work / "out-ray", args.model, args.variant, best, cores)
+    after = raw(args.model, args.variant, texts, best)
+    ceiling_rate = (before["sentences_per_s"] + after["sentences_per_s"]) / 2
+    vs_raw = job["sentences_per_s"] / ceiling_rate
+    lines = [
+        f"| raw {args.variant}, batch {best}, tokenising included | {ceiling_rate:.1f} sentences/s | before / after the job: "
+        f"{before['sentences_per_s']:.1f} / {after['sentences_per_s']:.1f}; padding {before['padding']:.1%}; tokenising "
+        f"{before['tokenize_s']:.2f} s | |",
+        f"| job (read, embed, write Parquet) | {job['sentences_per_s']:.1f} sentences/s | {vs_raw:.2f} × raw; padding "
+        f"{job['padding']:.1%} | ≥ 0.95 × raw: {'PASS' if vs_raw >= 0.95 else 'MISS'} |",
+    ]
+    if ray is not None:
+        vs_job = ray["sentences_per_s"] / job["sentences_per_s"]
+        lines.append(
+            f"| ray (local, {cores} CPUs, 1 actor) | {ray['sentences_per_s']:.1f} sentences/s | {vs_job:.2f} × job; "
+            f"{ray['seconds']:.1f} s incl. actor start | ≥ 0.85 × job: {'PASS' if vs_job >= 0.85 else 'MISS'} |"
+        )
+    return lines
+
+
+if __name__ == "__main__":
+    sys.exit(main())
