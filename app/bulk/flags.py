@@ -36,6 +36,8 @@ OPTION_HELP = {
     "truncation_direction": "which end truncation keeps: right keeps the start; default right",
     "normalize": "scale each vector to unit length; default the model's",
     "prompt_name": "one of the model's prompts, put before each text; default the model's default prompt",
+    "dimensions": "keep each vector's first N components (then normalised again), on a model trained for "
+    "shorter vectors (Matryoshka); default the whole vector",
 }
 
 # The service's settings a bulk job's engine reads (the rest are the server's: ports, workers, keys).

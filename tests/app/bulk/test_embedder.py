@@ -99,3 +99,19 @@ def test_a_field_of_the_wrong_type_is_worded_as_the_api_words_a_string_field(
         "error"
     ]
     assert api == "inputs." + errors(tmp_path / "out")[0]["error"]
+
+
+def test_dimensions_cut_the_vectors_as_post_embed_does_and_are_refused_as_it_refuses_them(
+    matryoshka_model_dir: Path, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": t} for t in TEXTS[:6]])
+    assert run_bulk(matryoshka_model_dir, corpus, tmp_path / "full") == 0
+    assert run_bulk(matryoshka_model_dir, corpus, tmp_path / "cut", "--dimensions", "16") == 0
+    full, cut = vectors(tmp_path / "full"), vectors(tmp_path / "cut")
+    for key, whole in full.items():  # the first 16 components of the whole vector, normalised again
+        assert cut[key].shape == (16,)
+        np.testing.assert_allclose(cut[key], whole[:16] / np.linalg.norm(whole[:16]), atol=1e-5)
+    capsys.readouterr()
+    assert run_bulk(tiny_model_dir, corpus, tmp_path / "refused", "--dimensions", "16") == 2
+    assert "dimensions 16 is not supported" in capsys.readouterr().err
+    assert not list((tmp_path / "refused").glob("part-*.parquet"))
