@@ -1,0 +1,373 @@
+"""What one batch costs on this machine: timed at start-up, fitted, cached beside the export.
+
+The planner (:mod:`app.engine.planner`) compares batches by what they cost, and no constant is right on
+both a CPU (a batch costs about its tokens; a small batch wastes little) and a GPU (a batch costs about a
+fixed launch time until the device is busy; a small batch wastes most of it). So the inference thread,
+before its first batch, times the encoder over a small grid of batch sizes × sequence lengths (within the
+batch limits; :data:`MEASURE_BUDGET_S` at most) and fits
+
+    seconds(B, S) = a + B · (b + c·S + d·S²)
+
+by least squares on the relative error, every coefficient ≥ 0: ``a`` is what a batch costs whatever it
+holds (a session run, kernel launches), ``b`` what each sequence costs, ``c`` each token (the GEMMs) and
+``d`` each token per token of its length (attention). The fit and its error over the grid are in /info.
+
+It is cached as JSON beside the export (or under ``cache_dir`` where the export folder is read-only),
+keyed by the graph's sha256, the execution provider, ONNX Runtime's version, the threads and the CPU
+(model name and feature flags) or GPU (name): a restart, or a second worker, reads it instead of
+measuring. Workers that start together measure once: the first takes a file lock, the others wait for
+its result. With ``measure_batch_cost`` off the model is the old constant: a batch costs its tokens
+(padding included) plus ``batch_overhead_tokens``, in tokens instead of seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import itertools
+import json
+import logging
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from app.model.runtime import CUDA, OnnxModel, cpu_flags
+
+log = logging.getLogger(__name__)
+
+SCHEMA = 1
+FOLDER = "batch_costs"  # beside the export's manifest.json, or under cache_dir
+# Seconds the grid may take on this machine, in all. On 2 AVX2 cores the bert-base int8 graph costs
+# ~1.3 ms a token: the grid then reaches 256 tokens a batch; a GPU measures all of it in well under this.
+MEASURE_BUDGET_S = 3.0
+LENGTHS = (8, 16, 32, 64, 128, 256, 512)
+SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+# A grid point's runs after the first (which is not counted: first runs of a shape allocate): the cheapest
+# of them, as noise only ever adds time. Points of more than REPEAT_BELOW_S run once more at most.
+REPEATS = 3
+REPEAT_BELOW_S = 0.05
+
+Runner = Callable[[int, int], float]  # (batch size, sequence length) → seconds of one run
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """``a + B·(b + c·S + d·S²)``: seconds (``unit`` "s"), or tokens for the constant fallback."""
+
+    a: float
+    b: float
+    c: float
+    d: float
+    unit: str = "s"
+    source: str = "measured"
+    # (batch size, length, measured seconds) of each grid point; empty for the constant.
+    points: tuple[tuple[int, int, float], ...] = ()
+    key: dict[str, str] = field(default_factory=dict)
+    measured_s: float = 0.0  # how long the grid took when it was measured
+
+    @classmethod
+    def constant(cls, overhead_tokens: int, why: str = "measure_batch_cost off") -> CostModel:
+        """The fallback: a batch costs its padded tokens plus ``overhead_tokens``."""
+        return cls(float(overhead_tokens), 0.0, 1.0, 0.0, "tokens", f"batch_overhead_tokens ({why})")
+
+    @property
+    def measured(self) -> bool:
+        return self.unit == "s"
+
+    def per_sequence(self, lengths: np.ndarray) -> np.ndarray:
+        """What each sequence of a batch padded to ``lengths`` adds: ``b + c·S + d·S²``."""
+        s = lengths.astype(np.float64)
+        return self.b + s * (self.c + self.d * s)
+
+    def cost(self, size: int, length: int) -> float:
+        return self.a + size * (self.b + length * (self.c + self.d * length))
+
+    def errors(self) -> np.ndarray:
+        """Relative error of the fit at each grid point (fitted / measured − 1)."""
+        if not self.points:
+            return np.zeros(0)
+        return np.array([self.cost(b, s) / t - 1 for b, s, t in self.points])
+
+    def describe(self) -> dict[str, Any]:
+        """What /info shows: the formula, its coefficients, where it came from, the fit's error."""
+        scale, unit = (1e3, "ms") if self.measured else (1.0, "tokens")
+        errors = np.abs(self.errors())
+        return {
+            "formula": "a + B*(b + c*S + d*S^2) for B sequences padded to S tokens",
+            "unit": unit,
+            "a": round(self.a * scale, 6),
+            "b": round(self.b * scale, 6),
+            "c": round(self.c * scale, 6),
+            "d": round(self.d * scale, 9),
+            "source": self.source,
+            "key": self.key,
+            "grid": [
+                {"B": b, "S": s, "measured": round(t * scale, 3), "fitted": round(self.cost(b, s) * scale, 3)}
+                for b, s, t in self.points
+            ],
+            "max_error": round(float(errors.max()), 4) if errors.size else None,
+            "mean_error": round(float(errors.mean()), 4) if errors.size else None,
+            "measured_s": round(self.measured_s, 3),
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "key": self.key,
+            "coefficients": [self.a, self.b, self.c, self.d],
+            "points": [list(p) for p in self.points],
+            "measured_s": self.measured_s,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], source: str) -> CostModel:
+        a, b, c, d = (float(x) for x in data["coefficients"])
+        points = tuple((int(p[0]), int(p[1]), float(p[2])) for p in data["points"])
+        return cls(a, b, c, d, "s", source, points, dict(data["key"]), float(data.get("measured_s", 0.0)))
+
+
+def fit(points: list[tuple[int, int, float]]) -> tuple[float, float, float, float]:
+    """``(a, b, c, d)`` ≥ 0 minimising the squared relative error over ``points`` (B, S, seconds).
+
+    Non-negative least squares by trying every subset of the four terms (sixteen small solves): a
+    negative coefficient would make some batch cost less than nothing, or a longer one cost less.
+    """
+    sizes = np.array([p[0] for p in points], dtype=np.float64)
+    lengths = np.array([p[1] for p in points], dtype=np.float64)
+    seconds = np.array([p[2] for p in points], dtype=np.float64)
+    terms = np.stack([np.ones_like(sizes), sizes, sizes * lengths, sizes * lengths**2], axis=1)
+    weighted = terms / seconds[:, None]  # each row divided by its measurement: relative residuals
+    target = np.ones_like(seconds)
+    best: tuple[float, np.ndarray] | None = None
+    for used in itertools.product((False, True), repeat=4):
+        columns = [i for i, on in enumerate(used) if on]
+        if not columns:
+            continue
+        solution, *_ = np.linalg.lstsq(weighted[:, columns], target, rcond=None)
+        if (solution < 0).any():
+            continue
+        coefficients = np.zeros(4)
+        coefficients[columns] = solution
+        residual = float(np.sum((weighted @ coefficients - target) ** 2))
+        if best is None or residual < best[0]:
+            best = (residual, coefficients)
+    if best is None:  # every subset with a single positive column fits; only degenerate input gets here
+        raise ValueError(f"no non-negative fit of {len(points)} points")
+    a, b, c, d = (float(x) for x in best[1])
+    return a, b, c, d
+
+
+def grid(max_size: int, max_tokens: int, max_length: int) -> list[tuple[int, int]]:
+    """The (batch size, length) points to time, cheapest first, within the batch limits."""
+    sizes = sorted({s for s in SIZES if s <= max_size} | {max_size})
+    lengths = sorted({n for n in LENGTHS if n <= max_length} | {min(max_length, LENGTHS[0])})
+    points = [(b, s) for b in sizes for s in lengths if b * s <= max_tokens or b == 1]
+    return sorted(points, key=lambda p: (p[0] * p[1], p[1]))
+
+
+def enough(points: list[tuple[int, int, float]]) -> bool:
+    """Whether ``points`` can pin down all four terms: three lengths (for S²) and two sizes (for a)."""
+    return len({p[1] for p in points}) >= 3 and len({p[0] for p in points}) >= 2 and len(points) >= 5
+
+
+def measure(
+    run: Runner,
+    points: list[tuple[int, int]],
+    budget_s: float = MEASURE_BUDGET_S,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[tuple[int, int, float]]:
+    """Time ``run`` at ``points`` in order until the next would pass ``budget_s`` (but at least until
+    the points are :func:`enough`, where the grid allows); each point's cheapest run after its first."""
+    measured: list[tuple[int, int, float]] = []
+    started = clock()
+    per_token = 0.0
+    for size, length in points:
+        elapsed = clock() - started
+        expected = per_token * size * length * 2  # the uncounted first run and one more
+        if measured and elapsed + expected > budget_s and enough(measured):
+            break
+        first = run(size, length)
+        runs = [run(size, length) for _ in range(REPEATS if first < REPEAT_BELOW_S else 1)]
+        seconds = min(runs)
+        measured.append((size, length, seconds))
+        per_token = max(per_token, seconds / (size * length))
+    return measured
+
+
+def session_runner(model: OnnxModel) -> Runner:
+    """Times one encoder run of a synthetic batch, fetching what a default /embed fetches."""
+    layer = model.num_layers
+    fetch = [model.pooled_output(layer, "mean") or model.output_name(layer)]
+    cls_id, sep_id = model.manifest.tokenizer.cls_id, model.manifest.tokenizer.sep_id
+    # Ids of ordinary characters; what they say does not change what a run costs.
+    first = 672 if model.manifest.config.vocab_size > 8000 else cls_id + 3
+    last = max(first + 1, min(8000, model.manifest.config.vocab_size))
+    rng = np.random.default_rng(0)
+
+    def run(size: int, length: int) -> float:
+        ids = rng.integers(first, last, (size, length), dtype=np.int64)
+        ids[:, 0], ids[:, -1] = cls_id, sep_id
+        mask = np.ones_like(ids)
+        started = time.perf_counter()
+        model.encode(ids, mask, fetch)
+        return time.perf_counter() - started
+
+    return run
+
+
+def device_key(model: OnnxModel, intra_op_threads: int) -> dict[str, str]:
+    """What the cost depends on besides the batch: the graph, the provider, the runtime and the device."""
+    provider = model.providers[0]
+    key = {
+        "graph_sha256": model.manifest.graphs["encoder"][model.variant].sha256,
+        "provider": provider,
+        "onnxruntime": ort.__version__,
+    }
+    if provider == CUDA:
+        key["device"] = gpu_name()
+    else:
+        key["device"] = cpu_name()
+        key["cpu_flags_sha256"] = hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:16]
+        key["threads"] = f"{intra_op_threads or 'all'} of {len(os.sched_getaffinity(0))} cores"
+    return key
+
+
+def cpu_name(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return "unknown CPU"
+    return next(
+        (line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")),
+        "unknown CPU",
+    )
+
+
+def gpu_name() -> str:
+    """The first GPU's name, from the NVIDIA driver's /proc entries or nvidia-smi."""
+    for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
+        with contextlib.suppress(OSError):
+            for line in info.read_text().splitlines():
+                if line.startswith("Model:"):
+                    return line.split(":", 1)[1].strip()
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.splitlines()
+        if out and out[0].strip():
+            return out[0].strip()
+    return "unknown GPU"
+
+
+def _file_name(key: dict[str, str]) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24] + ".json"
+
+
+def _writable(folder: Path) -> bool:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe-"):
+            return True
+    except OSError:
+        return False
+
+
+def _read(path: Path, key: dict[str, str], where: str) -> CostModel | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA or data.get("key") != key:
+        return None
+    try:
+        return CostModel.from_json(data, f"read from the cache {where}")
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None  # a file of another shape: measured again and rewritten
+
+
+@contextlib.contextmanager
+def _locked(folder: Path, name: str) -> Iterator[None]:
+    with (folder / f".{name}.lock").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # a second worker waits here for the first one's result
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def load_or_measure(
+    model: OnnxModel,
+    run: Runner,
+    *,
+    max_size: int,
+    max_tokens: int,
+    intra_op_threads: int,
+    cache_dir: Path,
+    budget_s: float = MEASURE_BUDGET_S,
+) -> CostModel:
+    """The cost model for this graph, provider and device: from the cache, or measured and cached."""
+    key = device_key(model, intra_op_threads)
+    name = _file_name(key)
+    # Where each folder is, as /info says it: never a path (the model is named, not located, there).
+    folders = {"beside the export": model.folder / FOLDER, "under cache_dir": cache_dir / FOLDER}
+    for where, folder in folders.items():
+        if (cached := _read(folder / name, key, where)) is not None:
+            return cached
+    writable = next(((w, f) for w, f in folders.items() if _writable(f)), None)
+    max_length = model.tokenizer.max_length
+    if writable is None:
+        log.warning(
+            "cannot write the batch cost model to %s: measured on every start",
+            " or ".join(map(str, folders.values())),
+        )
+        fitted = _measured(run, key, max_size, max_tokens, max_length, budget_s)
+        return replace(fitted, source="measured at start-up (not cached: no writable folder)")
+    where, folder = writable
+    with _locked(folder, name):
+        if (cached := _read(folder / name, key, where)) is not None:  # another worker measured it meanwhile
+            return cached
+        fitted = _measured(run, key, max_size, max_tokens, max_length, budget_s)
+        path = folder / name
+        partial = path.with_suffix(".partial")
+        partial.write_text(json.dumps(fitted.to_json(), indent=1))
+        partial.replace(path)  # readers see the whole file or none
+        log.info("batch cost model cached in %s", path)
+        return replace(fitted, source=f"measured at start-up, cached {where}")
+
+
+def _measured(
+    run: Runner, key: dict[str, str], max_size: int, max_tokens: int, max_length: int, budget_s: float
+) -> CostModel:
+    started = time.perf_counter()
+    points = measure(run, grid(max_size, max_tokens, max_length), budget_s)
+    took = time.perf_counter() - started
+    a, b, c, d = fit(points)
+    model = CostModel(a, b, c, d, "s", "measured", tuple(points), key, took)
+    errors = np.abs(model.errors())
+    log.info(
+        "batch cost on %s: %.3f ms + B x (%.4f + %.5f S + %.2e S^2) ms; %d points in %.1f s, "
+        "fit error max %.1f%% mean %.1f%%",
+        key.get("device"),
+        a * 1e3,
+        b * 1e3,
+        c * 1e3,
+        d * 1e3,
+        len(points),
+        took,
+        errors.max() * 100,
+        errors.mean() * 100,
+    )
+    return model

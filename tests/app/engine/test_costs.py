@@ -1,0 +1,177 @@
+"""The batch cost model: the fit recovers what it is given, the grid stays within the limits and the time
+budget, and the model is measured once per graph, provider and device, then read from its cache."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from app.engine import costs
+from app.engine.costs import CostModel, fit, grid, load_or_measure, measure
+from app.engine.engine import Engine
+from app.settings import Settings
+from app.telemetry.metrics import Metrics
+
+TRUE = (0.004, 0.0002, 0.0011, 0.000003)  # a, b, c, d in seconds
+
+
+def synthetic(size: int, length: int) -> float:
+    a, b, c, d = TRUE
+    return a + size * (b + c * length + d * length**2)
+
+
+def test_the_fit_recovers_the_coefficients_it_was_given() -> None:
+    points = [(b, s, synthetic(b, s)) for b, s in grid(8, 4096, 512)]
+    assert fit(points) == pytest.approx(TRUE, rel=1e-6)
+
+
+def test_the_fit_is_never_negative_and_its_error_is_reported() -> None:
+    rng = np.random.default_rng(1)
+    # A GPU-like device: a large fixed cost, almost nothing per token; noisy measurements.
+    points = [(b, s, (0.003 + 2e-7 * b * s) * rng.uniform(0.9, 1.1)) for b, s in grid(256, 32768, 512)]
+    a, b, c, d = fit(points)
+    assert min(a, b, c, d) >= 0 and a == pytest.approx(0.003, rel=0.15)
+    model = CostModel(a, b, c, d, points=tuple(points))
+    described = model.describe()
+    assert described["unit"] == "ms" and 0 < described["max_error"] < 0.2
+    assert len(described["grid"]) == len(points)
+
+
+def test_the_grid_keeps_to_the_batch_limits_cheapest_first() -> None:
+    points = grid(8, 256, 128)
+    assert all(b <= 8 and s <= 128 and (b * s <= 256 or b == 1) for b, s in points)
+    assert (8, 32) in points and (8, 64) not in points and (1, 128) in points
+    tokens = [b * s for b, s in points]
+    assert tokens == sorted(tokens)
+
+
+def test_measuring_stops_at_its_time_budget_once_the_fit_is_determined() -> None:
+    clock = [0.0]
+    calls: list[tuple[int, int]] = []
+
+    def run(size: int, length: int) -> float:
+        seconds = synthetic(size, length)
+        clock[0] += seconds
+        calls.append((size, length))
+        return seconds
+
+    points = measure(run, grid(8, 4096, 512), budget_s=0.5, clock=lambda: clock[0])
+    assert costs.enough(points) and clock[0] <= 0.5 + 2 * synthetic(8, 64)
+    assert len(points) < len(grid(8, 4096, 512))  # the budget cut it short
+    # Each point: one run not counted, then the cheapest of the rest.
+    assert len(calls) == sum(
+        1 + (costs.REPEATS if synthetic(b, s) < costs.REPEAT_BELOW_S else 1) for b, s, _ in points
+    )
+    tiny = measure(run, grid(8, 4096, 512), budget_s=0.0, clock=lambda: clock[0])
+    assert costs.enough(tiny)  # even with no time at all: enough for the four terms
+
+
+def fake_model(folder: Path, sha: str = "ab" * 32) -> Any:
+    """What load_or_measure reads of a model: its folder, graph digest, provider and longest input."""
+    graph = SimpleNamespace(sha256=sha)
+    manifest = SimpleNamespace(graphs={"encoder": {"int8": graph}})
+    return SimpleNamespace(
+        folder=folder,
+        variant="int8",
+        providers=["CPUExecutionProvider"],
+        manifest=manifest,
+        tokenizer=SimpleNamespace(max_length=128),
+    )
+
+
+def counting_runner() -> tuple[costs.Runner, list[int]]:
+    runs: list[int] = []
+
+    def run(size: int, length: int) -> float:
+        runs.append(size)
+        return synthetic(size, length)
+
+    return run, runs
+
+
+def test_measured_once_then_read_from_beside_the_export(tmp_path: Path) -> None:
+    model = fake_model(tmp_path / "model")
+    (tmp_path / "model").mkdir()
+    run, runs = counting_runner()
+    kwargs: dict[str, Any] = {
+        "max_size": 8,
+        "max_tokens": 4096,
+        "intra_op_threads": 0,
+        "cache_dir": tmp_path / "cache",
+    }
+    first = load_or_measure(model, run, **kwargs)
+    assert runs and first.source == "measured at start-up, cached beside the export"
+    (cached,) = (tmp_path / "model" / costs.FOLDER).glob("*.json")
+    assert json.loads(cached.read_text())["key"]["graph_sha256"] == "ab" * 32
+    measured = len(runs)
+    again = load_or_measure(model, run, **kwargs)
+    assert len(runs) == measured  # a restart does not measure
+    assert again.source == "read from the cache beside the export"
+    assert (again.a, again.b, again.c, again.d) == (first.a, first.b, first.c, first.d)
+    other = load_or_measure(fake_model(tmp_path / "model", sha="cd" * 32), run, **kwargs)
+    assert len(runs) > measured and other.source.startswith("measured")  # another graph: its own
+
+
+def test_a_read_only_export_folder_caches_under_cache_dir(tmp_path: Path) -> None:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / costs.FOLDER).write_text("not a folder")  # nothing can be written beside it (even as root)
+    run, runs = counting_runner()
+    kwargs: dict[str, Any] = {
+        "max_size": 8,
+        "max_tokens": 4096,
+        "intra_op_threads": 0,
+        "cache_dir": tmp_path / "cache",
+    }
+    first = load_or_measure(fake_model(folder), run, **kwargs)
+    assert first.source == "measured at start-up, cached under cache_dir"
+    assert list((tmp_path / "cache" / costs.FOLDER).glob("*.json"))
+    measured = len(runs)
+    assert load_or_measure(fake_model(folder), run, **kwargs).source == "read from the cache under cache_dir"
+    assert len(runs) == measured
+
+
+def test_the_engine_measures_before_its_first_batch_and_reads_the_cache_on_restart(
+    tiny_model_dir: Path, tmp_path: Path, tiny_settings: Settings
+) -> None:
+    from app.model.runtime import load_model
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder, ignore=shutil.ignore_patterns(costs.FOLDER))
+    settings = tiny_settings.model_copy(update={"model": str(folder), "cache_dir": tmp_path / "cache"})
+    sources = []
+    for _ in range(2):
+        engine = Engine(load_model(settings), settings, Metrics())
+        engine.start()
+        try:
+            assert engine.calibrated.wait(60)
+            model = engine.batcher.costs
+            assert model.measured and model.c > 0  # seconds per token, fitted on this machine
+            described = engine.scheduling()
+            assert described["cost_model"]["unit"] == "ms" and described["queue_delay_budget_ms"] > 0
+            sources.append(model.source)
+        finally:
+            engine.stop()
+    assert sources == [
+        "measured at start-up, cached beside the export",
+        "read from the cache beside the export",
+    ]
+
+
+def test_measuring_off_plans_by_batch_overhead_tokens(tiny_model: Any, tiny_settings: Settings) -> None:
+    settings = tiny_settings.model_copy(update={"measure_batch_cost": False, "batch_overhead_tokens": 40})
+    engine = Engine(tiny_model, settings, Metrics())
+    engine.start()
+    try:
+        assert engine.calibrated.wait(30)
+        model = engine.batcher.costs
+        assert not model.measured and (model.a, model.c) == (40.0, 1.0)
+        assert engine.scheduling()["cost_model"]["unit"] == "tokens"
+    finally:
+        engine.stop()
