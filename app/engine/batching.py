@@ -23,9 +23,10 @@ Pending sequences wait in one class per urgency (0 most urgent … 7 background;
    tokenised; with enough work it never waits. Cancelled requests' items are dropped here, unrun.
 
 The inference thread cuts each batch itself, right after the previous one has run
-(:mod:`app.engine.inference`), and reports how long it took (:meth:`Batcher.ran`), from which the queue
-learns seconds per unit of modelled cost (so the budget holds on a machine busier than at start-up, and
-with the constant model, whose unit is tokens). While the assembler waits for company, an arrival wakes
+(:mod:`app.engine.inference`), and reports how long it took (:meth:`Batcher.ran`): a measured model is
+refitted from the batches served (what a batch costs while the service runs beside it, on a machine that
+may be busier than at start-up); with the constant model, whose unit is tokens, the queue learns seconds
+per token for its budget. While the assembler waits for company, an arrival wakes
 it only when it may change the answer: when the queue may now hold a full batch, or nobody else is coming.
 
 Cost per batch does not grow with the queue: a plan is a few numpy operations over the distinct lengths
@@ -42,7 +43,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from app.engine.costs import CostModel
+from app.engine.costs import CostModel, Refitter
 from app.engine.planner import Planner
 from app.engine.priority import URGENCIES
 from app.engine.work import Sequence
@@ -130,6 +131,8 @@ class Batcher:
         self._gathering = False  # the assembler waits for company until a deadline
         self._mean_length = INITIAL_LENGTH
         self._last_cost = 0.0  # modelled cost of the batch handed out last
+        self._last_shape = (0, 0)  # its size and longest length
+        self._refitter: Refitter | None = None
         self.planner = Planner(CostModel.constant(overhead_tokens), max_batch_size, max_batch_tokens)
         self._scale: float | None = None  # seconds per unit of modelled cost; None: not known yet
         self.set_costs(costs or CostModel.constant(overhead_tokens))
@@ -139,6 +142,7 @@ class Batcher:
         with self._cond:
             self.planner = Planner(costs, self.max_batch_size, self.max_batch_tokens)
             self._scale = 1.0 if costs.measured else None
+            self._refitter = Refitter(costs) if costs.measured and costs.points else None
 
     @property
     def costs(self) -> CostModel:
@@ -206,8 +210,14 @@ class Batcher:
             self._cond.notify_all()
 
     def ran(self, seconds: float) -> None:
-        """The batch handed out last ran in ``seconds`` (inference thread): learn seconds per cost unit."""
-        if self._last_cost > 0:
+        """The batch handed out last ran in ``seconds`` (inference thread): a measured model is refitted
+        from it (:class:`~app.engine.costs.Refitter`); the constant one learns seconds per token."""
+        if self._refitter is not None:
+            refitted = self._refitter.add(*self._last_shape, seconds)
+            if refitted is not None:
+                with self._cond:
+                    self.planner = Planner(refitted, self.max_batch_size, self.max_batch_tokens)
+        elif self._last_cost > 0:
             ratio = seconds / self._last_cost
             scale = self._scale
             self._scale = ratio if scale is None else scale + SCALE_WEIGHT * (ratio - scale)
@@ -373,7 +383,8 @@ class Batcher:
         s.items += len(batch)
         s.largest_batch = max(s.largest_batch, len(batch))
         real = sum(seq.length for seq in batch)
-        computed = len(batch) * max(seq.length for seq in batch)
+        longest = max(seq.length for seq in batch)
+        computed = len(batch) * longest
         s.real_tokens += real
         s.padded_tokens += computed
         s.waits += int(waited)
@@ -381,6 +392,7 @@ class Batcher:
         s.capped += int(capped)
         s.aged += int(aged)
         s.filled += filled
-        self._last_cost = self.planner.model.cost(len(batch), max(seq.length for seq in batch))
+        self._last_cost = self.planner.model.cost(len(batch), longest)
+        self._last_shape = (len(batch), longest)
         self._mean_length += LENGTH_WEIGHT * (real / len(batch) - self._mean_length)
         self.metrics.batch_assembled(len(batch), real, computed)

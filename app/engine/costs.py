@@ -51,10 +51,9 @@ FOLDER = "batch_costs"  # beside the export's manifest.json, or under cache_dir
 MEASURE_BUDGET_S = 3.0
 LENGTHS = (8, 16, 32, 64, 128, 256, 512)
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-# A grid point's runs after the first (which is not counted: first runs of a shape allocate): the cheapest
-# of them, as noise only ever adds time. Points of more than REPEAT_BELOW_S run once more at most.
-REPEATS = 3
-REPEAT_BELOW_S = 0.05
+# The S² term (attention) is fitted only from a grid that reaches this length: below it attention is a
+# few percent of a BERT layer, and a fit over short lengths puts the measurements' noise into it.
+ATTENTION_FROM = 128
 
 Runner = Callable[[int, int], float]  # (batch size, sequence length) → seconds of one run
 
@@ -73,6 +72,8 @@ class CostModel:
     points: tuple[tuple[int, int, float], ...] = ()
     key: dict[str, str] = field(default_factory=dict)
     measured_s: float = 0.0  # how long the grid took when it was measured
+    served: int = 0  # batches served since start-up that the coefficients were refitted from
+    served_error: float | None = None  # moving mean |predicted / ran - 1| of the served batches
 
     @classmethod
     def constant(cls, overhead_tokens: int, why: str = "measure_batch_cost off") -> CostModel:
@@ -117,6 +118,8 @@ class CostModel:
             "max_error": round(float(errors.max()), 4) if errors.size else None,
             "mean_error": round(float(errors.mean()), 4) if errors.size else None,
             "measured_s": round(self.measured_s, 3),
+            "refitted_from_served_batches": self.served,
+            "served_error": round(self.served_error, 4) if self.served_error is not None else None,
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -135,35 +138,92 @@ class CostModel:
         return cls(a, b, c, d, "s", source, points, dict(data["key"]), float(data.get("measured_s", 0.0)))
 
 
-def fit(points: list[tuple[int, int, float]]) -> tuple[float, float, float, float]:
-    """``(a, b, c, d)`` ≥ 0 minimising the squared relative error over ``points`` (B, S, seconds).
+def _rows(sizes: np.ndarray, lengths: np.ndarray, seconds: np.ndarray) -> np.ndarray:
+    """The four terms of each batch, divided by what it took: least squares on them is on relative error."""
+    terms = np.stack([np.ones_like(sizes), sizes, sizes * lengths, sizes * lengths**2], axis=-1)
+    return terms / seconds[..., None]
 
-    Non-negative least squares by trying every subset of the four terms (sixteen small solves): a
-    negative coefficient would make some batch cost less than nothing, or a longer one cost less.
-    """
-    sizes = np.array([p[0] for p in points], dtype=np.float64)
-    lengths = np.array([p[1] for p in points], dtype=np.float64)
-    seconds = np.array([p[2] for p in points], dtype=np.float64)
-    terms = np.stack([np.ones_like(sizes), sizes, sizes * lengths, sizes * lengths**2], axis=1)
-    weighted = terms / seconds[:, None]  # each row divided by its measurement: relative residuals
-    target = np.ones_like(seconds)
+
+def _solve(gram: np.ndarray, moment: np.ndarray, attention: bool) -> tuple[float, float, float, float]:
+    """Non-negative least squares from the normal equations (``gram`` = RᵀR, ``moment`` = Rᵀ1) by trying
+    every subset of the four terms: a negative coefficient would make some batch cost less than nothing,
+    or a longer one cost less. ``attention`` False leaves ``d`` at 0."""
     best: tuple[float, np.ndarray] | None = None
     for used in itertools.product((False, True), repeat=4):
         columns = [i for i, on in enumerate(used) if on]
-        if not columns:
+        if not columns or (used[3] and not attention):
             continue
-        solution, *_ = np.linalg.lstsq(weighted[:, columns], target, rcond=None)
+        sub = gram[np.ix_(columns, columns)]
+        try:
+            solution = np.linalg.solve(sub, moment[columns])
+        except np.linalg.LinAlgError:  # a term the points cannot tell from the others
+            continue
         if (solution < 0).any():
             continue
         coefficients = np.zeros(4)
         coefficients[columns] = solution
-        residual = float(np.sum((weighted @ coefficients - target) ** 2))
+        # The squared residual, less the constant Σ1²: -2·xᵀm + xᵀGx.
+        residual = float(coefficients @ gram @ coefficients - 2 * coefficients @ moment)
         if best is None or residual < best[0]:
             best = (residual, coefficients)
-    if best is None:  # every subset with a single positive column fits; only degenerate input gets here
-        raise ValueError(f"no non-negative fit of {len(points)} points")
+    if best is None:
+        raise ValueError("no non-negative fit of the batch costs")
     a, b, c, d = (float(x) for x in best[1])
     return a, b, c, d
+
+
+def fit(points: list[tuple[int, int, float]]) -> tuple[float, float, float, float]:
+    """``(a, b, c, d)`` ≥ 0 minimising the squared relative error over ``points`` (B, S, seconds); ``d``
+    stays 0 unless the points reach :data:`ATTENTION_FROM` tokens."""
+    sizes, lengths, seconds = (np.array([p[i] for p in points], dtype=np.float64) for i in range(3))
+    rows = _rows(sizes, lengths, seconds)
+    return _solve(rows.T @ rows, rows.sum(axis=0), bool(lengths.max() >= ATTENTION_FROM))
+
+
+class Refitter:
+    """Refits a measured model from the batches the service runs, so that it says what a batch costs
+    while serving (the event loop and the tokeniser then share the cores with the session: on 2 CPU cores
+    the per-batch cost ``a`` came out about twice the quiet start-up grid's).
+
+    The grid's points stay in the fit at a constant weight (:data:`GRID_WEIGHT` batches' worth in all), so
+    a term the served batches do not vary (all of one size, say) keeps the grid's value; the served
+    batches fade by half every :data:`HALF_LIFE` batches, so the fit follows a machine that gets busier
+    or quieter. Costs a 4-vector outer product per batch and sixteen 4×4 solves every :data:`EVERY`.
+    """
+
+    GRID_WEIGHT = 4.0
+    HALF_LIFE = 200
+    EVERY = 32
+
+    def __init__(self, model: CostModel) -> None:
+        self.model = model
+        sizes, lengths, seconds = (np.array([p[i] for p in model.points], dtype=np.float64) for i in range(3))
+        rows = _rows(sizes, lengths, seconds)
+        weight = self.GRID_WEIGHT / max(len(rows), 1)
+        self._prior = (weight * rows.T @ rows, weight * rows.sum(axis=0))
+        self._attention = bool(lengths.max() >= ATTENTION_FROM) if len(lengths) else False
+        self._gram = np.zeros((4, 4))
+        self._moment = np.zeros(4)
+        self._keep = 0.5 ** (1 / self.HALF_LIFE)
+        self._served = 0
+        self._error: float | None = None
+
+    def add(self, size: int, length: int, seconds: float) -> CostModel | None:
+        """One served batch; a refitted model every :data:`EVERY` batches (None in between)."""
+        if seconds <= 0:
+            return None
+        predicted = self.model.cost(size, length)
+        miss = abs(predicted / seconds - 1)
+        self._error = miss if self._error is None else self._error + 0.05 * (miss - self._error)
+        row = _rows(np.array(float(size)), np.array(float(length)), np.array(seconds))
+        self._gram = self._keep * self._gram + np.outer(row, row)
+        self._moment = self._keep * self._moment + row
+        self._served += 1
+        if self._served % self.EVERY:
+            return None
+        a, b, c, d = _solve(self._prior[0] + self._gram, self._prior[1] + self._moment, self._attention)
+        self.model = replace(self.model, a=a, b=b, c=c, d=d, served=self._served, served_error=self._error)
+        return self.model
 
 
 def grid(max_size: int, max_tokens: int, max_length: int) -> list[tuple[int, int]]:
@@ -185,22 +245,29 @@ def measure(
     budget_s: float = MEASURE_BUDGET_S,
     clock: Callable[[], float] = time.perf_counter,
 ) -> list[tuple[int, int, float]]:
-    """Time ``run`` at ``points`` in order until the next would pass ``budget_s`` (but at least until
-    the points are :func:`enough`, where the grid allows); each point's cheapest run after its first."""
-    measured: list[tuple[int, int, float]] = []
+    """Time ``run`` at ``points``: the cheapest first, once each, while that first round stays within a
+    third of ``budget_s`` (but at least until the points are :func:`enough`, where the grid allows); then
+    round after round over the same points while the budget lasts, keeping each point's cheapest run.
+    Rounds, not repeats of one point: a burst of other work on a shared machine then slows one run of
+    each point instead of every run of some, and the cheapest is the one it spared."""
+    best: dict[tuple[int, int], float] = {}
     started = clock()
     per_token = 0.0
     for size, length in points:
-        elapsed = clock() - started
-        expected = per_token * size * length * 2  # the uncounted first run and one more
-        if measured and elapsed + expected > budget_s and enough(measured):
+        expected = per_token * size * length
+        if best and clock() - started + expected > budget_s / 3 and enough(_points(best)):
             break
-        first = run(size, length)
-        runs = [run(size, length) for _ in range(REPEATS if first < REPEAT_BELOW_S else 1)]
-        seconds = min(runs)
-        measured.append((size, length, seconds))
+        seconds = run(size, length)
+        best[(size, length)] = seconds
         per_token = max(per_token, seconds / (size * length))
-    return measured
+    while clock() - started + sum(best.values()) <= budget_s:
+        for point in best:
+            best[point] = min(best[point], run(*point))
+    return _points(best)
+
+
+def _points(best: dict[tuple[int, int], float]) -> list[tuple[int, int, float]]:
+    return [(size, length, seconds) for (size, length), seconds in best.items()]
 
 
 def session_runner(model: OnnxModel) -> Runner:
