@@ -8,7 +8,8 @@ On one model (default: the bert-base-chinese shape twin, int8), cache off, close
 - the **raw ceiling** of the same int8 graph, in-process with the service's session options: the texts
   tokenised (``encode_batch``, 256 a call) and run sorted by length in batches of 8 and of 32, whole
   passes, at the start and at the end of the run; the best batch size, the mean of the two passes;
-- **this tree's service** (``python -m app``) at 32 × 1 and 8 × 16 (against the ceiling), at 8 × 1 (p99 /
+- **this tree's service** (``python -m app``, which measures its batch cost model afresh: the model's files
+  are linked into a folder of the run's own, where the model is cached) at 32 × 1 and 8 × 16 (against the ceiling), at 8 × 1 (p99 /
   p50, and sentences/s against today's), a background client alone (64 × 32 with ``Priority: u=7``), and
   that background client with an interactive 8 × 1 client beside it (its p99 against the idle 8 × 1 cell;
   the background's sentences/s against its own alone);
@@ -244,9 +245,20 @@ def service_env(opts: Options, peak_inputs: int) -> dict[str, str]:
         "ZHEMBED_CACHE_BYTES": "0",
         # Room for every client group at once: these cells measure scheduling, not refusals.
         "ZHEMBED_MAX_CONCURRENT_INPUTS": str(max(512, 2 * peak_inputs)),
-        # The twin's folder is read-only: the batch cost model is cached here instead.
+        # Where the batch cost model goes if the model folder is read-only (the run links the model's files
+        # into a folder of its own, so it is measured afresh in each run).
         "ZHEMBED_CACHE_DIR": str(opts.cost_cache),
     }
+
+
+def linked(model: Path, into: Path) -> Path:
+    """A folder of links to ``model``'s files: the service caches its batch cost model beside the export,
+    here in the run's own folder, never in the model's (which may be shared, and read-only)."""
+    into.mkdir(parents=True, exist_ok=True)
+    for entry in model.iterdir():
+        if entry.is_file():
+            (into / entry.name).symlink_to(entry.resolve())
+    return into
 
 
 @contextlib.contextmanager
@@ -274,7 +286,10 @@ def run(opts: Options) -> dict[str, Any]:
     shuffled = corpus[:]
     random.Random(7).shuffle(shuffled)
     raw_texts = unique_texts(shuffled, 90_000_000, opts.raw_texts)
-    print(f"raw ceiling, {opts.variant}, {len(raw_texts)} distinct texts, tokenising included (start)")
+    print(
+        f"raw ceiling, {opts.variant}, {len(raw_texts)} distinct texts, tokenising included (start)",
+        flush=True,
+    )
     raw_start = raw_ceiling(opts, raw_texts, (8, 32))
     bodies = Bodies(corpus)
     bg_clients, bg_texts = opts.background
@@ -284,17 +299,12 @@ def run(opts: Options) -> dict[str, Any]:
         status, info = asyncio.run(loadgen.get_json(HOST, ours.port, "/info"))
         out["cost_model"] = info["batching"] if status == 200 and isinstance(info, dict) else None
         if out["cost_model"] is not None:
-            model = out["cost_model"]["cost_model"]
-            print(
-                f"cost model ({model['source']}): {model['a']:.3f} + B x ({model['b']:.4f} + {model['c']:.4f} S"
-                f" + {model['d']:.2e} S^2) {model['unit']}; fit error max {model['max_error']} mean "
-                f"{model['mean_error']}; queue-delay budget {out['cost_model']['queue_delay_budget_ms']} ms"
-            )
+            print_model("cost model at start", out["cost_model"])
 
         def one(svc: ServiceProcess, key: str, clients: int, texts: int) -> None:
             (cells[key],) = run_cells(svc, [(key, clients, texts, {}, "3")], opts, bodies)
 
-        print("cells")
+        print("cells", flush=True)
         one(ours, "ours 8x1 (1)", 8, 1)
         if today is not None:
             one(today, "today 8x1 (1)", 8, 1)
@@ -310,12 +320,27 @@ def run(opts: Options) -> dict[str, Any]:
         one(ours, "ours 8x1 (2)", 8, 1)
         if today is not None:
             one(today, "today 8x1 (2)", 8, 1)
-    print("raw ceiling (end)")
+        status, info = asyncio.run(loadgen.get_json(HOST, ours.port, "/info"))
+        if status == 200 and isinstance(info, dict):  # after the cells: refitted from the batches served
+            out["cost_model_end"] = info["batching"]
+            print_model("cost model after the cells", info["batching"])
+    print("raw ceiling (end)", flush=True)
     raw_end = raw_ceiling(opts, raw_texts, (8, 32))
     out["raw_end"] = raw_end
     out["cells"] = {k: vars(c) for k, c in cells.items()}
     out["summary"] = summarise(cells, raw_start, raw_end, today is not None)
     return out
+
+
+def print_model(title: str, batching: dict[str, Any]) -> None:
+    m = batching["cost_model"]
+    print(
+        f"{title} ({m['source']}; refitted from {m.get('refitted_from_served_batches', 0)} served batches, "
+        f"their error {m.get('served_error')}): {m['a']:.3f} + B x ({m['b']:.4f} + {m['c']:.4f} S + "
+        f"{m['d']:.2e} S^2) {m['unit']}; grid fit error max {m['max_error']} mean {m['mean_error']}; "
+        f"queue-delay budget {batching['queue_delay_budget_ms']} ms",
+        flush=True,
+    )
 
 
 def _mean(*values: float) -> float:
@@ -413,6 +438,8 @@ def main(argv: list[str] | None = None) -> int:
             logs=RESULTS / "logs",
             cost_cache=Path(tmp) / "cache",
         )
+        if not args.quick:  # measured afresh in every run, and written only under the run's own folder
+            opts = Options(**{**vars(opts), "model": linked(args.model, Path(tmp) / "model")})
         if args.quick:
             from loadtest.quick_model import quick_model
 

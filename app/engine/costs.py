@@ -344,7 +344,13 @@ def _file_name(key: dict[str, str]) -> str:
 
 
 def _writable(folder: Path) -> bool:
+    """Whether the cost model may be written to ``folder`` (created if need be). A folder, or the folder
+    it would be created in, that nobody may write to counts as read-only even for root, who could: an
+    export marked read-only is left as it is."""
+    existing = folder if folder.exists() else folder.parent
     try:
+        if existing.exists() and not existing.stat().st_mode & 0o222:
+            return False
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe-"):
             return True

@@ -166,6 +166,14 @@ def test_a_read_only_export_folder_caches_under_cache_dir(tmp_path: Path) -> Non
     }
     first = load_or_measure(fake_model(folder), run, **kwargs)
     assert first.source == "measured at start-up, cached under cache_dir"
+    marked = tmp_path / "marked"
+    marked.mkdir()
+    marked.chmod(0o555)  # read-only by its mode: left alone even by root, who could write there
+    try:
+        assert "under cache_dir" in load_or_measure(fake_model(marked, sha="ef" * 32), run, **kwargs).source
+        assert not (marked / costs.FOLDER).exists()
+    finally:
+        marked.chmod(0o755)
     assert list((tmp_path / "cache" / costs.FOLDER).glob("*.json"))
     measured = len(runs)
     assert load_or_measure(fake_model(folder), run, **kwargs).source == "read from the cache under cache_dir"
