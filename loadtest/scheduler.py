@@ -50,6 +50,8 @@ from loadtest.server import HOST, ServiceProcess, parse_exposition
 
 RESULTS = Path(__file__).parent / "results"
 QUEUED = "zhembed_queue_duration_seconds_count"
+# A cell whose engine ran the model at under this share of the run's median speed is reported as disturbed.
+DISTURBED = 0.8
 
 
 @dataclass
@@ -230,11 +232,18 @@ def run_cells(
         print(
             f"  {name:<34} {cell.sentences_per_s:7.1f} sentences/s (client {cell.client_sentences_per_s:.1f})"
             f"  p50 {cell.p50_ms:7.0f} ms  p99 {cell.p99_ms:7.0f} ms  {cell.requests} answers, "
-            f"{cell.errors} errors; mean batch {mean_batch:.1f}",
+            f"{cell.errors} errors; mean batch {mean_batch:.1f}; engine {engine_speed(cell):.0f} tokens/s",
             flush=True,
         )
         cells.append(cell)
     return cells
+
+
+def engine_speed(cell: Cell) -> float:
+    """Tokens computed (padding included) per second inside ``Session.run`` over the cell: how fast the
+    machine ran the model then. A cell far below the run's others had the cores shared with other work."""
+    busy = cell.engine.get("inference_busy_s", 0.0)
+    return cell.engine.get("padded_tokens", 0) / busy if busy else float("nan")
 
 
 def service_env(opts: Options, peak_inputs: int) -> dict[str, str]:
@@ -329,6 +338,9 @@ def run(opts: Options) -> dict[str, Any]:
     out["raw_end"] = raw_end
     out["cells"] = {k: vars(c) for k, c in cells.items()}
     out["summary"] = summarise(cells, raw_start, raw_end, today is not None)
+    speeds = {k: engine_speed(c) for k, c in cells.items()}
+    median = float(np.nanmedian(list(speeds.values())))
+    out["disturbed"] = [k for k, v in speeds.items() if v < DISTURBED * median]
     return out
 
 
@@ -449,6 +461,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             result = run(opts)
     print_summary(result["summary"])
+    if result["disturbed"]:
+        print(
+            f"\nDISTURBED (the engine ran under {DISTURBED:.0%} of the run's median tokens/s: other work on the "
+            f"cores): {', '.join(result['disturbed'])}"
+        )
     out = args.out or RESULTS / f"scheduler-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1, default=str))

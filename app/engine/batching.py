@@ -8,8 +8,8 @@ Pending sequences wait in one class per urgency (0 most urgent … 7 background;
    background work always runs eventually, even under interactive work that never pauses. Classes at the
    same level are planned as one.
 2. **Which batch.** The planner (:mod:`app.engine.planner`) picks, by the measured cost model
-   (:mod:`app.engine.costs`), the window of similar lengths that does the most useful work per second, or,
-   when everything pending fits in one batch, groups lengths only where that costs less in all.
+   (:mod:`app.engine.costs`), the window of similar lengths that does the most useful work per second:
+   in a short queue, lengths are grouped only where that beats running everything at once.
 3. **Waiting is bounded by time.** An item that has waited longer than the queue-delay budget (the
    setting ``max_queue_delay_ms``, or derived: :data:`DERIVED_BUDGET_BATCHES` of the modelled time of one
    full batch of the mean length seen) is never passed over again: the batch must hold it.
@@ -244,7 +244,7 @@ class Batcher:
                 at = int(np.searchsorted(lengths, oldest.length))
                 overdue = now - oldest.enqueued_at > self.budget_s()
                 cap = None if aged else self._cap(group[0].urgency, now)
-                window = self.planner.choose(lengths, counts, at if overdue else None, cap, at)
+                window = self.planner.choose(lengths, counts, at if overdue else None, cap)
                 n = int(counts.sum())
                 fits_all = n < self.max_batch_size and n * int(lengths[-1]) <= self.max_batch_tokens
                 full = not (fits_all and window.size == n)

@@ -75,7 +75,9 @@ class Job:
     - ``queued_s``: the longest any sequence waited for its batch; ``batches``: the inference seconds of
       each batch the job used, by the batch's start time;
     - ``tokenized_s``: seconds from the job's creation until its texts were encoded (``run_texts`` only);
-      ``context``: what its :data:`Plan` left for the request.
+      ``context``: what its :data:`Plan` left for the request;
+    - ``urgency``: the request's (0 most urgent … 7 background), read from
+      :data:`app.engine.priority.URGENCY` when the job is created, in the request's task.
 
     Cancelling (its client left) makes every stage drop its sequences that have not run yet.
     """

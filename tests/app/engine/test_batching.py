@@ -12,7 +12,7 @@ import pytest
 
 from app.engine.batching import Batcher
 from app.engine.costs import CostModel
-from app.engine.planner import GROUPING_GAIN, Planner
+from app.engine.planner import Planner
 from app.engine.work import Job, Need, Sequence
 from app.telemetry.metrics import Metrics
 
@@ -178,8 +178,8 @@ def test_the_derived_budget_is_half_a_full_batch_of_the_mean_length_as_batches_r
 
 
 def test_a_short_queue_groups_lengths_on_a_cpu_and_not_on_a_gpu() -> None:
-    lengths = [10, 10, 11, 12, 60, 61, 62, 64]
-    for costs, expected in ((CPU_LIKE, [[10, 10, 11, 12], [60, 61, 62, 64]]), (GPU_LIKE, [sorted(lengths)])):
+    lengths = [10, 10, 10, 10, 60, 60, 60, 60]
+    for costs, expected in ((CPU_LIKE, [[10] * 4, [60] * 4]), (GPU_LIKE, [sorted(lengths)])):
         batcher = Batcher(
             max_batch_tokens=4096,
             max_batch_size=8,
@@ -194,7 +194,7 @@ def test_a_short_queue_groups_lengths_on_a_cpu_and_not_on_a_gpu() -> None:
             batch = batcher.next_batch()
             assert batch is not None
             got.append(sorted(i.length for i in batch))
-        assert got == expected, costs
+        assert sorted(got) == expected, costs
 
 
 def test_interactive_work_goes_first() -> None:
@@ -306,22 +306,12 @@ def _window_score(
     return worth / planner.model.cost(k, int(lengths[top]))
 
 
-def _plan_total(
-    ordered: list[int], ends: np.ndarray, lengths: np.ndarray, top: int, k: int, model: CostModel
-) -> float:
-    """What "the window now, the rest as one batch after it" costs in all."""
-    start, end = int(ends[top]) - k, int(ends[top])
-    rest = ordered[:start] + ordered[end:]
-    return model.cost(k, int(lengths[top])) + (model.cost(len(rest), max(rest)) if rest else 0.0)
-
-
 @pytest.mark.parametrize(
     "model", [CostModel.constant(16), CPU_LIKE, GPU_LIKE, CostModel(0.004, 1e-4, 8e-4, 2e-6)]
 )
 def test_the_planner_finds_the_best_window_a_brute_force_search_finds(model: CostModel) -> None:
     """Every (top length, size) window of the length-sorted queue, in plain Python, against the numpy plan:
-    the same best score (work per cost in a long queue, least total cost in a short one), with and without an
-    anchor and a cap, for batch sizes 1 to 256."""
+    the same best useful work per cost, with and without an anchor and a cap, for batch sizes 1 to 256."""
     rng = np.random.default_rng(5)
     for _ in range(200):
         size, budget = int(rng.choice([1, 3, 8, 256])), int(rng.choice([64, 512, 4096]))
@@ -343,16 +333,6 @@ def test_the_planner_finds_the_best_window_a_brute_force_search_finds(model: Cos
         window = planner.choose(lengths, counts, anchor, cap)
         assert (window.top, window.size) in allowed
         assert window.cost == pytest.approx(model.cost(window.size, int(lengths[window.top])))
-        short = len(ordered) <= size and len(ordered) * int(lengths[-1]) <= budget
-        if short:
-            totals = {(t, k): _plan_total(ordered, ends, lengths, t, k, model) for t, k in allowed}
-            best = min(totals.values())
-            together = totals.get((len(lengths) - 1, len(ordered)))
-            if together is not None and best >= (1 - GROUPING_GAIN) * together:
-                best = together  # apart would save too little: all at once
-            got = totals[(window.top, window.size)]
-            assert got == pytest.approx(best, rel=1e-6), (size, budget, lengths, counts, anchor, cap)
-        else:
-            best = max(_window_score(ordered, ends, lengths, t, k, planner) for t, k in allowed)
-            got = _window_score(ordered, ends, lengths, window.top, window.size, planner)
-            assert got == pytest.approx(best), (size, budget, lengths, counts, anchor, cap)
+        best = max(_window_score(ordered, ends, lengths, t, k, planner) for t, k in allowed)
+        got = _window_score(ordered, ends, lengths, window.top, window.size, planner)
+        assert got == pytest.approx(best), (size, budget, lengths, counts, anchor, cap)
