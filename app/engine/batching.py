@@ -16,8 +16,8 @@ Pending sequences wait in one class per urgency (0 most urgent … 7 background;
 4. **Background fills and yields.** A batch with room takes less urgent sequences no longer than its own
    longest, as many as the oldest item's remaining budget pays for (the model says what each adds: on a
    GPU nearly nothing, on a CPU its tokens). While more urgent work has been seen within
-   :data:`ACTIVE_S`, a batch of less urgent work costs at most the budget, so an urgent arrival waits at
-   most that for the batch in progress.
+   :data:`ACTIVE_S`, a batch of less urgent work (aged or not) costs at most the budget, so an urgent
+   arrival waits at most that for the batch in progress.
 5. **Company.** When the queue holds too little to fill the batch, the assembler waits for company, at
    most ``max_wait_ms`` counted from the oldest item's arrival, and only while more inputs are being
    tokenised; with enough work it never waits. Cancelled requests' items are dropped here, unrun.
@@ -243,7 +243,7 @@ class Batcher:
                 lengths, counts = self._pending(group)
                 at = int(np.searchsorted(lengths, oldest.length))
                 overdue = now - oldest.enqueued_at > self.budget_s()
-                cap = None if aged else self._cap(group[0].urgency, now)
+                cap = self._cap(group[-1].urgency, now)
                 window = self.planner.choose(lengths, counts, at if overdue else None, cap)
                 n = int(counts.sum())
                 fits_all = n < self.max_batch_size and n * int(lengths[-1]) <= self.max_batch_tokens
@@ -270,8 +270,9 @@ class Batcher:
         return group, group[-1].urgency > present[0].urgency
 
     def _cap(self, urgency: int, now: float) -> float | None:
-        """The cost bound of a batch of ``urgency`` work (model units): the budget, while more urgent
-        work was seen within ACTIVE_S; None otherwise (or while the scale is not known)."""
+        """The cost bound of a batch that serves ``urgency`` work (model units): the budget, while more
+        urgent work was seen within ACTIVE_S, aged work too (it gets its batch, not a long one); None
+        otherwise (or while the scale is not known)."""
         if self._scale is None or not any(now - c.seen < ACTIVE_S for c in self._classes[:urgency]):
             return None
         budget = self.budget_s()
