@@ -5,7 +5,7 @@ admission (per request, on the event loop) → tokenisation thread → batch que
 loop, and for /embed one wake-up of the loop per request (:meth:`Engine.run_texts`).
 
 The inference thread starts by measuring what a batch costs here, or reading it from the cache
-(:mod:`app.engine.costs`), and hands the fitted model to the queue before its first batch; a request's
+(:mod:`app.engine.calibration`), and hands the fitted model to the queue before its first batch; a request's
 urgency (:data:`app.engine.priority.URGENCY`, set by the API layer) is read at admission and when its job
 is created.
 """
@@ -21,7 +21,7 @@ from typing import Any
 
 from tokenizers import Encoding
 
-from app.engine import costs
+from app.engine import calibration, costs
 from app.engine.admission import Admission, Ledger, Permits
 from app.engine.batching import Batcher
 from app.engine.inference import Inference
@@ -84,9 +84,9 @@ class Engine:
         s = self.settings
         try:
             if s.measure_batch_cost:
-                model = costs.load_or_measure(
+                model = calibration.load_or_measure(
                     self.model,
-                    costs.session_runner(self.model),
+                    calibration.session_runner(self.model),
                     max_size=s.max_batch_size,
                     max_tokens=s.max_batch_tokens,
                     intra_op_threads=s.intra_op_threads,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.scheduler import Cell, summarise
+from loadtest.scheduler_report import Cell, summarise
 from tests.loadtest.conftest import run_module
 
 CELLS = [
