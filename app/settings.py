@@ -7,6 +7,7 @@ outside ``Settings()`` / ``Settings.from_cli()``.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal, Self
 
@@ -126,20 +127,48 @@ class Settings(BaseSettings):
         ge=0,
         description="How long a batch that is not full waits for company when the queue is nearly empty.",
     )
-    # Fitted on 2 CPU cores: the int8 encoder runs b=8 about 9% faster per sentence than b=4 at equal
-    # padding (python -m loadtest.raw_onnx). A GPU, whose batches cost little per token, wants ~1000.
+    measure_batch_cost: bool = Field(
+        default=True,
+        description="Before the first batch, time the encoder over a small grid of batch sizes x sequence "
+        "lengths (3 s at most) and fit what a batch costs here (a + B*(b + c*S + d*S^2) seconds; shown in "
+        "/info's batching.cost_model); the assembler picks the batches that do the most work per second by "
+        "it. Measured once per graph, provider, ONNX Runtime version, threads and CPU or GPU, and cached in "
+        "the model folder's batch_costs/ (or --cache-dir's, where the model folder is read-only): a restart "
+        "reads it. Off: batch-overhead-tokens stands in for it.",
+    )
+    # The old constant: on 2 CPU cores the int8 encoder ran b=8 about 9% faster per sentence than b=4 at
+    # equal padding (python -m loadtest.raw_onnx). A GPU, whose batches cost little per token, wants ~1000.
     batch_overhead_tokens: int = Field(
         default=16,
         ge=0,
-        description="What one more batch costs beyond its tokens, in tokens: the assembler picks the "
-        "window of similar lengths with the most real tokens per (tokens computed + this).",
+        description="With measure-batch-cost off: what one more batch costs beyond its tokens, in tokens "
+        "(a batch then costs its tokens, padding included, plus this).",
+    )
+    max_queue_delay_ms: float | None = Field(
+        default=None,
+        gt=0,
+        description="The queue-delay budget: an input that has waited this long for its batch is never "
+        "passed over again (the next batch of its urgency holds it); a batch of less urgent work, while "
+        "more urgent work is about, costs at most this; a batch takes less urgent inputs along only as far "
+        "as its oldest input's budget allows. Unset: derived from the cost model, half the modelled time of "
+        "one full batch (max-batch-size inputs, or as many as max-batch-tokens allows) of the mean length "
+        "seen, in seconds as the batches actually run (/info: batching.queue_delay_budget_ms).",
+    )
+    urgency_aging_ms: float = Field(
+        default=1000.0,
+        gt=0,
+        description="Waiting work counts one urgency level more urgent for each this long since its "
+        "urgency was last served, so background requests (Priority u=7) run even while interactive "
+        "ones never pause: after 4 s a u=7 batch ranks with u=3 work.",
     )
 
     # --- limits --------------------------------------------------------------------------------------
     max_concurrent_inputs: int = Field(
         default=512,
         ge=1,
-        description="Inputs admitted at once across all requests; beyond it requests get 429.",
+        description="Inputs admitted at once across all requests; beyond it requests get 429. Less urgent "
+        "requests are refused sooner, from one budget: urgency 4 at 7/8 of it, 5 at 6/8, 6 at 5/8, 7 "
+        "(background) at half.",
     )
     max_inputs_per_request: int = Field(default=64, ge=1, description="Most inputs in one request.")
     max_input_chars: int = Field(default=8192, ge=1, description="Most characters in one input.")
@@ -185,7 +214,9 @@ class Settings(BaseSettings):
     api_keys: SecretStr | None = Field(
         default=None,
         description="Comma-separated API keys, or @path to a file of keys (one per line or comma-separated). "
-        "Lines starting with # are ignored. When set, data routes need `Authorization: Bearer <key>`.",
+        "Lines starting with # are ignored. When set, data routes need `Authorization: Bearer <key>`. A key "
+        "written as key:u=N (N 0-7) gives its requests urgency N unless they send a Priority header with "
+        "one (e.g. bulk-indexing:u=7 for background work; 3 is the default, lower is more urgent).",
     )
     auth_ops_routes: bool = Field(
         default=False,
@@ -220,7 +251,15 @@ class Settings(BaseSettings):
         """The configured API keys (read from the file for ``@path``); empty when keys are off.
 
         Raises:
-            SettingsError: the file cannot be read, or the setting names no keys.
+            SettingsError: the file cannot be read, the setting names no keys, or a key's urgency is bad.
+        """
+        return tuple(key for key, _ in self.api_key_entries())
+
+    def api_key_entries(self) -> tuple[tuple[str, int | None], ...]:
+        """Each configured key with its default urgency (``key:u=N``), None where it names none.
+
+        Raises:
+            SettingsError: the file cannot be read, the setting names no keys, or a key's urgency is bad.
         """
         if self.api_keys is None:
             return ()
@@ -232,12 +271,33 @@ class Settings(BaseSettings):
             except OSError as exc:
                 raise SettingsError(f"api-keys names {path}, which cannot be read: {exc.strerror}") from None
         lines = [line for line in raw.splitlines() if not line.lstrip().startswith("#")]
-        keys = tuple(k.strip() for line in lines for k in line.split(",") if k.strip())
-        if not keys:
+        entries = tuple(_key_entry(k.strip()) for line in lines for k in line.split(",") if k.strip())
+        if not entries:
             raise SettingsError("api-keys is set but names no keys")
-        return keys
+        return entries
 
     @classmethod
     def from_cli(cls, args: list[str] | None = None) -> Settings:
         """Settings from flags (``args``, default ``sys.argv[1:]``) over ``ZHEMBED_*`` variables."""
         return CliApp.run(cls, cli_args=args)
+
+
+# A key's default urgency: the entry's last ":u=..." (a key may hold colons of its own).
+_URGENCY_SUFFIX = re.compile(r"^(?P<key>.+):u=(?P<value>[^:]*)$")
+
+
+def _key_entry(entry: str) -> tuple[str, int | None]:
+    """``key`` or ``key:u=N`` as (key, urgency or None).
+
+    Raises:
+        SettingsError: the urgency is not an integer from 0 to 7 (the message never shows the key).
+    """
+    match = _URGENCY_SUFFIX.match(entry)
+    if match is None:
+        return entry, None
+    value = match["value"]
+    if not (value.isascii() and value.isdigit() and int(value) <= 7):
+        raise SettingsError(
+            f"an api-keys entry ends in :u={value!r}; the urgency must be an integer from 0 to 7"
+        )
+    return match["key"], int(value)

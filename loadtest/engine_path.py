@@ -121,6 +121,7 @@ async def run(args: argparse.Namespace, model: Path) -> None:
     metrics = Metrics()
     engine = Engine(load_model(settings), settings, metrics)
     engine.start()
+    await engine.wait_calibrated()  # the batch cost model, measured (or read) before the first batch
     service = Service(settings, engine.model, engine, VectorCache(None, None, metrics), metrics)
     service.ready = True
     print(f"engine path: {model}, {'GPU-like' if args.gpu_like else 'CPU default'} batches, cache off")

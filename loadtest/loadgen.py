@@ -84,10 +84,13 @@ class _Connection:
             self.writer.close()
         self.reader = self.writer = None
 
-    async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+    async def request(
+        self, method: str, path: str, body: bytes = b"", headers: str = ""
+    ) -> tuple[int, bytes]:
+        """``headers``: extra header lines, each ending in CRLF (e.g. ``"Priority: u=7\\r\\n"``)."""
         reader, writer = await self._open()
         head = (
-            f"{method} {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+            f"{method} {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n{headers}"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
         )
         writer.write(head.encode("latin-1") + body)
@@ -160,13 +163,16 @@ async def run_cell(
     warmup_s: float,
     drain_s: float = 30.0,
     check: Callable[[bytes, int], bool] | None = None,
+    headers: dict[str, str] | None = None,
 ) -> CellResult:
     """Drive ``concurrency`` closed-loop connections at ``path`` for ``warmup_s + duration_s``.
 
     Args:
         make_body: the n-th request's body and its number of texts (n counts across connections).
         check: validates a 200 answer (payload, texts); a False counts as an error.
+        headers: extra request headers (e.g. ``{"Priority": "u=7"}``).
     """
+    extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
     counter: Iterator[int] = itertools.count()
     latencies: list[float] = []
     statuses: dict[int, int] = {}
@@ -190,7 +196,7 @@ async def run_cell(
                 body, texts = make_body(next(counter))
                 sent = now()
                 try:
-                    status, payload = await conn.request("POST", path, body)
+                    status, payload = await conn.request("POST", path, body, extra)
                 except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, HttpError) as exc:
                     conn.close()
                     ended = now()

@@ -43,7 +43,11 @@ class ServiceProcess:
     the tree whose memory and CPU time :mod:`loadtest.procs` reads.
     """
 
-    def __init__(self, module: str, env: dict[str, str], log: Path, ready_path: str = "/ready") -> None:
+    def __init__(
+        self, module: str, env: dict[str, str], log: Path, ready_path: str = "/ready", cwd: Path | None = None
+    ) -> None:
+        """``cwd``: where to start it (``python -m`` imports from there first: another checkout's tree)."""
+        self.cwd = cwd
         self.port = free_port()
         self.module = module
         self.env = {**os.environ, **env, "ZHEMBED_PORT": str(self.port), "ZHEMBED_HOST": HOST}
@@ -60,7 +64,11 @@ class ServiceProcess:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", self.module], env=self.env, stdout=out, stderr=subprocess.STDOUT
+                [sys.executable, "-m", self.module],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=self.cwd,
             )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -4,6 +4,10 @@ The bound (``max_concurrent_inputs``) is also what bounds every queue behind it:
 tokenisation or batch queues without permits, so they can never hold more than the bound's worth. With
 several workers the bound is the server's, not each worker's: their permits are counted in one shared
 ledger, so a request is refused only when the whole server is full.
+
+One budget serves every urgency, but a less urgent request stops short of its end
+(:func:`app.engine.priority.admission_limit`: a background request, ``u=7``, may fill half of it), so a bulk
+client is refused with 429 while interactive requests are still admitted.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import threading
 from types import TracebackType
 from typing import Protocol
 
+from app.engine.priority import DEFAULT_URGENCY, admission_limit
 from app.errors import Overloaded
 
 
@@ -86,18 +91,23 @@ class Admission:
     def in_use(self) -> int:
         return self.ledger.total()
 
-    def try_acquire(self, count: int) -> Permits:
-        """Take ``count`` permits at once or none.
+    def try_acquire(self, count: int, urgency: int = DEFAULT_URGENCY) -> Permits:
+        """Take ``count`` permits at once or none, for a request of ``urgency``.
 
         Raises:
-            Overloaded: fewer than ``count`` permits are free.
+            Overloaded: fewer than ``count`` permits are free to a request of this urgency.
         """
         if count < 1:
             raise ValueError(f"a request takes at least one permit, not {count}")
-        if not self.ledger.try_take(count, self.limit):
+        limit = admission_limit(self.limit, urgency)
+        if not self.ledger.try_take(count, limit):
             self.rejected += 1
+            share = (
+                "" if limit == self.limit else f", of which requests of urgency {urgency} may fill {limit}"
+            )
             raise Overloaded(
-                f"{self.ledger.total()} of {self.limit} inputs in flight; {count} more do not fit, retry later"
+                f"{self.ledger.total()} of {self.limit} inputs in flight{share}; {count} more do not fit, "
+                "retry later"
             )
         return Permits(self, count)
 

@@ -1,24 +1,36 @@
-"""Stage 3, batch assembly: where a batch is built.
+"""Stage 3, batch assembly: the queue of pending sequences, and when and with what the next batch runs.
 
-Pending items are grouped by length so little padding is computed. A batch is capped by a token budget
-that charges padding (``size × longest ≤ max_batch_tokens``) and by ``max_batch_size``. It is anchored
-on the oldest pending item, so no item starves behind a stream of better-fitting ones. When the queue
-holds too little to fill a batch, the assembler waits for company, at most ``max_wait_ms`` counted from
-the oldest item's arrival; when there is enough work it never waits. Items whose request was cancelled
-are dropped here, before they cost any inference.
+Pending sequences wait in one class per urgency (0 most urgent … 7 background; the request's, see
+:mod:`app.engine.priority`) and within it in one FIFO bucket per length. For each batch:
 
-The inference thread cuts each batch itself, right after the previous one has run (:mod:`app.engine.inference`):
-a batch is cut as late as possible, from everything that arrived meanwhile, and nothing piles up.
+1. **Who is served.** The most urgent class with work pending, unless a less urgent one has *aged* past
+   it: a class counts one level more urgent for each ``urgency_aging_ms`` since it was last served, so
+   background work always runs eventually, even under interactive work that never pauses. Classes at the
+   same level are planned as one.
+2. **Which batch.** The planner (:mod:`app.engine.planner`) picks, by the measured cost model
+   (:mod:`app.engine.costs`), the window of similar lengths that does the most useful work per second:
+   in a short queue, lengths are grouped only where that beats running everything at once.
+3. **Waiting is bounded by time.** An item that has waited longer than the queue-delay budget (the
+   setting ``max_queue_delay_ms``, or derived: :data:`DERIVED_BUDGET_BATCHES` of the modelled time of one
+   full batch of the mean length seen) is never passed over again: the batch must hold it.
+4. **Background fills and yields.** A batch with room takes less urgent sequences no longer than its own
+   longest, as many as the oldest item's remaining budget pays for (the model says what each adds: on a
+   GPU nearly nothing, on a CPU its tokens). While more urgent work has been seen within
+   :data:`ACTIVE_S`, a batch of less urgent work (aged or not) costs at most the budget, so an urgent
+   arrival waits at most that for the batch in progress.
+5. **Company.** When the queue holds too little to fill the batch, the assembler waits for company, at
+   most ``max_wait_ms`` counted from the oldest item's arrival, and only while more inputs are being
+   tokenised; with enough work it never waits. Cancelled requests' items are dropped here, unrun.
 
-While the assembler waits for company, an arrival wakes it only when it may change the answer: when the
-queue may now hold a full batch (``max_batch_size`` sequences, or more padded tokens than
-``max_batch_tokens``), or when no more inputs are on their way. Re-planning the batch on every arrival
-cost one numpy plan per request at 32 clients × 1 text.
+The inference thread cuts each batch itself, right after the previous one has run
+(:mod:`app.engine.inference`), and reports how long it took (:meth:`Batcher.ran`): a measured model is
+refitted from the batches served (what a batch costs while the service runs beside it, on a machine that
+may be busier than at start-up); with the constant model, whose unit is tokens, the queue learns seconds
+per token for its budget. While the assembler waits for company, an arrival wakes
+it only when it may change the answer: when the queue may now hold a full batch, or nobody else is coming.
 
-Cost per batch does not grow with the queue's items: pending sequences wait in one FIFO bucket per
-length, the choice of a batch is a few numpy operations over the distinct lengths, and cancelled
-sequences are swept out only when a request is cancelled (thousands of queued texts used to be sorted
-and scanned in Python for every batch: 256 clients × 32 texts ran at half the rate of 8 × 32).
+Cost per batch does not grow with the queue: a plan is a few numpy operations over the distinct lengths
+of the class served, and cancelled sequences are swept out only when a request is cancelled.
 """
 
 from __future__ import annotations
@@ -27,16 +39,25 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from app.engine.costs import CostModel, Refitter
+from app.engine.planner import Planner
+from app.engine.priority import URGENCIES
 from app.engine.work import Sequence
-from app.errors import InternalError
 from app.telemetry.metrics import Metrics
 
-# How many batches later than first-come-first-served an item may run, passed over for better-fitting ones.
-MAX_PASSED_OVER = 4
+# More urgent work counts as about this long after its last arrival: closed-loop clients come back within
+# milliseconds, and a trickle of queries every second should still find the server responsive.
+ACTIVE_S = 1.0
+# The derived queue-delay budget, in full batches of the mean length seen: half a batch, so an item waits
+# at most about the batch in progress, half a batch more, and its own.
+DERIVED_BUDGET_BATCHES = 0.5
+LENGTH_WEIGHT = 0.1  # per batch, of the moving mean length the derived budget is computed for
+SCALE_WEIGHT = 0.2  # per batch, of the moving seconds per unit of modelled cost
+INITIAL_LENGTH = 32.0
 
 
 @dataclass
@@ -50,6 +71,25 @@ class BatchStats:
     padded_tokens: int = 0  # tokens computed, padding included
     dropped_cancelled: int = 0
     waits: int = 0  # batches that waited for company
+    overdue: int = 0  # batches that had to hold an item past its queue-delay budget
+    filled: int = 0  # less urgent sequences that rode in a more urgent batch
+    capped: int = 0  # batches of less urgent work held to the budget while more urgent work was about
+    aged: int = 0  # batches that served aged work beside or ahead of more urgent pending work
+    by_urgency: list[int] = field(default_factory=lambda: [0] * len(URGENCIES))  # sequences batched
+
+
+class _Class:
+    """The pending sequences of one urgency."""
+
+    __slots__ = ("arrivals", "buckets", "depth", "seen", "since", "urgency")
+
+    def __init__(self, urgency: int) -> None:
+        self.urgency = urgency
+        self.buckets: dict[int, deque[Sequence]] = {}  # length -> its sequences, oldest first
+        self.arrivals: deque[Sequence] = deque()  # in arrival order, with taken ones not yet popped
+        self.depth = 0
+        self.since = 0.0  # when it was last served, or became non-empty: what it ages from
+        self.seen = -float("inf")  # when its last sequence arrived
 
 
 class Batcher:
@@ -62,52 +102,90 @@ class Batcher:
         metrics: Metrics,
         company_expected: Callable[[], bool] = lambda: True,
         overhead_tokens: int = 16,
+        costs: CostModel | None = None,
+        max_queue_delay_ms: float | None = None,
+        urgency_aging_ms: float = 1000.0,
     ) -> None:
         """``capacity`` bounds the pending sequences; admission keeps the engine below it.
 
         ``company_expected`` says whether more inputs are on their way (being tokenised); when none
         are, a batch that is not full runs at once instead of waiting ``max_wait_ms`` for nobody.
+        ``costs``: the cost model until :meth:`set_costs` (default: the constant, ``overhead_tokens``).
+        ``max_queue_delay_ms``: the queue-delay budget; None derives it from the cost model.
         """
         self.metrics = metrics
         self.company_expected = company_expected
-        self.overhead_tokens = overhead_tokens
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_ms / 1000
+        self.max_queue_delay_s = max_queue_delay_ms / 1000 if max_queue_delay_ms is not None else None
+        self.aging_s = urgency_aging_ms / 1000
         self.capacity = capacity
         self.stats = BatchStats()
-        self._buckets: dict[int, deque[Sequence]] = {}  # length -> its sequences, oldest first
-        self._arrivals: deque[Sequence] = deque()  # every pending sequence in arrival order, and taken ones
-        self._taken: set[int] = set()  # ids of sequences batched (or dropped) but still in _arrivals
+        self._classes = [_Class(u) for u in URGENCIES]
+        self._taken: set[int] = set()  # ids of sequences batched (or dropped) but still in an arrivals deque
         self._depth = 0
         self._cond = threading.Condition()
         self._stopped = False
-        # Window sizes 1..max_batch_size as a row, and which is the single-sequence window: every plan uses them.
-        self._sizes = np.arange(1, max_batch_size + 1)[None, :]
-        self._single = self._sizes == 1
         self._idle = False  # the assembler waits for any sequence at all
         self._gathering = False  # the assembler waits for company until a deadline
+        self._mean_length = INITIAL_LENGTH
+        self._last_cost = 0.0  # modelled cost of the batch handed out last
+        self._last_shape = (0, 0)  # its size and longest length
+        self._refitter: Refitter | None = None
+        self.planner = Planner(CostModel.constant(overhead_tokens), max_batch_size, max_batch_tokens)
+        self._scale: float | None = None  # seconds per unit of modelled cost; None: not known yet
+        self.set_costs(costs or CostModel.constant(overhead_tokens))
+
+    def set_costs(self, costs: CostModel) -> None:
+        """Plan by ``costs`` from now on (the inference thread calls it once it has measured or read them)."""
+        with self._cond:
+            self.planner = Planner(costs, self.max_batch_size, self.max_batch_tokens)
+            self._scale = 1.0 if costs.measured else None
+            self._refitter = Refitter(costs) if costs.measured and costs.points else None
+
+    @property
+    def costs(self) -> CostModel:
+        return self.planner.model
 
     @property
     def depth(self) -> int:
         return self._depth
 
+    def depth_of(self, urgency: int) -> int:
+        return self._classes[urgency].depth
+
+    def budget_s(self) -> float:
+        """The queue-delay budget now, in seconds (infinite while the constant model has no scale yet)."""
+        if self.max_queue_delay_s is not None:
+            return self.max_queue_delay_s
+        if self._scale is None:
+            return float("inf")
+        return DERIVED_BUDGET_BATCHES * self.planner.full_batch_cost(self._mean_length) * self._scale
+
     def submit(self, sequences: list[Sequence]) -> None:
+        """Queue one job's sequences (they share its urgency)."""
+        if not sequences:
+            return
         with self._cond:
             if self._depth + len(sequences) > self.capacity:
                 raise RuntimeError(
                     f"batch queue over its bound ({self._depth} + {len(sequences)} > {self.capacity}): "
                     "admission should have prevented this"
                 )
-            # The batch by which first-come-first-served would have run each sequence.
-            first, size = self.stats.batches, self.max_batch_size
-            for position, seq in enumerate(sequences, start=self._depth):
-                seq.due = first + position // size
-                bucket = self._buckets.get(seq.length)
+            now = time.perf_counter()
+            cls = self._classes[sequences[0].job.urgency]
+            if cls.depth == 0:
+                cls.since = now
+            cls.seen = now
+            buckets = cls.buckets
+            for seq in sequences:
+                bucket = buckets.get(seq.length)
                 if bucket is None:
-                    bucket = self._buckets[seq.length] = deque()
+                    bucket = buckets[seq.length] = deque()
                 bucket.append(seq)
-            self._arrivals.extend(sequences)
+            cls.arrivals.extend(sequences)
+            cls.depth += len(sequences)
             self._depth += len(sequences)
             if self._idle or (self._gathering and self._may_be_due()):
                 self._cond.notify_all()
@@ -117,7 +195,8 @@ class Batcher:
         else is coming. Cheap (no plan): an upper bound on what a plan would find."""
         if self._depth >= self.max_batch_size or not self.company_expected():
             return True
-        return self._depth * max(self._buckets) > self.max_batch_tokens
+        longest = max(max(c.buckets) for c in self._classes if c.buckets)
+        return self._depth * longest > self.max_batch_tokens
 
     def stop(self) -> None:
         with self._cond:
@@ -130,6 +209,19 @@ class Batcher:
             self._drop_cancelled()
             self._cond.notify_all()
 
+    def ran(self, seconds: float) -> None:
+        """The batch handed out last ran in ``seconds`` (inference thread): a measured model is refitted
+        from it (:class:`~app.engine.costs.Refitter`); the constant one learns seconds per token."""
+        if self._refitter is not None:
+            refitted = self._refitter.add(*self._last_shape, seconds)
+            if refitted is not None:
+                with self._cond:
+                    self.planner = Planner(refitted, self.max_batch_size, self.max_batch_tokens)
+        elif self._last_cost > 0:
+            ratio = seconds / self._last_cost
+            scale = self._scale
+            self._scale = ratio if scale is None else scale + SCALE_WEIGHT * (ratio - scale)
+
     def next_batch(self) -> list[Sequence] | None:
         """Block until a batch is due and return it (None once stopped)."""
         with self._cond:
@@ -137,135 +229,171 @@ class Batcher:
             while True:
                 if self._stopped:
                     return None
-                oldest = self._oldest()
-                if oldest is None:
+                if self._depth == 0:
                     self._idle = True
                     self._cond.wait()
                     self._idle = False
                     continue
+                now = time.perf_counter()
+                group, aged = self._group(now)
+                oldest = min((self._oldest(c) for c in group), key=lambda s: s.enqueued_at)
                 if oldest.job.cancelled:
                     self._drop_cancelled()
                     continue
-                plan, full = self._select(oldest)
-                remaining = oldest.enqueued_at + self.max_wait_s - time.perf_counter()
+                lengths, counts = self._pending(group)
+                at = int(np.searchsorted(lengths, oldest.length))
+                overdue = now - oldest.enqueued_at > self.budget_s()
+                cap = self._cap(group[-1].urgency, now)
+                window = self.planner.choose(lengths, counts, at if overdue else None, cap)
+                n = int(counts.sum())
+                fits_all = n < self.max_batch_size and n * int(lengths[-1]) <= self.max_batch_tokens
+                full = not (fits_all and window.size == n)
+                remaining = oldest.enqueued_at + self.max_wait_s - now
                 if full or remaining <= 0 or not self.company_expected():
                     break
                 waited = True
                 self._gathering = True
                 self._cond.wait(timeout=remaining)
                 self._gathering = False
-            batch = self._take(plan)
-            self._count(batch, waited)
+            batch = self._take(group, self.planner.take(lengths, counts, window), now)
+            filled = self._fill(batch, group, int(lengths[window.top]), oldest, now)
+            self._count(batch, waited, overdue, cap is not None, aged, filled)
             return batch
 
-    def _oldest(self) -> Sequence | None:
-        arrivals = self._arrivals
-        while arrivals and id(arrivals[0]) in self._taken:
+    def _group(self, now: float) -> tuple[list[_Class], bool]:
+        """The classes served next (the most urgent level after aging), and whether aging put a less
+        urgent class beside or ahead of the most urgent one pending."""
+        present = [c for c in self._classes if c.depth]
+        levels = [c.urgency - int((now - c.since) / self.aging_s) for c in present]
+        best = min(levels)
+        group = [c for c, level in zip(present, levels, strict=True) if level == best]
+        return group, group[-1].urgency > present[0].urgency
+
+    def _cap(self, urgency: int, now: float) -> float | None:
+        """The cost bound of a batch that serves ``urgency`` work (model units): the budget, while more
+        urgent work was seen within ACTIVE_S, aged work too (it gets its batch, not a long one); None
+        otherwise (or while the scale is not known)."""
+        if self._scale is None or not any(now - c.seen < ACTIVE_S for c in self._classes[:urgency]):
+            return None
+        budget = self.budget_s()
+        return budget / self._scale if budget != float("inf") else None
+
+    @staticmethod
+    def _pending(group: list[_Class]) -> tuple[np.ndarray, np.ndarray]:
+        """Distinct pending lengths of ``group`` (sorted) and how many of each."""
+        if len(group) == 1:
+            pending = sorted((n, len(b)) for n, b in group[0].buckets.items())
+        else:
+            merged: dict[int, int] = {}
+            for c in group:
+                for n, b in c.buckets.items():
+                    merged[n] = merged.get(n, 0) + len(b)
+            pending = sorted(merged.items())
+        lengths = np.array([n for n, _ in pending], dtype=np.int64)
+        counts = np.array([k for _, k in pending], dtype=np.int64)
+        return lengths, counts
+
+    def _oldest(self, cls: _Class) -> Sequence:
+        arrivals = cls.arrivals
+        while id(arrivals[0]) in self._taken:
             self._taken.discard(id(arrivals.popleft()))
-        return arrivals[0] if arrivals else None
+        return arrivals[0]
 
     def _drop_cancelled(self) -> None:
         dropped = 0
-        for length in list(self._buckets):
-            bucket = self._buckets[length]
-            kept = deque(seq for seq in bucket if not seq.job.cancelled)
-            if len(kept) != len(bucket):
+        for cls in self._classes:
+            for length in list(cls.buckets):
+                bucket = cls.buckets[length]
+                kept = deque(seq for seq in bucket if not seq.job.cancelled)
+                if len(kept) == len(bucket):
+                    continue
                 for seq in bucket:
                     if seq.job.cancelled:
                         self._taken.add(id(seq))
-                dropped += len(bucket) - len(kept)
+                gone = len(bucket) - len(kept)
+                cls.depth -= gone
+                dropped += gone
                 if kept:
-                    self._buckets[length] = kept
+                    cls.buckets[length] = kept
                 else:
-                    del self._buckets[length]
+                    del cls.buckets[length]
         self._depth -= dropped
         self.stats.dropped_cancelled += dropped
 
-    def _select(self, oldest: Sequence) -> tuple[list[tuple[int, int]], bool]:
-        """The next batch as ``(length, how many)`` per bucket, and whether it is full (run it now).
-
-        Among windows of the length-sorted pending sequences, the one that does the most useful work per
-        unit of cost; but once the oldest sequence is ``MAX_PASSED_OVER`` batches later than
-        first-come-first-served would have run it, the best window that contains it, so a sequence of an
-        unusual length waits a bounded number of batches. When that window is everything pending and more
-        would fit, it is not full: the caller may wait for company.
-        """
-        pending = sorted(self._buckets.items())
-        lengths = np.array([n for n, _ in pending], dtype=np.int64)
-        counts = np.array([len(bucket) for _, bucket in pending], dtype=np.int64)
-        anchor = None
-        if self.stats.batches - oldest.due >= MAX_PASSED_OVER:
-            anchor = int(np.searchsorted(lengths, oldest.length))
-        top, size = self._most_efficient_window(lengths, counts, anchor)
-        n = int(counts.sum())
-        fits_all = n < self.max_batch_size and n * int(lengths[-1]) <= self.max_batch_tokens
-        plan = []
-        for i in range(top, -1, -1):  # the window: `size` sequences, from the top length down
-            take = min(int(counts[i]), size)
-            plan.append((int(lengths[i]), take))
-            size -= take
-            if size == 0:
-                break
-        return plan, not (fits_all and sum(take for _, take in plan) == n)
-
-    def _most_efficient_window(
-        self, lengths: np.ndarray, counts: np.ndarray, anchor: int | None
-    ) -> tuple[int, int]:
-        """``(top, size)``: the window of ``size`` sequences whose longest is ``lengths[top]`` (and the
-        rest the next shorter ones) that does the most useful work per unit of cost.
-
-        Cost is the tokens computed (padding included) plus ``overhead_tokens`` per batch, so a tight
-        batch of 5 beats a padded batch of 8, and one batch of 8 beats 8 batches of 1. A window ending
-        inside a run of equal lengths is never better than one ending at the run's end, so only the last
-        sequence of each length is a candidate top: distinct lengths × sizes, in numpy. With an
-        ``anchor`` (index into ``lengths``), only windows that include a sequence of that length; of
-        those, ones whose top is the anchor's length or a longer one taken whole (a window that would
-        take the anchor plus part of a longer run is not considered: the anchor then runs with shorter
-        company, still within the bound).
-        """
-        ends = np.cumsum(counts)  # exclusive end of each length's run in the sorted sequence
-        width = min(self.max_batch_size, int(ends[-1]))  # no window holds more than is pending
-        sizes = self._sizes[:, :width]
-        starts = ends[:, None] - sizes  # first sequence of each (top, size) window
-        valid = starts >= 0
-        starts = np.maximum(starts, 0)
-        run = np.searchsorted(ends, starts, side="right")  # the length run each window starts in
-        # Real tokens: every run after the starting one up to the top, and the starting run's share.
-        tokens = np.cumsum(lengths * counts)
-        real = tokens[:, None] - tokens[run] + (ends[run] - starts) * lengths[run]
-        computed = sizes * lengths[:, None]
-        valid &= (computed <= self.max_batch_tokens) | self._single[:, :width]
-        if anchor is not None:
-            valid &= (np.arange(len(lengths))[:, None] >= anchor) & (starts < ends[anchor])
-        efficiency = np.where(valid, real / (computed + self.overhead_tokens), -1.0)
-        best = int(np.argmax(efficiency))
-        top, size = divmod(best, width)
-        if efficiency.flat[best] < 0:
-            raise InternalError(f"no batch window among {len(lengths)} lengths")
-        return top, size + 1
-
-    def _take(self, plan: list[tuple[int, int]]) -> list[Sequence]:
-        """Remove the planned sequences (oldest first in each length) from the queue."""
+    def _take(self, group: list[_Class], plan: list[tuple[int, int]], now: float) -> list[Sequence]:
+        """Remove the planned sequences from the queue: per length the oldest first, across ``group``."""
         batch: list[Sequence] = []
         for length, take in plan:
-            bucket = self._buckets[length]
+            holders = [c for c in group if length in c.buckets]
             for _ in range(take):
+                cls = holders[0]
+                if len(holders) > 1:  # several classes at one level: the oldest sequence of this length
+                    cls = min(holders, key=lambda c: c.buckets[length][0].enqueued_at)
+                bucket = cls.buckets[length]
                 seq = bucket.popleft()
                 self._taken.add(id(seq))
                 batch.append(seq)
-            if not bucket:
-                del self._buckets[length]
+                cls.depth -= 1
+                cls.since = now  # served: it ages from here
+                self.stats.by_urgency[cls.urgency] += 1
+                if not bucket:
+                    del cls.buckets[length]
+                    holders.remove(cls)
         self._depth -= len(batch)
         return batch
 
-    def _count(self, batch: list[Sequence], waited: bool) -> None:
+    def _fill(
+        self, batch: list[Sequence], group: list[_Class], top: int, oldest: Sequence, now: float
+    ) -> int:
+        """Add less urgent sequences no longer than ``top`` to ``batch``, longest first, as many as the
+        room, the token budget and what is left of ``oldest``'s queue-delay budget allow; how many."""
+        room = min(self.max_batch_size, self.max_batch_tokens // max(top, 1)) - len(batch)
+        others = [c for c in self._classes if c.depth and c not in group]
+        if room <= 0 or not others or self._scale is None:
+            return 0
+        slack = (self.budget_s() - (now - oldest.enqueued_at)) / self._scale
+        each = float(self.planner.model.per_sequence(np.array([top]))[0])
+        room = min(room, int(slack // each) if each > 0 else room)
+        added = 0
+        for cls in others:
+            for length in sorted((n for n in cls.buckets if n <= top), reverse=True):
+                bucket = cls.buckets[length]
+                while bucket and added < room:
+                    seq = bucket.popleft()
+                    self._taken.add(id(seq))
+                    batch.append(seq)
+                    cls.depth -= 1
+                    added += 1
+                    self.stats.by_urgency[cls.urgency] += 1
+                if not bucket:
+                    del cls.buckets[length]
+                if added == room:
+                    break
+            if added:
+                cls.since = now
+            if added == room:
+                break
+        self._depth -= added
+        return added
+
+    def _count(
+        self, batch: list[Sequence], waited: bool, overdue: bool, capped: bool, aged: bool, filled: int
+    ) -> None:
         s = self.stats
         s.batches += 1
         s.items += len(batch)
         s.largest_batch = max(s.largest_batch, len(batch))
         real = sum(seq.length for seq in batch)
-        computed = len(batch) * max(seq.length for seq in batch)
+        longest = max(seq.length for seq in batch)
+        computed = len(batch) * longest
         s.real_tokens += real
         s.padded_tokens += computed
         s.waits += int(waited)
+        s.overdue += int(overdue)
+        s.capped += int(capped)
+        s.aged += int(aged)
+        s.filled += filled
+        self._last_cost = self.planner.model.cost(len(batch), longest)
+        self._last_shape = (len(batch), longest)
+        self._mean_length += LENGTH_WEIGHT * (real / len(batch) - self._mean_length)
         self.metrics.batch_assembled(len(batch), real, computed)

@@ -3,20 +3,29 @@
 admission (per request, on the event loop) → tokenisation thread → batch queue → inference thread
 (assembles a batch, runs it, post-processes it) → the awaiting request. Two threads besides the event
 loop, and for /embed one wake-up of the loop per request (:meth:`Engine.run_texts`).
+
+The inference thread starts by measuring what a batch costs here, or reading it from the cache
+(:mod:`app.engine.calibration`), and hands the fitted model to the queue before its first batch; a request's
+urgency (:data:`app.engine.priority.URGENCY`, set by the API layer) is read at admission and when its job
+is created.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
+import threading
 import time
 from typing import Any
 
 from tokenizers import Encoding
 
+from app.engine import calibration, costs
 from app.engine.admission import Admission, Ledger, Permits
 from app.engine.batching import Batcher
 from app.engine.inference import Inference
+from app.engine.priority import URGENCIES, URGENCY
 from app.engine.tokenization import Tokenization
 from app.engine.work import Job, Plan, Sequence
 from app.errors import InternalError, ServiceError
@@ -25,6 +34,8 @@ from app.model.tokenizer import TextInputs
 from app.settings import Settings
 from app.telemetry.metrics import Metrics
 from app.telemetry.tracing import Tracing
+
+log = logging.getLogger(__name__)
 
 
 class Engine:
@@ -40,6 +51,7 @@ class Engine:
         ``tracing``: where batch spans go (None: tracing off)."""
         self.model = model
         self.metrics = metrics
+        self.settings = settings
         self.admission = Admission(settings.max_concurrent_inputs, ledger)
         self.tokenization = Tokenization(model.tokenizer, capacity=settings.max_concurrent_inputs)
         # Each admitted input becomes at most this many windows (a token never spans less than a char).
@@ -52,8 +64,11 @@ class Engine:
             metrics=self.metrics,
             company_expected=lambda: self.tokenization.pending_texts > 0,
             overhead_tokens=settings.batch_overhead_tokens,
+            max_queue_delay_ms=settings.max_queue_delay_ms,
+            urgency_aging_ms=settings.urgency_aging_ms,
         )
-        self.inference = Inference(model, self.batcher, self.metrics, tracing)
+        self.calibrated = threading.Event()  # set once the queue plans by the cost model it will keep
+        self.inference = Inference(model, self.batcher, self.metrics, tracing, self._calibrate)
 
     def start(self) -> None:
         self.tokenization.start()
@@ -64,9 +79,37 @@ class Engine:
         self.inference.stop()
         self.tokenization.stop()
 
+    def _calibrate(self) -> None:
+        """On the inference thread, before its first batch: the cost model, measured or from the cache."""
+        s = self.settings
+        try:
+            if s.measure_batch_cost:
+                model = calibration.load_or_measure(
+                    self.model,
+                    calibration.session_runner(self.model),
+                    max_size=s.max_batch_size,
+                    max_tokens=s.max_batch_tokens,
+                    intra_op_threads=s.intra_op_threads,
+                    cache_dir=s.cache_path,
+                )
+                self.batcher.set_costs(model)
+        except Exception as exc:  # the constant stands in: batches still run, /info says why
+            log.exception("measuring the batch cost failed; planning by batch_overhead_tokens")
+            self.batcher.set_costs(
+                costs.CostModel.constant(s.batch_overhead_tokens, f"measuring failed: {type(exc).__name__}")
+            )
+        finally:
+            self.calibrated.set()
+
+    async def wait_calibrated(self) -> None:
+        """Until the cost model is in place (at once after the first start: it is read from the cache)."""
+        if not self.calibrated.is_set():
+            await asyncio.to_thread(self.calibrated.wait)
+
     def admit(self, inputs: int) -> Permits:
-        """Take a permit per input or raise :class:`~app.errors.Overloaded`, before any work is queued."""
-        return self.admission.try_acquire(inputs)
+        """Take a permit per input or raise :class:`~app.errors.Overloaded`, before any work is queued;
+        a less urgent request (the task's :data:`~app.engine.priority.URGENCY`) is refused sooner."""
+        return self.admission.try_acquire(inputs, URGENCY.get())
 
     async def tokenize(
         self, texts: TextInputs, add_special_tokens: bool = True, offsets: bool = True
@@ -137,4 +180,24 @@ class Engine:
             "dropped_cancelled": b.dropped_cancelled + i.dropped_cancelled,
             "inference_busy_s": round(i.busy_s, 3),
             "tokenizer_calls": self.tokenization.calls,
+            "batches_holding_an_overdue_input": b.overdue,
+            "inputs_filled_into_more_urgent_batches": b.filled,
+            "batches_capped_for_more_urgent_work": b.capped,
+            "batches_of_aged_work": b.aged,
+            "batched_by_urgency": {str(u): b.by_urgency[u] for u in URGENCIES if b.by_urgency[u]},
+            "queue_depth_by_urgency": {
+                str(u): depth for u in URGENCIES if (depth := self.batcher.depth_of(u))
+            },
+        }
+
+    def scheduling(self) -> dict[str, Any]:
+        """What /info shows of how batches are chosen: the cost model and the queue-delay budget."""
+        budget = self.batcher.budget_s()
+        return {
+            "cost_model": self.batcher.costs.describe(),
+            "queue_delay_budget_ms": round(budget * 1000, 3) if budget != float("inf") else None,
+            "queue_delay_budget": "max_queue_delay_ms"
+            if self.settings.max_queue_delay_ms is not None
+            else "derived: half a full batch of the mean length seen, by the cost model",
+            "urgency_aging_ms": self.settings.urgency_aging_ms,
         }

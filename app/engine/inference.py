@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,11 +45,18 @@ class InferenceStats:
 
 class Inference:
     def __init__(
-        self, model: OnnxModel, batcher: Batcher | None, metrics: Metrics, tracing: Tracing | None = None
+        self,
+        model: OnnxModel,
+        batcher: Batcher | None,
+        metrics: Metrics,
+        tracing: Tracing | None = None,
+        calibrate: Callable[[], None] | None = None,
     ) -> None:
         """``batcher``: where the thread takes its batches from (None: only :meth:`run_batch` is used);
-        ``tracing``: where each batch's span goes, linked to its requests' spans (None: tracing off)."""
+        ``tracing``: where each batch's span goes, linked to its requests' spans (None: tracing off);
+        ``calibrate``: run on the thread before its first batch (the session is its alone then)."""
         self.model = model
+        self.calibrate = calibrate
         self.metrics = metrics
         self.batcher = batcher
         self.tracing = tracing if tracing is not None and tracing.enabled else None
@@ -74,6 +82,8 @@ class Inference:
     def _run(self) -> None:
         if self.batcher is None:
             raise InternalError("the inference thread was started without a batcher")
+        if self.calibrate is not None:
+            self.calibrate()
         while (batch := self.batcher.next_batch()) is not None:
             self._run_one(batch)
 
@@ -88,10 +98,14 @@ class Inference:
             log.exception("inference failed for a batch of %d", len(live))
             self._fail(live, InternalError(f"inference failed: {type(exc).__name__}: {exc}"))
             return
+        seconds = finished.finished_at - finished.started_at
+        if self.batcher is not None:
+            self.batcher.ran(seconds)
         self.metrics.batch_ran(
-            finished.finished_at - finished.started_at,
+            seconds,
             finished.cpu_s,
             finished.started_at - np.fromiter((item.enqueued_at for item in live), np.float64, len(live)),
+            np.fromiter((item.job.urgency for item in live), np.int64, len(live)),
         )
         try:
             done = split_batch(finished)

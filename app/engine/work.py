@@ -23,6 +23,7 @@ import numpy as np
 from tokenizers import Encoding
 
 from app.engine.pooling import Pooling
+from app.engine.priority import URGENCY
 from app.telemetry.context import CURRENT_SPAN
 
 
@@ -74,7 +75,9 @@ class Job:
     - ``queued_s``: the longest any sequence waited for its batch; ``batches``: the inference seconds of
       each batch the job used, by the batch's start time;
     - ``tokenized_s``: seconds from the job's creation until its texts were encoded (``run_texts`` only);
-      ``context``: what its :data:`Plan` left for the request.
+      ``context``: what its :data:`Plan` left for the request;
+    - ``urgency``: the request's (0 most urgent … 7 background), read from
+      :data:`app.engine.priority.URGENCY` when the job is created, in the request's task.
 
     Cancelling (its client left) makes every stage drop its sequences that have not run yet.
     """
@@ -93,6 +96,7 @@ class Job:
         "tokenized_s",
         "tokens",
         "trace",
+        "urgency",
         "vectors",
     )
 
@@ -112,6 +116,8 @@ class Job:
         self.tokens = 0  # tokens of its sequences that ran (post-processing adds them up)
         # The request's trace span, for the batch spans to link to (None unless tracing is on).
         self.trace = CURRENT_SPAN.get()
+        # The request's urgency (0 most urgent … 7 background), set by the API layer in this task.
+        self.urgency = URGENCY.get()
 
     def expect(self, count: int) -> None:
         """Set the number of sequences, for a job created before its texts were tokenised (count 0);
@@ -138,7 +144,7 @@ class Job:
 class Sequence:
     """One input (or one window of a long input) on its way through the engine."""
 
-    __slots__ = ("due", "enqueued_at", "ids", "job", "length", "need", "slot", "types")
+    __slots__ = ("enqueued_at", "ids", "job", "length", "need", "slot", "types")
 
     def __init__(
         self,
@@ -156,7 +162,6 @@ class Sequence:
         self.job = job
         self.slot = slot  # its row in the job's results
         self.enqueued_at = enqueued_at or time.perf_counter()
-        self.due = 0  # the batch count by which first-come-first-served would have run it
 
 
 def _set_result(future: asyncio.Future[Job], job: Job) -> None:

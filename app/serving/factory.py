@@ -1,8 +1,9 @@
 """The application factory: settings in, FastAPI app out.
 
 Start-up (the lifespan) loads the model unless one is given, starts the engine's threads and the cache's
-Redis writer, and warms up in the background: /health answers at once, /ready and the data routes once
-warm-up is done.
+Redis writer, and warms up in the background (once the inference thread has measured, or read from its
+cache, what a batch costs: :mod:`app.engine.costs`): /health answers at once, /ready and the data routes
+once warm-up is done.
 
 POST on a data route is served whole by one ASGI function in front of everything (:mod:`app.api.http.fast`).
 Every other request passes the middleware, outermost first: request metrics → draining (after SIGTERM:
@@ -62,7 +63,9 @@ def create_app(
     """
     settings = settings or Settings()
     metrics = Metrics(cluster.shared.metrics_dir if cluster is not None else None)
-    keys = settings.api_key_values()
+    entries = settings.api_key_entries()
+    keys = tuple(key for key, _ in entries)
+    key_urgencies = {key: u for key, u in entries if u is not None}
     try:  # the standard OTEL_* variables: off unless they name a collector
         tracing = from_environment(os.environ)
     except ValueError as exc:
@@ -80,7 +83,7 @@ def create_app(
             service.served_name, loaded.variant, loaded.providers[0], loaded.manifest.source.weights
         )
         metrics.watch(
-            queue_depth=lambda: engine.batcher.depth,
+            queue_depth=engine.batcher.depth_of,
             in_flight=lambda: engine.admission.in_use,
             cache_bytes=lambda: cache.memory.bytes if cache.memory is not None else 0,
         )
@@ -89,7 +92,14 @@ def create_app(
         if settings.grpc_port is not None:
             from app.api.rpc.server import Grpc  # here: grpc costs its import only when gRPC is on
 
-            rpc = Grpc(settings, lambda: service, metrics, drain, ApiKeys(keys) if keys else None, observer)
+            rpc = Grpc(
+                settings,
+                lambda: service,
+                metrics,
+                drain,
+                ApiKeys.from_entries(entries) if keys else None,
+                observer,
+            )
             await rpc.start()
         warm = asyncio.create_task(_warm(service, settings.warmup, metrics, cluster))
         pushing = asyncio.create_task(_push_gauges(metrics)) if cluster is not None else None
@@ -126,7 +136,7 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)  # innermost
     if keys:
         open_paths = frozenset() if settings.auth_ops_routes else OPS_PATHS
-        app.add_middleware(ApiKeyMiddleware, keys=keys, open_paths=open_paths)
+        app.add_middleware(ApiKeyMiddleware, keys=keys, open_paths=open_paths, urgencies=key_urgencies)
     app.add_middleware(DrainMiddleware, drain=drain)
     routes = frozenset(r.path for rt in (router, openai_router) for r in rt.routes if isinstance(r, APIRoute))
     app.add_middleware(
@@ -141,7 +151,7 @@ def create_app(
         state=app.state,
         metrics=metrics,
         drain=drain,
-        keys=ApiKeys(keys) if keys else None,
+        keys=ApiKeys.from_entries(entries) if keys else None,
         max_body_bytes=settings.max_body_bytes,
         observer=observer,
     )
@@ -178,6 +188,7 @@ def _build_cache(settings: Settings, metrics: Metrics) -> VectorCache:
 
 
 async def _warm(service: Service, warmup: bool, metrics: Metrics, cluster: Cluster | None) -> None:
+    await service.engine.wait_calibrated()  # the batch cost model: measured once, then read from its cache
     if warmup:
         await service.warmup()
     _quiet_gc()

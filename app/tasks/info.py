@@ -1,5 +1,6 @@
 """What ``GET /info`` shows of a service: the model by its served name (never a path), variant and
-provider, limits, batching settings, and the engine's and cache's counters."""
+provider, limits, batching settings with the fitted batch cost model and the queue-delay budget, and the
+engine's and cache's counters."""
 
 from __future__ import annotations
 
@@ -94,6 +95,7 @@ def describe(service: Service) -> dict[str, Any]:
             "max_batch_size": s.max_batch_size,
             "max_wait_ms": s.max_wait_ms,
             "max_concurrent_inputs": s.max_concurrent_inputs,
+            **service.engine.scheduling(),
         },
         "ready": service.ready,
         "version": __version__,

@@ -15,6 +15,8 @@ from __future__ import annotations
 import bisect
 from collections import Counter as Counter_
 from collections.abc import Callable
+from functools import partial
+from typing import Any
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -49,6 +51,8 @@ BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 BATCH_TOKENS_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 
 TIERS = ("memory", "redis")
+# Request urgencies (RFC 9218's 0 … 7; app.engine.priority): the bounded label set of the urgency metrics.
+URGENCY_LABELS = tuple(str(u) for u in range(8))
 
 
 class Metrics:
@@ -56,27 +60,28 @@ class Metrics:
         """``multiprocess_dir``: the directory of a server with several workers (prometheus-client must
         have been imported with ``PROMETHEUS_MULTIPROC_DIR`` naming it); None for one process."""
         self.multiprocess_dir = multiprocess_dir
-        self._watched: dict[Gauge, Callable[[], float]] = {}
-        self._request_children: dict[tuple[str, int | str, str], tuple[Counter, Histogram]] = {}
+        self._watched: dict[Any, Callable[[], float]] = {}
+        self._request_children: dict[tuple[str, int | str, str, int], tuple[Counter, Histogram]] = {}
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
             PREFIX + "requests",
             "Requests answered, by route (a gRPC call: its method), status (a gRPC call: its status code's "
-            "name) and protocol (http, grpc).",
-            ["route", "status", "protocol"],
+            "name), protocol (http, grpc) and urgency (0 most urgent ... 7 background; 3 default).",
+            ["route", "status", "protocol", "urgency"],
             registry=r,
         )
         self.request_duration = Histogram(
             PREFIX + "request_duration_seconds",
-            "Time from the request's arrival to its response, by route and protocol.",
-            ["route", "protocol"],
+            "Time from the request's arrival to its response, by route, protocol and urgency.",
+            ["route", "protocol", "urgency"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.queue_duration = Histogram(
             PREFIX + "queue_duration_seconds",
-            "Time an input waited in the batch queue before its batch ran.",
+            "Time an input waited in the batch queue before its batch ran, by its request's urgency.",
+            ["urgency"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
@@ -118,7 +123,8 @@ class Metrics:
         )
         self.queue_depth = Gauge(
             PREFIX + "queue_depth",
-            "Inputs waiting in the batch queue.",
+            "Inputs waiting in the batch queue, by their requests' urgency.",
+            ["urgency"],
             registry=r,
             multiprocess_mode="livesum",
         )
@@ -164,19 +170,23 @@ class Metrics:
             self.cache_hits.labels(tier)
             self.cache_misses.labels(tier)
             self.cache_errors.labels(tier)
+        self._queued = [self.queue_duration.labels(u) for u in URGENCY_LABELS]
+        self._depths = [self.queue_depth.labels(u) for u in URGENCY_LABELS]
 
     # --- what the stages report -------------------------------------------------------------------
 
-    def request_done(self, route: str, status: int | str, seconds: float, protocol: str = "http") -> None:
-        # The labelled children, looked up once per (route, status, protocol): ``labels()`` costs ~5 µs a
-        # request. Bounded: routes are the app's own (or "unmatched"), gRPC methods the services', and
-        # statuses the few the app answers.
-        key = (route, status, protocol)
+    def request_done(
+        self, route: str, status: int | str, seconds: float, protocol: str = "http", urgency: int = 3
+    ) -> None:
+        # The labelled children, looked up once per (route, status, protocol, urgency): ``labels()`` costs
+        # ~5 µs a request. Bounded: routes are the app's own (or "unmatched"), gRPC methods the services',
+        # statuses the few the app answers, urgencies 0 … 7.
+        key = (route, status, protocol, urgency)
         children = self._request_children.get(key)
         if children is None:
             children = (
-                self.requests.labels(route, str(status), protocol),
-                self.request_duration.labels(route, protocol),
+                self.requests.labels(route, str(status), protocol, URGENCY_LABELS[urgency]),
+                self.request_duration.labels(route, protocol, URGENCY_LABELS[urgency]),
             )
             self._request_children[key] = children
         children[0].inc()
@@ -191,12 +201,22 @@ class Metrics:
         self.computed_tokens.inc(computed_tokens)
         self.padding_tokens.inc(computed_tokens - real_tokens)
 
-    def batch_ran(self, seconds: float, cpu_seconds: float, queued: np.ndarray) -> None:
+    def batch_ran(
+        self, seconds: float, cpu_seconds: float, queued: np.ndarray, urgencies: np.ndarray | None = None
+    ) -> None:
         """One batch's inference time (wall and the running thread's CPU) and how long each of its inputs
-        had waited (seconds, one each)."""
+        had waited (seconds, one each), by their urgencies (one each; None: all the default)."""
         self.inference_duration.observe(seconds)
         self.inference_cpu.inc(cpu_seconds)
-        observe_many(self.queue_duration, queued)
+        if urgencies is None or len(urgencies) == 0:
+            observe_many(self._queued[3], queued)
+            return
+        low, high = int(urgencies.min()), int(urgencies.max())
+        if low == high:  # the common case: one urgency in the batch
+            observe_many(self._queued[low], queued)
+            return
+        for u in np.unique(urgencies).tolist():
+            observe_many(self._queued[u], queued[urgencies == u])
 
     def tokenized(self, seconds: float) -> None:
         self.tokenization_duration.observe(seconds)
@@ -212,13 +232,14 @@ class Metrics:
 
     def watch(
         self,
-        queue_depth: Callable[[], float],
+        queue_depth: Callable[[int], float],
         in_flight: Callable[[], float],
         cache_bytes: Callable[[], float],
     ) -> None:
-        """Gauges read from the engine and the cache: at scrape time, or by :meth:`refresh` with workers."""
+        """Gauges read from the engine and the cache: at scrape time, or by :meth:`refresh` with workers.
+        ``queue_depth`` takes an urgency (0 … 7)."""
         self._watched = {
-            self.queue_depth: queue_depth,
+            **{gauge: partial(queue_depth, u) for u, gauge in enumerate(self._depths)},
             self.inputs_in_flight: in_flight,
             self.cache_bytes: cache_bytes,
         }
@@ -252,7 +273,7 @@ def observe_many(histogram: Histogram, amounts: np.ndarray) -> None:
     and one to the sum, instead of a locked increment or two per value (a batch of 256 inputs observed
     one by one cost ~2.4 µs each). Same buckets as ``observe`` (the first upper bound ≥ the amount);
     reads prometheus-client's own bucket values (``_upper_bounds``, ``_buckets``, ``_sum``), so a test
-    checks it against ``observe``. For a histogram without labels.
+    checks it against ``observe``. For a histogram without labels, or one labelled child of one.
     """
     if len(amounts) < _NUMPY_FROM:  # numpy's per-call cost exceeds bisecting a few values
         hits = Counter_(bisect.bisect_left(histogram._upper_bounds, a) for a in amounts.tolist())

@@ -262,6 +262,17 @@ def metric(client: httpx.Client, name: str, **labels: str) -> float:
     return samples(client, name).get(tuple(sorted(labels.items())), 0.0)
 
 
+def total(client: httpx.Client, name: str) -> float:
+    """The sum of every sample called ``name`` (e.g. a gauge over all its urgencies).
+
+    Raises:
+        AssertionError: there is no such sample at all (a sum of nothing would prove nothing).
+    """
+    found = samples(client, name)
+    assert found, f"no {name} on /metrics"
+    return sum(found.values())
+
+
 def with_cache(settings: Settings, redis_url: str | None, **changes: Any) -> Settings:
     """``settings`` with the in-process cache on, Redis at ``redis_url`` (None: none), no warm-up."""
     url = SecretStr(redis_url) if redis_url is not None else None

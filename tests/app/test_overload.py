@@ -16,7 +16,7 @@ import pytest
 
 from app.api.errors import RETRY_AFTER_S
 from app.settings import Settings
-from tests.app.conftest import Running, gate_inference, metric, serving, wait_until
+from tests.app.conftest import Running, gate_inference, metric, serving, total, wait_until
 
 LIMIT = 8
 
@@ -56,7 +56,12 @@ def test_past_the_bound_429_comes_at_once_and_accepted_requests_succeed(
             assert body["error_type"] == "overloaded"
             assert f"{LIMIT} of {LIMIT} inputs in flight" in body["error"]
         assert metric(client, "zhembed_failures_total", reason="overloaded") == 12
-        assert metric(client, "zhembed_requests_total", route="/embed", status="429", protocol="http") == 12
+        assert (
+            metric(
+                client, "zhembed_requests_total", route="/embed", status="429", protocol="http", urgency="3"
+            )
+            == 12
+        )
 
         gate.set()
         for future in accepted:
@@ -65,7 +70,7 @@ def test_past_the_bound_429_comes_at_once_and_accepted_requests_succeed(
             assert len(response.json()) == 2
 
         wait_until(lambda: metric(client, "zhembed_inputs_in_flight") == 0)
-        assert metric(client, "zhembed_queue_depth") == 0
+        assert total(client, "zhembed_queue_depth") == 0
         # Back to normal as soon as the load is gone.
         assert client.post("/embed", json={"inputs": ["之后"]}).status_code == 200
 
@@ -107,4 +112,4 @@ def test_many_clients_past_capacity_get_only_200_or_429_and_nothing_leaks(small:
     with httpx.Client(base_url=small.url, timeout=60) as client:
         wait_until(lambda: metric(client, "zhembed_inputs_in_flight") == 0)
         assert metric(client, "zhembed_failures_total", reason="overloaded") == totals[429]
-        assert metric(client, "zhembed_queue_depth") == 0
+        assert total(client, "zhembed_queue_depth") == 0

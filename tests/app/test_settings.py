@@ -60,3 +60,16 @@ def test_api_keys_from_a_list_or_a_file(tmp_path: Path) -> None:
 def test_unusable_api_keys_stop_start_up(value: str) -> None:
     with pytest.raises(SettingsError):
         Settings(api_keys=value).api_key_values()  # type: ignore[arg-type]
+
+
+def test_an_api_key_may_carry_its_requests_default_urgency() -> None:
+    settings = Settings(api_keys="bulk-key:u=7, live-key, a:b:u=0")  # type: ignore[arg-type]
+    assert settings.api_key_entries() == (("bulk-key", 7), ("live-key", None), ("a:b", 0))
+    assert settings.api_key_values() == ("bulk-key", "live-key", "a:b")
+
+
+@pytest.mark.parametrize("entry", ["secret-key:u=8", "secret-key:u=", "secret-key:u=-1", "secret-key:u=x"])
+def test_a_bad_key_urgency_stops_start_up_without_showing_the_key(entry: str) -> None:
+    with pytest.raises(SettingsError, match="integer from 0 to 7") as caught:
+        Settings(api_keys=entry).api_key_entries()  # type: ignore[arg-type]
+    assert "secret-key" not in str(caught.value)

@@ -174,7 +174,8 @@ def test_other_options_are_not_a_noop(tiny_source_dir: Path, tmp_path: Path) -> 
 
 
 def _snapshot(folder: Path) -> dict[str, str]:
-    return {p.name: sha256_file(p) for p in sorted(folder.iterdir())}
+    """Every file under ``folder`` (the service's batch_costs/ cache beside the export too) by its digest."""
+    return {str(p.relative_to(folder)): sha256_file(p) for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def test_failed_validation_lists_every_miss_and_leaves_out_untouched(

@@ -6,7 +6,9 @@ docs) and, with the middleware of :mod:`app.serving.factory`, serve every other 
 order, and calls the same route function:
 
 1. draining (:mod:`app.api.drain`): 503 with ``connection: close``;
-2. API keys (:mod:`app.api.auth`), before the body is read: 401;
+2. API keys (:mod:`app.api.auth`), before the body is read: 401; the request's urgency from its
+   ``Priority`` header or its key's default (:mod:`app.api.priority`), set for the engine
+   (:data:`app.engine.priority.URGENCY`);
 3. a declared ``Content-Length`` over the limit (:mod:`app.api.http.body_limit`): 413, unread; a streamed
    body is counted as it comes and cut off at the limit: 413;
 4. the body read, parsed and validated exactly as FastAPI does it: JSON only under a JSON
@@ -16,7 +18,7 @@ order, and calls the same route function:
 5. the route function, with the service; typed errors through the one error table, anything else a
    logged server fault (500); a client that leaves gets its work cancelled (499, ``client_closed``);
 6. the answer sent as two ASGI messages (the route's prebuilt byte-pair headers), ``connection:
-   close`` added while draining; the request counted by route and status, its failure by reason, as
+   close`` added while draining; the request counted by route, status and urgency, its failure by reason, as
    :mod:`app.api.http.request_metrics` counts every other request.
 
 Each layer of the stack costs a coroutine, a closure around ``send`` and a dict or two per request, and
@@ -61,6 +63,8 @@ from app.api.errors import (
     validation_message,
 )
 from app.api.http.body_limit import declared_length, too_large
+from app.api.priority import SCOPE_URGENCY, urgency
+from app.engine.priority import DEFAULT_URGENCY, URGENCY
 from app.errors import (
     ClientGone,
     InternalError,
@@ -150,7 +154,13 @@ class DataPath:
             scope.setdefault(SCOPE_ERROR_TYPE, _INTERNAL)
             raise
         finally:
-            self.metrics.request_done(scope["path"], status, time.perf_counter() - started)
+            self.metrics.request_done(
+                scope["path"],
+                status,
+                time.perf_counter() - started,
+                "http",
+                scope.get(SCOPE_URGENCY, DEFAULT_URGENCY),
+            )
             reason = scope.get(SCOPE_ERROR_TYPE)
             if reason is not None:
                 self.metrics.failure(reason)
@@ -163,7 +173,7 @@ class DataPath:
         """Answer the request; the status sent."""
         if self.drain.draining:
             return await send_error(shutting_down(), scope, send, [CLOSE])
-        content_type = authorization = None
+        content_type = authorization = priority = None
         declared_over = False
         for name, value in scope["headers"]:
             if name == b"content-type" and content_type is None:
@@ -172,8 +182,16 @@ class DataPath:
                 declared_over = declared_over or declared_length(value) > self.max_body_bytes
             elif name == b"authorization" and authorization is None:
                 authorization = value
-        if self.keys is not None and (problem := self.keys.problem(authorization)) is not None:
-            return await self._error(Unauthorized(problem), scope, send)
+            elif name == b"priority":  # several lines are one field (RFC 9110 §5.3)
+                priority = value if priority is None else priority + b", " + value
+        key_urgency = None
+        if self.keys is not None:
+            problem, key_urgency = self.keys.check(authorization)
+            if problem is not None:
+                return await self._error(Unauthorized(problem), scope, send)
+        if priority is not None or key_urgency is not None:
+            scope[SCOPE_URGENCY] = chosen = urgency(priority, key_urgency)
+            URGENCY.set(chosen)
         if declared_over:
             return await self._error(too_large(self.max_body_bytes), scope, send)
         model, endpoint = route

@@ -5,6 +5,11 @@ route label is the route's path, or ``unmatched`` for paths the app does not ser
 be able to grow the label set). The failure reason is the ``error_type`` the error path left in the
 scope; an exception that escapes every handler is a server fault, ``internal``. POST on a data route
 never reaches this stack: :mod:`app.api.http.fast` counts it the same way.
+
+It also reads the request's urgency from its ``Priority`` header (:mod:`app.api.priority`) and sets it for
+the engine (:data:`app.engine.priority.URGENCY`) before the layers below run; the API-key middleware
+replaces it with the key's default where the header set none. The request is counted with the urgency
+it was served at.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import time
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api.errors import ERROR_TABLE, SCOPE_ERROR_TYPE
+from app.api.priority import SCOPE_HEADER_URGENCY, SCOPE_URGENCY, header_urgency, joined
+from app.engine.priority import DEFAULT_URGENCY, URGENCY
 from app.errors import InternalError
 from app.telemetry.metrics import Metrics
 from app.telemetry.observe import SCOPE_INPUTS, Observer, traceparent
@@ -40,6 +47,11 @@ class RequestMetricsMiddleware:
         observer = self.observer
         path = scope.get("path", "")
         route = path if path in self.routes else UNMATCHED
+        field = joined([v for k, v in scope.get("headers", ()) if k == b"priority"])
+        from_header = header_urgency(field) if field is not None else None
+        scope[SCOPE_HEADER_URGENCY] = from_header
+        scope[SCOPE_URGENCY] = urgency = from_header if from_header is not None else DEFAULT_URGENCY
+        URGENCY.set(urgency)
         span = observer.begin("http", route, traceparent(scope)) if observer is not None else None
 
         async def timed_send(message: Message) -> None:
@@ -54,7 +66,9 @@ class RequestMetricsMiddleware:
             scope.setdefault(SCOPE_ERROR_TYPE, ERROR_TABLE[InternalError].error_type)
             raise
         finally:
-            self.metrics.request_done(route, status, time.perf_counter() - started)
+            self.metrics.request_done(
+                route, status, time.perf_counter() - started, "http", scope.get(SCOPE_URGENCY, urgency)
+            )
             reason = scope.get(SCOPE_ERROR_TYPE)
             if reason is not None:
                 self.metrics.failure(reason)

@@ -5,7 +5,9 @@ key (UNAUTHENTICATED); the service's typed errors become status codes by the one
 (:data:`app.api.errors.ERROR_TABLE`, its ``grpc`` column) with the same messages as over HTTP; a request
 message is validated by the HTTP route's own schema, so the same mistake gets the same words. Each call is
 counted as an HTTP request is, with ``protocol="grpc"``, its method as the route and its status code's
-name as the status.
+name as the status. The metadata ``priority`` carries what HTTP's ``Priority`` header does (RFC 9218:
+``u=0`` … ``u=7``), read the same way (:mod:`app.api.priority`), with the API key's default urgency where it
+sets none; the call runs at that urgency (:data:`app.engine.priority.URGENCY`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from pydantic import BaseModel, ValidationError
 from app.api.auth import ApiKeys
 from app.api.drain import Drain, shutting_down
 from app.api.errors import row_for, server_fault, validation_message
+from app.api.priority import urgency
+from app.engine.priority import URGENCY
 from app.errors import NotReady, ServiceError, Unauthorized, ValidationFailed
 from app.tasks.service import Service
 from app.telemetry.context import CURRENT_INPUTS
@@ -78,21 +82,30 @@ class Calls:
         return self.observer.begin("grpc", method, parent if isinstance(parent, str) else None)
 
     def _done(self, method: str, code: str, started: float, span: Any) -> None:
-        self.metrics.request_done(method, code, time.perf_counter() - started, "grpc")
+        self.metrics.request_done(method, code, time.perf_counter() - started, "grpc", URGENCY.get())
         if self.observer is not None:
             reason = None if code == "OK" else code.lower()
             self.observer.end(span, "grpc", method, code, CURRENT_INPUTS.get(), reason)
 
     def _admit(self, context: grpc.aio.ServicerContext) -> Service:
+        """The service, once the call may use it; sets the call's urgency for the engine.
+
+        Raises:
+            ServiceError: draining (UNAVAILABLE), no valid key (UNAUTHENTICATED), not loaded yet.
+        """
         if self.drain.draining:
             raise shutting_down()
+        metadata = context.invocation_metadata() or ()
+        key_urgency = None
         if self.keys is not None:
-            authorization = next(
-                (v for k, v in context.invocation_metadata() or () if k == "authorization"), None
-            )
+            authorization = next((v for k, v in metadata if k == "authorization"), None)
             raw = authorization.encode() if isinstance(authorization, str) else authorization
-            if (problem := self.keys.problem(raw)) is not None:
+            problem, key_urgency = self.keys.check(raw)
+            if problem is not None:
                 raise Unauthorized(problem)
+        lines = [v if isinstance(v, str) else v.decode("latin-1") for k, v in metadata if k == "priority"]
+        if lines or key_urgency is not None:
+            URGENCY.set(urgency(", ".join(lines) if lines else None, key_urgency))
         service = self._service()
         if service is None:
             raise NotReady("the model is still loading")

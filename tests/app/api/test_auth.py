@@ -80,3 +80,26 @@ def test_every_key_is_compared() -> None:
     middleware = ApiKeyMiddleware(app=None, keys=KEYS, open_paths=frozenset())  # type: ignore[arg-type]
     assert middleware.valid(KEYS[0].encode()) and middleware.valid(KEYS[1].encode())
     assert not middleware.valid(b"") and not middleware.valid(KEYS[0][:-1].encode())
+
+
+def test_a_keys_default_urgency_applies_where_the_request_sets_none(tiny_settings: Settings) -> None:
+    settings = tiny_settings.model_copy(
+        update={"api_keys": SecretStr("bulk-key:u=7,live-key"), "warmup": False}
+    )
+    with serving(settings) as running, httpx.Client(base_url=running.url, timeout=30) as client:
+        for key, headers in [
+            ("bulk-key", {}),
+            ("bulk-key", {"Priority": "u=1"}),
+            ("live-key", {}),
+            ("live-key", {"Priority": "u=7"}),
+        ]:
+            sent = {"Authorization": f"Bearer {key}", **headers}
+            assert client.post("/embed", json={"inputs": "紧急"}, headers=sent).status_code == 200
+        counted = {
+            u: metric(
+                client, "zhembed_requests_total", route="/embed", status="200", protocol="http", urgency=u
+            )
+            for u in ("1", "3", "7")
+        }
+        assert counted == {"1": 1.0, "3": 1.0, "7": 2.0}
+        assert running.service.engine.batcher.stats.by_urgency[7] == 2  # the engine ran them at 7

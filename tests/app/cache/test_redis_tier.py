@@ -121,7 +121,12 @@ def test_redis_stopped_mid_test_then_back(tiny_settings: Settings, own_redis: Re
             return metric(client, "zhembed_cache_hits_total", tier="redis") > 1
 
         wait_until(used_again, seconds=10)
-        assert metric(client, "zhembed_requests_total", route="/embed", status="200", protocol="http") >= 14
+        assert (
+            metric(
+                client, "zhembed_requests_total", route="/embed", status="200", protocol="http", urgency="3"
+            )
+            >= 14
+        )
 
 
 def test_redis_never_started(tiny_settings: Settings) -> None:
@@ -131,7 +136,12 @@ def test_redis_never_started(tiny_settings: Settings) -> None:
             embed_ok(client, [f"从来没有 Redis {i}", "重复的"])
         assert metric(client, "zhembed_cache_errors_total", tier="redis") >= 1
         assert metric(client, "zhembed_cache_hits_total", tier="memory") == 4  # "重复的", after the first
-        assert metric(client, "zhembed_requests_total", route="/embed", status="200", protocol="http") == 5
+        assert (
+            metric(
+                client, "zhembed_requests_total", route="/embed", status="200", protocol="http", urgency="3"
+            )
+            == 5
+        )
 
 
 def test_a_stalled_redis_times_out_and_the_request_goes_on(

@@ -24,3 +24,17 @@ def test_permits_are_taken_all_or_none_and_released() -> None:
 def test_a_request_takes_at_least_one_permit() -> None:
     with pytest.raises(ValueError):
         Admission(limit=5).try_acquire(0)
+
+
+def test_background_requests_are_refused_before_interactive_ones_from_one_budget() -> None:
+    admission = Admission(limit=8)
+    background = admission.try_acquire(4, urgency=7)  # u=7 may fill half of it
+    with pytest.raises(Overloaded, match="of which requests of urgency 7 may fill 4"):
+        admission.try_acquire(1, urgency=7)
+    interactive = admission.try_acquire(4)  # the default urgency: the whole budget
+    assert admission.in_use == 8
+    with pytest.raises(Overloaded, match="8 of 8 inputs in flight;"):
+        admission.try_acquire(1, urgency=0)  # one budget: more urgent work cannot pass its end either
+    background.release()
+    interactive.release()
+    assert admission.in_use == 0 and admission.rejected == 2

@@ -1,4 +1,5 @@
-"""Batch assembly: grouping by length, the padding-charging budget, waiting for company, cancellation."""
+"""Batch assembly: grouping by length, the padding-charging budget, waiting for company, cancellation, the
+queue-delay budget, and urgency (interactive first, background fills, capped and aged)."""
 
 from __future__ import annotations
 
@@ -9,21 +10,38 @@ import time
 import numpy as np
 import pytest
 
-from app.engine.batching import MAX_PASSED_OVER, Batcher
+from app.engine.batching import Batcher
+from app.engine.costs import CostModel
+from app.engine.planner import Planner
 from app.engine.work import Job, Need, Sequence
 from app.telemetry.metrics import Metrics
 
 LOOP = asyncio.new_event_loop()
 
 
-def item(length: int, job: Job | None = None, age_s: float = 1.0) -> Sequence:
+def item(length: int, job: Job | None = None, age_s: float = 1.0, urgency: int = 3) -> Sequence:
+    if job is None:
+        job = Job(LOOP, 1)
+        job.urgency = urgency
     return Sequence(
         np.zeros(length, dtype=np.int64),
         Need(layers=(1,), pooling="cls"),
-        job or Job(LOOP, 1),
+        job,
         0,
         enqueued_at=time.perf_counter() - age_s,  # old enough that no wait applies unless asked
     )
+
+
+def submit_each(batcher: Batcher, items: list[Sequence]) -> None:
+    """Queue each item as a job of its own (a submit is one job's sequences)."""
+    for i in items:
+        batcher.submit([i])
+
+
+# Like a CPU: a batch costs about its tokens, 5 ms a batch, 1 ms a token (seconds).
+CPU_LIKE = CostModel(0.005, 0.0, 0.001, 0.0)
+# Like a GPU: a batch costs about its launch, 3 ms, and 2 µs a token.
+GPU_LIKE = CostModel(0.003, 0.0, 0.000002, 0.0)
 
 
 def test_groups_by_length_around_the_oldest() -> None:
@@ -116,54 +134,206 @@ def test_picks_the_most_efficient_window_not_the_oldest() -> None:
     assert batcher.stats.padded_tokens == batcher.stats.real_tokens
 
 
-def test_an_item_passed_over_is_run_within_a_bounded_number_of_batches() -> None:
+def test_an_item_past_its_budget_is_never_passed_over_again() -> None:
     batcher = Batcher(
-        max_batch_tokens=10_000, max_batch_size=2, max_wait_ms=0, capacity=1000, metrics=Metrics()
+        max_batch_tokens=10_000,
+        max_batch_size=2,
+        max_wait_ms=0,
+        capacity=1000,
+        metrics=Metrics(),
+        max_queue_delay_ms=40,
     )
-    odd = item(97)
+    odd = item(97, age_s=0)
     batcher.submit([odd])
-    ran_after = None
-    for n in range(40):
-        # A steady stream of perfectly fitting pairs that would always beat the odd one out.
-        batcher.submit([item(10), item(10)])
+    batcher.submit([item(10), item(10)])
+    first = batcher.next_batch()  # within its budget, the odd one out is passed over for a perfect pair
+    assert first is not None and odd not in first
+    time.sleep(0.05)  # now past it
+    batcher.submit([item(10), item(10)])
+    second = batcher.next_batch()
+    assert second is not None and odd in second
+    assert batcher.stats.overdue == 1
+
+
+def test_the_derived_budget_is_half_a_full_batch_of_the_mean_length_as_batches_run() -> None:
+    batcher = Batcher(
+        max_batch_tokens=4096,
+        max_batch_size=8,
+        max_wait_ms=0,
+        capacity=100,
+        metrics=Metrics(),
+        costs=CPU_LIKE,
+    )
+    assert batcher.budget_s() == pytest.approx(0.5 * CPU_LIKE.cost(8, 32))  # before any batch: length 32
+    batcher.submit([item(32) for _ in range(8)])
+    assert batcher.next_batch() is not None
+    batcher.ran(2 * CPU_LIKE.cost(8, 32))  # the machine runs at half the speed measured
+    assert batcher.budget_s() == pytest.approx(
+        0.5 * CPU_LIKE.cost(8, 32) * (1 + 0.2)
+    )  # learning, 20% a batch
+    constant = Batcher(
+        max_batch_tokens=4096, max_batch_size=8, max_wait_ms=0, capacity=100, metrics=Metrics()
+    )
+    assert constant.budget_s() == float("inf")  # tokens, not seconds, until a batch has run
+
+
+def test_a_short_queue_groups_lengths_on_a_cpu_and_not_on_a_gpu() -> None:
+    lengths = [10, 10, 10, 10, 60, 60, 60, 60]
+    for costs, expected in ((CPU_LIKE, [[10] * 4, [60] * 4]), (GPU_LIKE, [sorted(lengths)])):
+        batcher = Batcher(
+            max_batch_tokens=4096,
+            max_batch_size=8,
+            max_wait_ms=0,
+            capacity=100,
+            metrics=Metrics(),
+            costs=costs,
+        )
+        batcher.submit([item(n) for n in lengths])
+        got = []
+        while batcher.depth:
+            batch = batcher.next_batch()
+            assert batch is not None
+            got.append(sorted(i.length for i in batch))
+        assert sorted(got) == expected, costs
+
+
+def test_interactive_work_goes_first() -> None:
+    batcher = Batcher(
+        max_batch_tokens=10_000,
+        max_batch_size=4,
+        max_wait_ms=0,
+        capacity=100,
+        metrics=Metrics(),
+        costs=CPU_LIKE,
+    )
+    background = [item(20, urgency=7) for _ in range(8)]
+    batcher.submit(background[:4])
+    batcher.submit(background[4:])
+    urgent = item(20, urgency=0)
+    batcher.submit([urgent])
+    first = batcher.next_batch()
+    assert first is not None and first[0] is urgent
+    assert batcher.stats.by_urgency[0] == 1
+
+
+def test_background_fills_a_batch_as_far_as_the_budget_allows() -> None:
+    # On a GPU-like device a batch costs about its launch: the interactive one takes background along.
+    gpu = Batcher(
+        max_batch_tokens=10_000,
+        max_batch_size=16,
+        max_wait_ms=0,
+        capacity=100,
+        metrics=Metrics(),
+        costs=GPU_LIKE,
+        max_queue_delay_ms=10,
+    )
+    gpu.submit([item(30, urgency=7, age_s=0) for _ in range(6)] + [item(40, urgency=7, age_s=0)])
+    gpu.submit([item(32, age_s=0)])
+    batch = gpu.next_batch()
+    assert batch is not None and len(batch) == 7  # the interactive one and every background one ≤ 32 long
+    assert {i.length for i in batch} == {32, 30} and gpu.stats.filled == 6
+    # On a CPU-like device each more costs its tokens: only as many as the oldest's budget pays for.
+    cpu = Batcher(
+        max_batch_tokens=10_000,
+        max_batch_size=16,
+        max_wait_ms=0,
+        capacity=100,
+        metrics=Metrics(),
+        costs=CPU_LIKE,
+        max_queue_delay_ms=100,
+    )
+    cpu.submit([item(30, urgency=7, age_s=0) for _ in range(6)])
+    cpu.submit([item(32, age_s=0)])
+    batch = cpu.next_batch()
+    assert batch is not None
+    assert len(batch) == 1 + 3  # 100 ms of budget, 32 ms for each one more (padded to 32 tokens)
+
+
+def test_background_batches_are_capped_while_interactive_work_is_about() -> None:
+    batcher = Batcher(
+        max_batch_tokens=10_000,
+        max_batch_size=16,
+        max_wait_ms=0,
+        capacity=100,
+        metrics=Metrics(),
+        costs=CPU_LIKE,
+        max_queue_delay_ms=100,
+    )
+    batcher.submit([item(20, urgency=7) for _ in range(16)])
+    alone = batcher.next_batch()
+    assert alone is not None and len(alone) == 16  # nobody more urgent seen: a full batch
+    batcher.submit([item(20, urgency=7) for _ in range(16)])
+    batcher.submit([item(20, age_s=0)])
+    assert len(batcher.next_batch() or []) == 1 + 4  # the interactive one, and 4 × 20 ms of fill
+    capped = batcher.next_batch()
+    assert capped is not None and CPU_LIKE.cost(len(capped), 20) <= 0.100 < CPU_LIKE.cost(len(capped) + 1, 20)
+    assert batcher.stats.capped == 1
+
+
+def test_background_ages_and_never_starves() -> None:
+    batcher = Batcher(
+        max_batch_tokens=10_000,
+        max_batch_size=2,
+        max_wait_ms=0,
+        capacity=1000,
+        metrics=Metrics(),
+        costs=CPU_LIKE,
+        max_queue_delay_ms=1_000,
+        urgency_aging_ms=5,
+    )
+    waiting = item(20, urgency=7, age_s=0)
+    batcher.submit([waiting])
+    served_after = None
+    for n in range(200):  # interactive work that never pauses
+        batcher.submit([item(20, age_s=0), item(20, age_s=0)])
         batch = batcher.next_batch()
         assert batch is not None
-        if any(i is odd for i in batch):
-            ran_after = n
+        if waiting in batch:
+            served_after = n
             break
-    assert ran_after is not None and ran_after <= MAX_PASSED_OVER + 1
+        time.sleep(0.002)
+    # Four levels from 7 to 3 at 5 ms each: about 20 ms of interactive batches, then its turn.
+    assert served_after is not None and 3 <= served_after < 100
+    assert batcher.stats.aged >= 1
+    assert batcher.stats.capped >= 1  # its batch was held to the budget: interactive work was about
 
 
-def _efficiency(
-    ordered: list[int], ends: np.ndarray, lengths: np.ndarray, top: int, k: int, overhead: int
+def _window_score(
+    ordered: list[int], ends: np.ndarray, lengths: np.ndarray, top: int, k: int, planner: Planner
 ) -> float:
-    """Useful tokens per cost of the window of ``k`` sequences ending at run ``top`` of the sorted queue."""
+    """Useful work per cost of the window of ``k`` sequences ending at run ``top`` of the sorted queue."""
     window = ordered[int(ends[top]) - k : int(ends[top])]
-    return sum(window) / (k * int(lengths[top]) + overhead)
+    worth = sum(float(planner.worth(np.array([n]))[0]) for n in window)
+    return worth / planner.model.cost(k, int(lengths[top]))
 
 
-def test_the_planner_finds_the_most_efficient_window_a_brute_force_search_finds() -> None:
+@pytest.mark.parametrize(
+    "model", [CostModel.constant(16), CPU_LIKE, GPU_LIKE, CostModel(0.004, 1e-4, 8e-4, 2e-6)]
+)
+def test_the_planner_finds_the_best_window_a_brute_force_search_finds(model: CostModel) -> None:
     """Every (top length, size) window of the length-sorted queue, in plain Python, against the numpy plan:
-    the same best useful-tokens-per-cost, with and without an anchor, for batch sizes 1 to 256."""
+    the same best useful work per cost, with and without an anchor and a cap, for batch sizes 1 to 256."""
     rng = np.random.default_rng(5)
-    for _ in range(300):
+    for _ in range(200):
         size, budget = int(rng.choice([1, 3, 8, 256])), int(rng.choice([64, 512, 4096]))
         lengths = np.unique(rng.integers(3, 60, int(rng.integers(1, 12)))).astype(np.int64)
         counts = rng.integers(1, 9, len(lengths)).astype(np.int64)
         anchor = None if rng.random() < 0.6 else int(rng.integers(0, len(lengths)))
-        batcher = Batcher(
-            max_batch_tokens=budget, max_batch_size=size, max_wait_ms=0, capacity=10_000, metrics=Metrics()
-        )
+        cap = None if rng.random() < 0.7 else float(model.cost(int(rng.integers(1, 9)), int(lengths[-1])))
+        planner = Planner(model, size, budget)
         ordered = [int(n) for n, c in zip(lengths, counts, strict=True) for _ in range(int(c))]
         ends = np.cumsum(counts)
-        overhead = batcher.overhead_tokens
-        best = max(
-            _efficiency(ordered, ends, lengths, top, k, overhead)
+        allowed = [
+            (top, k)
             for top in range(len(lengths))
             for k in range(1, min(size, int(ends[top])) + 1)
             if (k * int(lengths[top]) <= budget or k == 1)
+            and (cap is None or model.cost(k, int(lengths[top])) <= cap or k == 1)
             and (anchor is None or (top >= anchor and int(ends[top]) - k < int(ends[anchor])))
-        )
-        top, k = batcher._most_efficient_window(lengths, counts, anchor)
-        got = _efficiency(ordered, ends, lengths, top, k, overhead)
-        assert got == pytest.approx(best), (size, budget, lengths, counts, anchor)
+        ]
+        window = planner.choose(lengths, counts, anchor, cap)
+        assert (window.top, window.size) in allowed
+        assert window.cost == pytest.approx(model.cost(window.size, int(lengths[window.top])))
+        best = max(_window_score(ordered, ends, lengths, t, k, planner) for t, k in allowed)
+        got = _window_score(ordered, ends, lengths, window.top, window.size, planner)
+        assert got == pytest.approx(best), (size, budget, lengths, counts, anchor, cap)

@@ -14,11 +14,21 @@ import httpx
 import numpy as np
 import pytest
 
+from app.settings import Settings
 from tests.app.conftest import Running, serving
 
 SHORT = ["今天天气很好", "北京是中国的首都。", "我们去公园散步吧"]
 # Over the tiny model's 128 tokens: truncated or cut into windows.
 LONG = "北京是中华人民共和国的首都，也是一座历史悠久的城市。" * 8
+
+
+@pytest.fixture(scope="module")
+def server(tiny_settings: Settings) -> Iterator[Running]:
+    """The graph's pooling. Both servers plan by the constant cost model, so that the same request is
+    batched the same way by both: a batch cut another way computes in another order, and the float32
+    rounding that moves is of the size these comparisons hold the pooling paths to."""
+    with serving(tiny_settings.model_copy(update={"measure_batch_cost": False})) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

@@ -34,6 +34,9 @@ def test_the_permit_budget_is_the_servers_not_each_workers() -> None:
         assert mine.in_use == 7
         with pytest.raises(Overloaded, match="7 of 10 inputs in flight"):
             mine.try_acquire(4)
+        # One budget for every urgency: background work (u=7, half of it) is refused first, server-wide.
+        with pytest.raises(Overloaded, match="of which requests of urgency 7 may fill 5"):
+            mine.try_acquire(1, urgency=7)
         with mine.try_acquire(3):
             assert mine.in_use == 10
         release.set()

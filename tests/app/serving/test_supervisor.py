@@ -13,6 +13,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -106,6 +107,22 @@ def test_both_workers_serve_and_one_scrape_counts_them_all(two_workers: Server) 
     assert after["embed_200"] - before.get("embed_200", 0) == 40  # whichever worker answered each
     assert after["zhembed_workers_ready"] == 2
     assert len(served_by) == 2, served_by
+
+
+@pytest.mark.slow
+def test_both_workers_plan_by_one_cost_model_measured_once(two_workers: Server) -> None:
+    models: dict[int, dict[str, Any]] = {}
+    deadline = time.monotonic() + 60
+    while len(models) < 2 and time.monotonic() < deadline:
+        with httpx.Client(base_url=two_workers.url, timeout=30) as client:  # a fresh connection each time
+            info = client.get("/info").json()
+            models[info["worker"]["pid"]] = info["batching"]["cost_model"]
+    assert len(models) == 2
+    first, second = models.values()
+    coefficients = [{k: m[k] for k in ("a", "b", "c", "d", "key")} for m in (first, second)]
+    assert coefficients[0] == coefficients[1] and first["unit"] == "ms"
+    # The first worker to start measured it (unless an earlier server had); the other read its result.
+    assert sum(m["source"].startswith("measured") for m in (first, second)) <= 1
 
 
 @pytest.mark.slow

@@ -75,16 +75,18 @@ def test_duration_buckets_are_the_declared_ones() -> None:
 def test_metrics_move_after_known_requests(cclient: httpx.Client, cached: Running) -> None:
     texts = ["指标一", "指标二二", "指标三三三"]
     before = {
-        "ok": metric(cclient, "zhembed_requests_total", route="/embed", status="200", protocol="http"),
+        "ok": metric(
+            cclient, "zhembed_requests_total", route="/embed", status="200", protocol="http", urgency="3"
+        ),
         "misses": metric(cclient, "zhembed_cache_misses_total", tier="memory"),
         "hits": metric(cclient, "zhembed_cache_hits_total", tier="memory"),
         "computed": metric(cclient, "zhembed_computed_tokens_total"),
         "padding": metric(cclient, "zhembed_padding_tokens_total"),
         "batches": metric(cclient, "zhembed_batch_size_count"),
-        "queued": metric(cclient, "zhembed_queue_duration_seconds_count"),
+        "queued": metric(cclient, "zhembed_queue_duration_seconds_count", urgency="3"),
         "validation": metric(cclient, "zhembed_failures_total", reason="validation"),
         "duration": metric(
-            cclient, "zhembed_request_duration_seconds_count", route="/embed", protocol="http"
+            cclient, "zhembed_request_duration_seconds_count", route="/embed", protocol="http", urgency="3"
         ),
     }
     assert cclient.post("/embed", json={"inputs": texts}).status_code == 200
@@ -95,20 +97,37 @@ def test_metrics_move_after_known_requests(cclient: httpx.Client, cached: Runnin
     def delta(key: str, name: str, **labels: str) -> float:
         return metric(cclient, name, **labels) - before[key]
 
-    assert delta("ok", "zhembed_requests_total", route="/embed", status="200", protocol="http") == 2
-    assert metric(cclient, "zhembed_requests_total", route="/embed", status="422", protocol="http") >= 1
-    assert metric(cclient, "zhembed_requests_total", route="unmatched", status="404", protocol="http") >= 1
-    assert delta("duration", "zhembed_request_duration_seconds_count", route="/embed", protocol="http") == 3
+    assert (
+        delta("ok", "zhembed_requests_total", route="/embed", status="200", protocol="http", urgency="3") == 2
+    )
+    assert (
+        metric(cclient, "zhembed_requests_total", route="/embed", status="422", protocol="http", urgency="3")
+        >= 1
+    )
+    assert (
+        metric(
+            cclient, "zhembed_requests_total", route="unmatched", status="404", protocol="http", urgency="3"
+        )
+        >= 1
+    )
+    assert (
+        delta(
+            "duration", "zhembed_request_duration_seconds_count", route="/embed", protocol="http", urgency="3"
+        )
+        == 3
+    )
     assert delta("misses", "zhembed_cache_misses_total", tier="memory") == 3
     assert delta("hits", "zhembed_cache_hits_total", tier="memory") == 3
     assert delta("validation", "zhembed_failures_total", reason="validation") == 1
-    assert delta("queued", "zhembed_queue_duration_seconds_count") == 3
+    assert delta("queued", "zhembed_queue_duration_seconds_count", urgency="3") == 3
     real = 5 + 6 + 7  # characters + [CLS] + [SEP]
     computed = delta("computed", "zhembed_computed_tokens_total")
     assert computed - delta("padding", "zhembed_padding_tokens_total") == real
     assert 1 <= delta("batches", "zhembed_batch_size_count") <= 3
     assert metric(cclient, "zhembed_cache_bytes") == cached.service.cache.memory.bytes > 0  # type: ignore[union-attr]
-    assert metric(cclient, "zhembed_queue_depth") == 0
+    depths = samples(cclient, "zhembed_queue_depth")
+    assert sorted(dict(labels)["urgency"] for labels in depths) == [str(u) for u in range(8)]  # every one
+    assert sum(depths.values()) == 0
     assert metric(cclient, "zhembed_inputs_in_flight") == 0
 
 
@@ -132,8 +151,8 @@ def test_observe_many_counts_as_observing_each_value(count: int) -> None:
     values = np.concatenate([rng.random(count) * 12, np.asarray(LATENCY_BUCKETS[: min(count, 15)])])
     one, many = Metrics(), Metrics()
     for v in values:
-        one.queue_duration.observe(float(v))
-    observe_many(many.queue_duration, values)
+        one.queue_duration.labels("3").observe(float(v))
+    observe_many(many.queue_duration.labels("3"), values)
 
     def series(m: Metrics) -> dict[tuple[str, str], float]:
         return {

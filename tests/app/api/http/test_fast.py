@@ -21,6 +21,7 @@ from app.api.http.openai_routes import router as openai_router
 from app.api.http.openai_schemas import OpenAIEmbeddingRequest
 from app.api.http.routes import router
 from app.api.schemas.embeddings import EmbedRequest
+from app.engine.priority import URGENCY
 from app.serving.factory import create_app
 from app.settings import Settings
 from app.tasks.answers import Answer
@@ -59,10 +60,12 @@ class StubService:
     def __init__(self) -> None:
         self.fault: Exception | None = None
         self.calls = 0
+        self.urgencies: list[int] = []  # the urgency each call ran at, as the engine would read it
         self.embeddings = StubEmbeddings(self)
 
     async def answer(self, inputs: Any) -> np.ndarray:
         self.calls += 1
+        self.urgencies.append(URGENCY.get())
         await asyncio.sleep(0)
         if self.fault is not None:
             raise self.fault
@@ -290,7 +293,7 @@ def test_a_server_fault_is_logged_and_answered_500(caplog: pytest.LogCaptureFixt
     assert "RuntimeError" not in answered.body.decode() and "boom" not in answered.body.decode()
     assert "server fault on POST /embed" in caplog.text
     metrics = app.state.metrics
-    assert metrics.requests.labels("/embed", "500", "http")._value.get() == 1
+    assert metrics.requests.labels("/embed", "500", "http", "3")._value.get() == 1
     assert metrics.failures.labels("internal")._value.get() == 1
 
 
@@ -329,7 +332,31 @@ def test_requests_are_counted_by_route_and_status() -> None:
     call(app, "/embed", [b'{"inputs": "a"}'], JSON)
     call(app, "/embed", [b'{"inputs": 3}'], JSON)
     metrics = app.state.metrics
-    assert metrics.requests.labels("/embed", "200", "http")._value.get() == 1
-    assert metrics.requests.labels("/embed", "422", "http")._value.get() == 1
+    assert metrics.requests.labels("/embed", "200", "http", "3")._value.get() == 1
+    assert metrics.requests.labels("/embed", "422", "http", "3")._value.get() == 1
     assert metrics.failures.labels("validation")._value.get() == 1
-    assert metrics.request_duration.labels("/embed", "http")._sum.get() > 0
+    assert metrics.request_duration.labels("/embed", "http", "3")._sum.get() > 0
+
+
+@pytest.mark.parametrize(
+    ("keys", "headers", "expected"),
+    [
+        (None, [], 3),
+        (None, [(b"priority", b"u=6")], 6),
+        (None, [(b"priority", b"i"), (b"priority", b"u=1")], 1),  # two lines, one field
+        (None, [(b"priority", b"U=1")], 3),  # not a Dictionary: ignored whole
+        ("bulk:u=7,live", [(b"authorization", b"Bearer bulk")], 7),
+        ("bulk:u=7,live", [(b"authorization", b"Bearer bulk"), (b"priority", b"u=2")], 2),
+        ("bulk:u=7,live", [(b"authorization", b"Bearer bulk"), (b"priority", b"u=9")], 7),
+        ("bulk:u=7,live", [(b"authorization", b"Bearer live")], 3),
+    ],
+)
+def test_the_urgency_reaches_the_engine_and_the_counters_both_ways(
+    keys: str | None, headers: list[tuple[bytes, bytes]], expected: int
+) -> None:
+    app, service = stub_app(api_keys=SecretStr(keys) if keys else None)
+    fast, stack = both(app, "/embed", b'{"inputs": "a"}', [*JSON, *headers])
+    assert fast.status == stack.status == 200
+    assert service.urgencies == [expected, expected]
+    counted = app.state.metrics.requests.labels("/embed", "200", "http", str(expected))._value.get()
+    assert counted == 2

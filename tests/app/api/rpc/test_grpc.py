@@ -206,9 +206,12 @@ def test_health_reflection_and_metrics(server: Server, stubs: dict[str, ModuleTy
     pb, rpc = stubs["tei_pb2"], stubs["tei_pb2_grpc"]
     rpc.EmbedStub(server.channel).Embed(pb.EmbedRequest(inputs="计数"))
     metrics = httpx.get(server.url + "/metrics").text
-    assert 'zhembed_requests_total{protocol="grpc",route="/tei.v1.Embed/Embed",status="OK"}' in metrics
     assert (
-        'zhembed_requests_total{protocol="grpc",route="/tei.v1.Embed/Embed",status="INVALID_ARGUMENT"}'
+        'zhembed_requests_total{protocol="grpc",route="/tei.v1.Embed/Embed",status="OK",urgency="3"}'
+        in metrics
+    )
+    assert (
+        'zhembed_requests_total{protocol="grpc",route="/tei.v1.Embed/Embed",status="INVALID_ARGUMENT",urgency="3"}'
         in metrics
     )
     assert 'protocol="http"' in metrics
@@ -223,7 +226,7 @@ def test_api_keys_and_overload(tiny_model_dir: Path, stubs: dict[str, ModuleType
     )
     server = start_grpc_server(
         tiny_model_dir,
-        ZHEMBED_API_KEYS=KEY,
+        ZHEMBED_API_KEYS=f"{KEY},bulk-key:u=7",
         ZHEMBED_MAX_CONCURRENT_INPUTS="4",
         ZHEMBED_MAX_INPUTS_PER_REQUEST="4",
     )
@@ -251,6 +254,26 @@ def test_api_keys_and_overload(tiny_model_dir: Path, stubs: dict[str, ModuleType
         assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "4 of 4 inputs in flight" in caught.value.details()
         assert ("retry-after", "1") in (caught.value.trailing_metadata() or ())
+        # The metadata priority is read as HTTP's Priority header; the key's default where it sets none.
+        for key, priority in [("bulk-key", None), ("bulk-key", "u=2"), (KEY, "u=5"), (KEY, "i, u=6")]:
+            metadata = [("authorization", f"Bearer {key}")] + ([("priority", priority)] if priority else [])
+            assert len(embed.Embed(pb.EmbedRequest(inputs="优先"), metadata=metadata).embeddings) == 64
+        listed = list(
+            ours.EmbedStream(
+                iter([zpb.EmbedRequest(inputs=["流"])] * 2),
+                metadata=[("authorization", f"Bearer {KEY}"), ("priority", "u=4")],
+            )
+        )
+        assert len(listed) == 2
+        metrics = httpx.get(server.url + "/metrics", headers={"authorization": f"Bearer {KEY}"}).text
+        for method, urgency in [
+            ("Embed/Embed", 7),
+            ("Embed/Embed", 2),
+            ("Embed/Embed", 5),
+            ("Embed/Embed", 6),
+        ]:
+            assert f'route="/tei.v1.{method}",status="OK",urgency="{urgency}"}} 1.0' in metrics, urgency
+        assert 'route="/zhembed.v1.Zhembed/EmbedStream",status="OK",urgency="4"} 1.0' in metrics
     finally:
         stop_grpc_server(server)
 
@@ -306,7 +329,8 @@ def test_every_worker_serves_grpc_behind_the_one_port(
                 assert len(rpc.EmbedStub(channel).Embed(pb.EmbedRequest(inputs=f"第{i}句")).embeddings) == 64
         metrics = httpx.get(server.url + "/metrics").text  # one scrape adds up every worker
         assert (
-            'zhembed_requests_total{protocol="grpc",route="/tei.v1.Embed/Embed",status="OK"} 12.0' in metrics
+            'zhembed_requests_total{protocol="grpc",route="/tei.v1.Embed/Embed",status="OK",urgency="3"} 12.0'
+            in metrics
         )
     finally:
         stop_grpc_server(server)

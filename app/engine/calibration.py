@@ -1,0 +1,211 @@
+"""Measuring the batch cost model on this machine, once: the cache beside the export that spares a restart.
+
+The inference thread, before its first batch (:meth:`app.engine.engine.Engine._calibrate`), times the
+encoder over :func:`app.engine.costs.grid` with :func:`app.engine.costs.measure` and fits the model. It is
+cached as JSON beside the export (or under ``cache_dir`` where the export folder is read-only, or marked
+so), keyed by the graph's sha256, the execution provider, ONNX Runtime's version, the threads and the CPU
+(model name and feature flags) or GPU (name): a restart, or a second worker, reads it instead of
+measuring. Workers that start together measure once: the first takes a file lock, the others wait for
+its result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from app.engine.costs import MEASURE_BUDGET_S, SCHEMA, CostModel, Runner, fit, grid, measure
+from app.model.runtime import CUDA, OnnxModel, cpu_flags
+
+log = logging.getLogger(__name__)
+
+FOLDER = "batch_costs"  # beside the export's manifest.json, or under cache_dir
+
+
+def session_runner(model: OnnxModel) -> Runner:
+    """Times one encoder run of a synthetic batch, fetching what a default /embed fetches."""
+    layer = model.num_layers
+    fetch = [model.pooled_output(layer, "mean") or model.output_name(layer)]
+    cls_id, sep_id = model.manifest.tokenizer.cls_id, model.manifest.tokenizer.sep_id
+    # Ids of ordinary characters; what they say does not change what a run costs.
+    first = 672 if model.manifest.config.vocab_size > 8000 else cls_id + 3
+    last = max(first + 1, min(8000, model.manifest.config.vocab_size))
+    rng = np.random.default_rng(0)
+
+    def run(size: int, length: int) -> float:
+        ids = rng.integers(first, last, (size, length), dtype=np.int64)
+        ids[:, 0], ids[:, -1] = cls_id, sep_id
+        mask = np.ones_like(ids)
+        started = time.perf_counter()
+        model.encode(ids, mask, fetch)
+        return time.perf_counter() - started
+
+    return run
+
+
+def device_key(model: OnnxModel, intra_op_threads: int) -> dict[str, str]:
+    """What the cost depends on besides the batch: the graph, the provider, the runtime and the device."""
+    provider = model.providers[0]
+    key = {
+        "graph_sha256": model.manifest.graphs["encoder"][model.variant].sha256,
+        "provider": provider,
+        "onnxruntime": ort.__version__,
+    }
+    if provider == CUDA:
+        key["device"] = gpu_name()
+    else:
+        key["device"] = cpu_name()
+        key["cpu_flags_sha256"] = hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:16]
+        key["threads"] = f"{intra_op_threads or 'all'} of {len(os.sched_getaffinity(0))} cores"
+    return key
+
+
+def cpu_name(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return "unknown CPU"
+    return next(
+        (line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")),
+        "unknown CPU",
+    )
+
+
+def gpu_name() -> str:
+    """The first GPU's name, from the NVIDIA driver's /proc entries or nvidia-smi."""
+    for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
+        with contextlib.suppress(OSError):
+            for line in info.read_text().splitlines():
+                if line.startswith("Model:"):
+                    return line.split(":", 1)[1].strip()
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.splitlines()
+        if out and out[0].strip():
+            return out[0].strip()
+    return "unknown GPU"
+
+
+def _file_name(key: dict[str, str]) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24] + ".json"
+
+
+def _writable(folder: Path) -> bool:
+    """Whether the cost model may be written to ``folder`` (created if need be). A folder, or the folder
+    it would be created in, that nobody may write to counts as read-only even for root, who could: an
+    export marked read-only is left as it is."""
+    existing = folder if folder.exists() else folder.parent
+    try:
+        if existing.exists() and not existing.stat().st_mode & 0o222:
+            return False
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe-"):
+            return True
+    except OSError:
+        return False
+
+
+def _read(path: Path, key: dict[str, str], where: str) -> CostModel | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA or data.get("key") != key:
+        return None
+    try:
+        return CostModel.from_json(data, f"read from the cache {where}")
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None  # a file of another shape: measured again and rewritten
+
+
+@contextlib.contextmanager
+def _locked(folder: Path, name: str) -> Iterator[None]:
+    with (folder / f".{name}.lock").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # a second worker waits here for the first one's result
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def load_or_measure(
+    model: OnnxModel,
+    run: Runner,
+    *,
+    max_size: int,
+    max_tokens: int,
+    intra_op_threads: int,
+    cache_dir: Path,
+    budget_s: float = MEASURE_BUDGET_S,
+) -> CostModel:
+    """The cost model for this graph, provider and device: from the cache, or measured and cached."""
+    key = device_key(model, intra_op_threads)
+    name = _file_name(key)
+    # Where each folder is, as /info says it: never a path (the model is named, not located, there).
+    folders = {"beside the export": model.folder / FOLDER, "under cache_dir": cache_dir / FOLDER}
+    for where, folder in folders.items():
+        if (cached := _read(folder / name, key, where)) is not None:
+            return cached
+    writable = next(((w, f) for w, f in folders.items() if _writable(f)), None)
+    max_length = model.tokenizer.max_length
+    if writable is None:
+        log.warning(
+            "cannot write the batch cost model to %s: measured on every start",
+            " or ".join(map(str, folders.values())),
+        )
+        fitted = _measured(run, key, max_size, max_tokens, max_length, budget_s)
+        return replace(fitted, source="measured at start-up (not cached: no writable folder)")
+    where, folder = writable
+    with _locked(folder, name):
+        if (cached := _read(folder / name, key, where)) is not None:  # another worker measured it meanwhile
+            return cached
+        fitted = _measured(run, key, max_size, max_tokens, max_length, budget_s)
+        path = folder / name
+        partial = path.with_suffix(".partial")
+        partial.write_text(json.dumps(fitted.to_json(), indent=1))
+        partial.replace(path)  # readers see the whole file or none
+        log.info("batch cost model cached in %s", path)
+        return replace(fitted, source=f"measured at start-up, cached {where}")
+
+
+def _measured(
+    run: Runner, key: dict[str, str], max_size: int, max_tokens: int, max_length: int, budget_s: float
+) -> CostModel:
+    started = time.perf_counter()
+    points = measure(run, grid(max_size, max_tokens, max_length), budget_s)
+    took = time.perf_counter() - started
+    a, b, c, d = fit(points)
+    model = CostModel(a, b, c, d, "s", "measured", tuple(points), key, took)
+    errors = np.abs(model.errors())
+    log.info(
+        "batch cost on %s: %.3f ms + B x (%.4f + %.5f S + %.2e S^2) ms; %d points in %.1f s, "
+        "fit error max %.1f%% mean %.1f%%",
+        key.get("device"),
+        a * 1e3,
+        b * 1e3,
+        c * 1e3,
+        d * 1e3,
+        len(points),
+        took,
+        errors.max() * 100,
+        errors.mean() * 100,
+    )
+    return model

@@ -1,0 +1,252 @@
+"""What one batch costs on this machine: the model, its fit, the grid it is measured on, its refit.
+
+The planner (:mod:`app.engine.planner`) compares batches by what they cost, and no constant is right on
+both a CPU (a batch costs about its tokens; a small batch wastes little) and a GPU (a batch costs about a
+fixed launch time until the device is busy; a small batch wastes most of it). So the inference thread,
+before its first batch, times the encoder over a small grid of batch sizes × sequence lengths (within the
+batch limits; :data:`MEASURE_BUDGET_S` at most) and fits
+
+    seconds(B, S) = a + B · (b + c·S + d·S²)
+
+by least squares on the relative error, every coefficient ≥ 0: ``a`` is what a batch costs whatever it
+holds (a session run, kernel launches), ``b`` what each sequence costs, ``c`` each token (the GEMMs) and
+``d`` each token per token of its length (attention). The fit and its error over the grid are in /info;
+then the model is refitted from the batches the service runs (:class:`Refitter`). Measuring on a given
+machine, and the cache that spares a restart from it: :mod:`app.engine.calibration`. With
+``measure_batch_cost`` off the model is the old constant: a batch costs its tokens (padding included)
+plus ``batch_overhead_tokens``, in tokens instead of seconds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+SCHEMA = 1  # of the cached JSON (:meth:`CostModel.to_json`)
+# Seconds the grid may take on this machine, in all. On 2 AVX2 cores the bert-base int8 graph costs
+# ~1.3 ms a token: the grid then reaches 256 tokens a batch; a GPU measures all of it in well under this.
+MEASURE_BUDGET_S = 3.0
+LENGTHS = (8, 16, 32, 64, 128, 256, 512)
+SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+# The S² term (attention) is fitted only from a grid that reaches this length: below it attention is a
+# few percent of a BERT layer, and a fit over short lengths puts the measurements' noise into it.
+ATTENTION_FROM = 128
+
+Runner = Callable[[int, int], float]  # (batch size, sequence length) → seconds of one run
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """``a + B·(b + c·S + d·S²)``: seconds (``unit`` "s"), or tokens for the constant fallback."""
+
+    a: float
+    b: float
+    c: float
+    d: float
+    unit: str = "s"
+    source: str = "measured"
+    # (batch size, length, measured seconds) of each grid point; empty for the constant.
+    points: tuple[tuple[int, int, float], ...] = ()
+    key: dict[str, str] = field(default_factory=dict)
+    measured_s: float = 0.0  # how long the grid took when it was measured
+    served: int = 0  # batches served since start-up that the coefficients were refitted from
+    served_error: float | None = None  # moving mean |predicted / ran - 1| of the served batches
+
+    @classmethod
+    def constant(cls, overhead_tokens: int, why: str = "measure_batch_cost off") -> CostModel:
+        """The fallback: a batch costs its padded tokens plus ``overhead_tokens``."""
+        return cls(float(overhead_tokens), 0.0, 1.0, 0.0, "tokens", f"batch_overhead_tokens ({why})")
+
+    @property
+    def measured(self) -> bool:
+        return self.unit == "s"
+
+    def per_sequence(self, lengths: np.ndarray) -> np.ndarray:
+        """What each sequence of a batch padded to ``lengths`` adds: ``b + c·S + d·S²``."""
+        s = lengths.astype(np.float64)
+        return self.b + s * (self.c + self.d * s)
+
+    def cost(self, size: int, length: int) -> float:
+        return self.a + size * (self.b + length * (self.c + self.d * length))
+
+    def errors(self) -> np.ndarray:
+        """Relative error of the fit at each grid point (fitted / measured − 1)."""
+        if not self.points:
+            return np.zeros(0)
+        return np.array([self.cost(b, s) / t - 1 for b, s, t in self.points])
+
+    def describe(self) -> dict[str, Any]:
+        """What /info shows: the formula, its coefficients, where it came from, the fit's error."""
+        scale, unit = (1e3, "ms") if self.measured else (1.0, "tokens")
+        errors = np.abs(self.errors())
+        return {
+            "formula": "a + B*(b + c*S + d*S^2) for B sequences padded to S tokens",
+            "unit": unit,
+            "a": round(self.a * scale, 6),
+            "b": round(self.b * scale, 6),
+            "c": round(self.c * scale, 6),
+            "d": round(self.d * scale, 9),
+            "source": self.source,
+            "key": self.key,
+            "grid": [
+                {"B": b, "S": s, "measured": round(t * scale, 3), "fitted": round(self.cost(b, s) * scale, 3)}
+                for b, s, t in self.points
+            ],
+            "max_error": round(float(errors.max()), 4) if errors.size else None,
+            "mean_error": round(float(errors.mean()), 4) if errors.size else None,
+            "measured_s": round(self.measured_s, 3),
+            "refitted_from_served_batches": self.served,
+            "served_error": round(self.served_error, 4) if self.served_error is not None else None,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "key": self.key,
+            "coefficients": [self.a, self.b, self.c, self.d],
+            "points": [list(p) for p in self.points],
+            "measured_s": self.measured_s,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], source: str) -> CostModel:
+        a, b, c, d = (float(x) for x in data["coefficients"])
+        points = tuple((int(p[0]), int(p[1]), float(p[2])) for p in data["points"])
+        return cls(a, b, c, d, "s", source, points, dict(data["key"]), float(data.get("measured_s", 0.0)))
+
+
+def _rows(sizes: np.ndarray, lengths: np.ndarray, seconds: np.ndarray) -> np.ndarray:
+    """The four terms of each batch, divided by what it took: least squares on them is on relative error."""
+    terms = np.stack([np.ones_like(sizes), sizes, sizes * lengths, sizes * lengths**2], axis=-1)
+    return terms / seconds[..., None]
+
+
+def _solve(gram: np.ndarray, moment: np.ndarray, attention: bool) -> tuple[float, float, float, float]:
+    """Non-negative least squares from the normal equations (``gram`` = RᵀR, ``moment`` = Rᵀ1) by trying
+    every subset of the four terms: a negative coefficient would make some batch cost less than nothing,
+    or a longer one cost less. ``attention`` False leaves ``d`` at 0."""
+    best: tuple[float, np.ndarray] | None = None
+    for used in itertools.product((False, True), repeat=4):
+        columns = [i for i, on in enumerate(used) if on]
+        if not columns or (used[3] and not attention):
+            continue
+        sub = gram[np.ix_(columns, columns)]
+        try:
+            solution = np.linalg.solve(sub, moment[columns])
+        except np.linalg.LinAlgError:  # a term the points cannot tell from the others
+            continue
+        if (solution < 0).any():
+            continue
+        coefficients = np.zeros(4)
+        coefficients[columns] = solution
+        # The squared residual, less the constant Σ1²: -2·xᵀm + xᵀGx.
+        residual = float(coefficients @ gram @ coefficients - 2 * coefficients @ moment)
+        if best is None or residual < best[0]:
+            best = (residual, coefficients)
+    if best is None:
+        raise ValueError("no non-negative fit of the batch costs")
+    a, b, c, d = (float(x) for x in best[1])
+    return a, b, c, d
+
+
+def fit(points: list[tuple[int, int, float]]) -> tuple[float, float, float, float]:
+    """``(a, b, c, d)`` ≥ 0 minimising the squared relative error over ``points`` (B, S, seconds); ``d``
+    stays 0 unless the points reach :data:`ATTENTION_FROM` tokens."""
+    sizes, lengths, seconds = (np.array([p[i] for p in points], dtype=np.float64) for i in range(3))
+    rows = _rows(sizes, lengths, seconds)
+    return _solve(rows.T @ rows, rows.sum(axis=0), bool(lengths.max() >= ATTENTION_FROM))
+
+
+class Refitter:
+    """Refits a measured model from the batches the service runs, so that it says what a batch costs
+    while serving (the event loop and the tokeniser then share the cores with the session: on 2 CPU cores
+    the per-batch cost ``a`` came out about twice the quiet start-up grid's).
+
+    The grid's points stay in the fit at a constant weight (:data:`GRID_WEIGHT` batches' worth in all), so
+    a term the served batches do not vary (all of one size, say) keeps the grid's value; the served
+    batches fade by half every :data:`HALF_LIFE` batches, so the fit follows a machine that gets busier
+    or quieter. Costs a 4-vector outer product per batch and sixteen 4×4 solves every :data:`EVERY`.
+    """
+
+    GRID_WEIGHT = 4.0
+    HALF_LIFE = 200
+    EVERY = 32
+
+    def __init__(self, model: CostModel) -> None:
+        self.model = model
+        sizes, lengths, seconds = (np.array([p[i] for p in model.points], dtype=np.float64) for i in range(3))
+        rows = _rows(sizes, lengths, seconds)
+        weight = self.GRID_WEIGHT / max(len(rows), 1)
+        self._prior = (weight * rows.T @ rows, weight * rows.sum(axis=0))
+        self._attention = bool(lengths.max() >= ATTENTION_FROM) if len(lengths) else False
+        self._gram = np.zeros((4, 4))
+        self._moment = np.zeros(4)
+        self._keep = 0.5 ** (1 / self.HALF_LIFE)
+        self._served = 0
+        self._error: float | None = None
+
+    def add(self, size: int, length: int, seconds: float) -> CostModel | None:
+        """One served batch; a refitted model every :data:`EVERY` batches (None in between)."""
+        if seconds <= 0:
+            return None
+        predicted = self.model.cost(size, length)
+        miss = abs(predicted / seconds - 1)
+        self._error = miss if self._error is None else self._error + 0.05 * (miss - self._error)
+        row = _rows(np.array(float(size)), np.array(float(length)), np.array(seconds))
+        self._gram = self._keep * self._gram + np.outer(row, row)
+        self._moment = self._keep * self._moment + row
+        self._served += 1
+        if self._served % self.EVERY:
+            return None
+        a, b, c, d = _solve(self._prior[0] + self._gram, self._prior[1] + self._moment, self._attention)
+        self.model = replace(self.model, a=a, b=b, c=c, d=d, served=self._served, served_error=self._error)
+        return self.model
+
+
+def grid(max_size: int, max_tokens: int, max_length: int) -> list[tuple[int, int]]:
+    """The (batch size, length) points to time, cheapest first, within the batch limits."""
+    sizes = sorted({s for s in SIZES if s <= max_size} | {max_size})
+    lengths = sorted({n for n in LENGTHS if n <= max_length} | {min(max_length, LENGTHS[0])})
+    points = [(b, s) for b in sizes for s in lengths if b * s <= max_tokens or b == 1]
+    return sorted(points, key=lambda p: (p[0] * p[1], p[1]))
+
+
+def enough(points: list[tuple[int, int, float]]) -> bool:
+    """Whether ``points`` can pin down all four terms: three lengths (for S²) and two sizes (for a)."""
+    return len({p[1] for p in points}) >= 3 and len({p[0] for p in points}) >= 2 and len(points) >= 5
+
+
+def measure(
+    run: Runner,
+    points: list[tuple[int, int]],
+    budget_s: float = MEASURE_BUDGET_S,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[tuple[int, int, float]]:
+    """Time ``run`` at ``points``: the cheapest first, once each, while that first round stays within a
+    third of ``budget_s`` (but at least until the points are :func:`enough`, where the grid allows); then
+    round after round over the same points while the budget lasts, keeping each point's cheapest run.
+    Rounds, not repeats of one point: a burst of other work on a shared machine then slows one run of
+    each point instead of every run of some, and the cheapest is the one it spared."""
+    best: dict[tuple[int, int], float] = {}
+    started = clock()
+    per_token = 0.0
+    for size, length in points:
+        expected = per_token * size * length
+        if best and clock() - started + expected > budget_s / 3 and enough(_points(best)):
+            break
+        seconds = run(size, length)
+        best[(size, length)] = seconds
+        per_token = max(per_token, seconds / (size * length))
+    while clock() - started + sum(best.values()) <= budget_s:
+        for point in best:
+            best[point] = min(best[point], run(*point))
+    return _points(best)
+
+
+def _points(best: dict[tuple[int, int], float]) -> list[tuple[int, int, float]]:
+    return [(size, length, seconds) for (size, length), seconds in best.items()]
