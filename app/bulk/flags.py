@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import types
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
@@ -50,8 +51,16 @@ SETTING_FLAGS = (
     "max_batch_tokens",
     "max_batch_size",
     "batch_overhead_tokens",
+    "max_queue_delay_ms",
     "max_input_chars",
 )
+# The queue-delay budget of a job that sets none (flag or ZHEMBED_MAX_QUEUE_DELAY_MS). The service derives
+# half a batch's time, so that an interactive request is never passed over for long; a job has nobody
+# waiting on one text, and its window of queued texts (4096: minutes of work on a CPU) would put every
+# text past that budget, so each batch would be pinned to the oldest text instead of cut for the most
+# work per second (measured on the int8 twin, 2 cores: 0.94 x the raw ceiling with the derived budget,
+# 1.01 x with this one). Ten minutes still bounds how long any one text can be passed over.
+BULK_QUEUE_DELAY_MS = 600_000.0
 
 
 class UsageError(ValueError):
@@ -133,6 +142,8 @@ def settings_of(args: argparse.Namespace, model: str | None) -> Settings:
     }
     if model is not None:
         given["model"] = model
+    if "ZHEMBED_MAX_QUEUE_DELAY_MS" not in os.environ:
+        given.setdefault("max_queue_delay_ms", BULK_QUEUE_DELAY_MS)
     try:
         return Settings(**given)
     except ValidationError as exc:

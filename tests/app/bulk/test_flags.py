@@ -102,3 +102,14 @@ def test_a_setting_the_service_refuses_is_one_line_naming_its_flag() -> None:
         flags.UsageError, match=r"^--max-batch-size: Input should be greater than or equal to 1$"
     ):
         flags.settings_of(parser().parse_args([*REQUIRED, "--max-batch-size", "0"]), None)
+
+
+def test_a_job_plans_for_throughput_unless_told_a_queue_delay(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ZHEMBED_MAX_QUEUE_DELAY_MS", raising=False)
+    assert (
+        flags.settings_of(parser().parse_args(REQUIRED), None).max_queue_delay_ms == flags.BULK_QUEUE_DELAY_MS
+    )
+    given = parser().parse_args([*REQUIRED, "--max-queue-delay-ms", "50"])
+    assert flags.settings_of(given, None).max_queue_delay_ms == 50
+    monkeypatch.setenv("ZHEMBED_MAX_QUEUE_DELAY_MS", "75")
+    assert flags.settings_of(parser().parse_args(REQUIRED), None).max_queue_delay_ms == 75
