@@ -119,8 +119,10 @@ def test_both_workers_plan_by_one_cost_model_measured_once(two_workers: Server) 
             models[info["worker"]["pid"]] = info["batching"]["cost_model"]
     assert len(models) == 2
     first, second = models.values()
-    coefficients = [{k: m[k] for k in ("a", "b", "c", "d", "key")} for m in (first, second)]
-    assert coefficients[0] == coefficients[1] and first["unit"] == "ms"
+    # One grid of measured batch times (a worker refits a, b, c, d from the batches it serves, so those
+    # may part once the other tests have sent traffic; the grid they started from does not).
+    measured = [([g["measured"] for g in m["grid"]], m["key"]) for m in (first, second)]
+    assert measured[0] == measured[1] and measured[0][0] and first["unit"] == "ms"
     # The first worker to start measured it (unless an earlier server had); the other read its result.
     assert sum(m["source"].startswith("measured") for m in (first, second)) <= 1
 
