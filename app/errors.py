@@ -20,6 +20,11 @@ class PayloadTooLarge(ServiceError):
     """The request body is larger than ``max_body_bytes``."""
 
 
+class MalformedBody(ServiceError):
+    """The body cannot be read at all: not JSON (or not sent as JSON), not UTF-8, nested past the parser,
+    or, over gRPC, a message that is not valid protobuf."""
+
+
 class ValidationFailed(ServiceError):
     """The request is well-formed JSON but asks for something out of bounds or of the wrong type."""
 

@@ -28,6 +28,7 @@ from app.errors import (
     ClientGone,
     EmptyInput,
     InternalError,
+    MalformedBody,
     MethodNotAllowed,
     NotFound,
     NotReady,
@@ -58,6 +59,13 @@ _INVALID = "invalid_request_error"
 
 ERROR_TABLE: dict[type[ServiceError], ErrorRow] = {
     EmptyInput: ErrorRow(400, "empty", "Empty input.", _INVALID, "INVALID_ARGUMENT"),
+    MalformedBody: ErrorRow(
+        400,
+        "malformed",
+        "The body cannot be read: not JSON, not UTF-8, or not sent as JSON.",
+        _INVALID,
+        "INVALID_ARGUMENT",
+    ),
     Unsupported: ErrorRow(
         400, "unsupported", "The loaded model cannot serve this request.", _INVALID, "FAILED_PRECONDITION"
     ),
@@ -100,6 +108,7 @@ SCOPE_ERROR_TYPE = "zhembed.error_type"
 COMMON_ERRORS: tuple[type[ServiceError], ...] = (
     Unauthorized,
     PayloadTooLarge,
+    MalformedBody,
     ValidationFailed,
     Overloaded,
     NotReady,
@@ -283,13 +292,28 @@ def validation_message(errors: Sequence[Any]) -> str:
     return "; ".join(parts) or "invalid request"
 
 
+def _unreadable(err: Any) -> bool:
+    """Whether a validation error says the body could not be read as JSON at all."""
+    if err.get("type") == "json_invalid":
+        return True
+    return tuple(err.get("loc", ())) == ("body",) and isinstance(err.get("input"), bytes)
+
+
+def validation_error(errors: Sequence[Any]) -> ServiceError:
+    """The error a request's validation errors answer as: a 400 (:class:`MalformedBody`) where the body
+    could not be read as JSON, else a 422 (:class:`ValidationFailed`); the message from
+    :func:`validation_message` either way."""
+    cls = MalformedBody if any(_unreadable(e) for e in errors) else ValidationFailed
+    return cls(validation_message(errors))
+
+
 # Starlette's own HTTP errors (routing, body reading) by status: the rows they answer as.
 HTTP_STATUS_ERRORS: dict[int, type[ServiceError]] = {
     404: NotFound,
     405: MethodNotAllowed,
     413: PayloadTooLarge,
-    # FastAPI answers 400 when a body cannot be read at all; for us that is a validation failure.
-    400: ValidationFailed,
+    # FastAPI answers 400 when a body cannot be read at all.
+    400: MalformedBody,
 }
 
 
@@ -319,7 +343,7 @@ async def _on_service_error(request: Request, exc: Exception) -> Response:
 async def _on_validation_error(request: Request, exc: Exception) -> Response:
     if not isinstance(exc, RequestValidationError):
         raise TypeError(f"the validation handler got {type(exc).__name__}")
-    return error_response(ValidationFailed(validation_message(exc.errors())), request)
+    return error_response(validation_error(exc.errors()), request)
 
 
 async def _on_http_error(request: Request, exc: Exception) -> Response:

@@ -13,8 +13,9 @@ order, and calls the same route function:
    body is counted as it comes and cut off at the limit: 413;
 4. the body read, parsed and validated exactly as FastAPI does it: JSON only under a JSON
    ``Content-Type``, the same errors for a body that is not valid JSON (position and reason), nests too
-   deep, is not UTF-8, is missing or is not an object, and for fields that do not validate (the schema
-   models' ``model_validate``, strict), all through :func:`app.api.errors.validation_message`;
+   deep, is not UTF-8 (400, ``malformed``), is missing or is not an object, and for fields that do not
+   validate (422; the schema models' ``model_validate``, strict), all through
+   :func:`app.api.errors.validation_error`;
 5. the route function, with the service; typed errors through the one error table, anything else a
    logged server fault (500); a client that leaves gets its work cancelled (499, ``client_closed``);
 6. the answer sent as two ASGI messages (the route's prebuilt byte-pair headers), ``connection:
@@ -60,6 +61,7 @@ from app.api.errors import (
     send_error,
     server_fault,
     unreadable_body_message,
+    validation_error,
     validation_message,
 )
 from app.api.http.body_limit import declared_length, too_large
@@ -68,6 +70,7 @@ from app.engine.priority import DEFAULT_URGENCY, URGENCY
 from app.errors import (
     ClientGone,
     InternalError,
+    MalformedBody,
     NotReady,
     PayloadTooLarge,
     ServiceError,
@@ -253,7 +256,8 @@ def parsed(model: type[BaseModel], raw: bytes, content_type: bytes | None) -> Ba
     """The body as ``model``, read as FastAPI reads a JSON body model (see the module for orjson).
 
     Raises:
-        ValidationFailed: no body, not JSON, or not valid for ``model``; the message says which.
+        MalformedBody: not JSON (or not sent as JSON), not UTF-8, nested too deep.
+        ValidationFailed: no body, or not valid for ``model``; the message says which.
     """
     if not raw:
         raise ValidationFailed(validation_message([_NO_BODY]))
@@ -286,7 +290,7 @@ def _stdlib_json(raw: bytes) -> Any:
     """``json.loads``, with FastAPI's errors in the service's words.
 
     Raises:
-        ValidationFailed: not valid JSON, nested too deep, or not readable as JSON at all.
+        MalformedBody: not valid JSON, nested too deep, or not readable as JSON at all.
     """
     try:
         return json.loads(raw)
@@ -297,17 +301,15 @@ def _stdlib_json(raw: bytes) -> Any:
             "msg": "JSON decode error",
             "ctx": {"error": exc.msg},
         }
-        raise ValidationFailed(validation_message([error])) from None
+        raise MalformedBody(validation_message([error])) from None
     except RecursionError:
-        raise ValidationFailed(TOO_DEEP) from None
+        raise MalformedBody(TOO_DEEP) from None
     except Exception:  # UnicodeDecodeError, ValueError: as FastAPI, a body it cannot read
-        raise ValidationFailed(unreadable_body_message("There was an error parsing the body")) from None
+        raise MalformedBody(unreadable_body_message("There was an error parsing the body")) from None
 
 
 def _validated(model: type[BaseModel], body: Any) -> BaseModel:
     try:
         return model.model_validate(body)
     except ValidationError as exc:
-        raise ValidationFailed(
-            validation_message([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()])
-        ) from None
+        raise validation_error([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None

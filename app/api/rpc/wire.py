@@ -22,7 +22,7 @@ from google.protobuf.message import DecodeError, Message
 from google.protobuf.message_factory import GetMessageClass
 
 from app.api.rpc.calls import Calls
-from app.errors import ValidationFailed
+from app.errors import MalformedBody
 from app.tasks.service import Service
 
 # protobuf's own limit on nested messages and groups (its default recursion limit).
@@ -36,7 +36,7 @@ class Unreadable:
     message: str
 
     async def refuse(self, _service: Service) -> Any:
-        raise ValidationFailed(self.message)
+        raise MalformedBody(self.message)
 
 
 def reader(message_class: type[Message]) -> Callable[[bytes], Message | Unreadable]:
@@ -172,7 +172,7 @@ async def _checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
     """A stream's requests, ending with the refusal of the first that did not parse."""
     async for request in requests:
         if isinstance(request, Unreadable):
-            raise ValidationFailed(request.message)
+            raise MalformedBody(request.message)
         yield request
 
 

@@ -73,8 +73,14 @@ def test_422_validation(client: httpx.Client, path: str, body: object, words: li
     assert_error(client.post(path, json=body), 422, "validation", *words)
 
 
-@pytest.mark.parametrize("raw", [b"{", b"[" * 50_000, b'{"inputs": "\\ud800"}', b"\xff\xfe", b"null", b"[]"])
-def test_422_for_unparseable_bodies(client: httpx.Client, raw: bytes) -> None:
+@pytest.mark.parametrize("raw", [b"{", b"[" * 50_000, b"\xff\xfe", b'{"inputs": "a",'])
+def test_400_for_unreadable_bodies(client: httpx.Client, raw: bytes) -> None:
+    response = client.post("/embed", content=raw, headers={"content-type": "application/json"})
+    assert_error(response, 400, "malformed")
+
+
+@pytest.mark.parametrize("raw", [b'{"inputs": "\\ud800"}', b"null", b"[]"])
+def test_422_for_bodies_that_read_but_do_not_fit(client: httpx.Client, raw: bytes) -> None:
     response = client.post("/embed", content=raw, headers={"content-type": "application/json"})
     assert_error(response, 422, "validation")
 

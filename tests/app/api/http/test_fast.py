@@ -230,10 +230,11 @@ def test_the_data_path_answers_as_fastapi_does(
 )
 def test_a_body_nested_too_deep_for_the_stdlib_is_refused_as_too_deep(body: bytes) -> None:
     # orjson reads 1000 levels, json.loads does not: its answer stands. (FastAPI words this one as an
-    # unreadable body; the data path says what is wrong. Both 422.)
+    # unreadable body; the data path says what is wrong. Both 400, malformed.)
     app, service = stub_app()
     answered = call(app, "/embed", [body], JSON)
-    assert answered.status == 422 and "nests" in answered.json()["error"]
+    assert answered.status == 400 and "nests" in answered.json()["error"]
+    assert answered.json()["error_type"] == "malformed"
     assert service.calls == 0
 
 

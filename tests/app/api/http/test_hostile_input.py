@@ -15,15 +15,15 @@ from tests.app.conftest import Running
 
 ROWS = [
     # --- the body itself ---
-    Row("invalid JSON", "/embed", 422, "validation", ("not valid JSON",), content=b'{"inputs": "a",'),
+    Row("invalid JSON", "/embed", 400, "malformed", ("not valid JSON",), content=b'{"inputs": "a",'),
     Row("empty body", "/embed", 422, "validation", ("no body",), content=b""),
     Row("JSON null body", "/embed", 422, "validation", ("a JSON object, not null",), content=b"null"),
     Row("JSON array body", "/embed", 422, "validation", ("a JSON object, not an array",), content=b'["a"]'),
     Row(
         "wrong content type",
         "/embed",
-        422,
-        "validation",
+        400,
+        "malformed",
         ("Content-Type", "application/json"),
         content=b'{"inputs": "a"}',
         headers={"content-type": "text/plain"},
@@ -31,8 +31,8 @@ ROWS = [
     Row(
         "no content type",
         "/embed",
-        422,
-        "validation",
+        400,
+        "malformed",
         ("Content-Type", "application/json"),
         content=b'{"inputs": "a"}',
         headers={},
@@ -45,7 +45,7 @@ ROWS = [
         ("larger than the limit of 2097152 bytes",),
         content=b'{"inputs": "' + b"a" * (2 << 20) + b'"}',
     ),
-    Row("invalid UTF-8 bytes", "/embed", 422, "validation", ("UTF-8",), content=b'{"inputs": "\xff\xfe"}'),
+    Row("invalid UTF-8 bytes", "/embed", 400, "malformed", ("UTF-8",), content=b'{"inputs": "\xff\xfe"}'),
     Row(
         "lone surrogate",
         "/embed",
@@ -67,16 +67,16 @@ ROWS = [
     Row(
         "integer of 5000 digits",
         "/fill-mask",
-        422,
-        "validation",
+        400,
+        "malformed",
         (),
         content=b'{"inputs": "[MASK]", "top_k": ' + b"9" * 5000 + b"}",
     ),
     Row(
         "deep nesting",
         "/embed",
-        422,
-        "validation",
+        400,
+        "malformed",
         ("nests", "deeper than the JSON parser reads"),
         content=b'{"inputs": ' + b"[" * 5_000 + b"}",
         absent=("UTF-8",),
