@@ -3,6 +3,25 @@ layer (:mod:`app.api.errors`) holds the one table that turns each type into a st
 
 from __future__ import annotations
 
+from typing import Any
+
+# What a JSON value was, in JSON's words: how the API's field errors, and the bulk job's row errors,
+# name what was sent ("inputs[3] must be a string, not a number").
+JSON_KINDS: dict[type, str] = {
+    type(None): "null",
+    list: "an array",
+    dict: "an object",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "a boolean",
+}
+
+
+def json_kind(value: Any) -> str:
+    """``value``'s kind in JSON's words (:data:`JSON_KINDS`)."""
+    return JSON_KINDS.get(type(value), "something else")
+
 
 class ServiceError(Exception):
     """Base of every error the service answers with; the subclass picks the row of the table."""

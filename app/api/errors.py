@@ -38,6 +38,7 @@ from app.errors import (
     Unauthorized,
     Unsupported,
     ValidationFailed,
+    json_kind,
 )
 
 log = logging.getLogger(__name__)
@@ -190,17 +191,6 @@ def openapi_responses(*errors: type[ServiceError], openai: bool = False) -> dict
 _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "tuple", "body"}) | UNION_TAGS
 
 
-# What a JSON value was, in JSON's words.
-_JSON_KINDS: dict[type, str] = {
-    type(None): "null",
-    list: "an array",
-    dict: "an object",
-    str: "a string",
-    int: "a number",
-    float: "a number",
-    bool: "a boolean",
-}
-
 # pydantic's type errors, as what the field must be.
 _MUST_BE: dict[str, str] = {
     "string_type": "a string",
@@ -228,10 +218,6 @@ def _reworded(message: str) -> str:
     for old, new in _REWORDED:
         message = message.replace(old, new)
     return message
-
-
-def json_kind(value: Any) -> str:
-    return _JSON_KINDS.get(type(value), "something else")
 
 
 def field_path(loc: Sequence[Any]) -> str:

@@ -25,6 +25,8 @@ from typing import IO, Literal, cast
 
 import orjson
 
+from app.errors import json_kind
+
 Format = Literal["jsonl", "parquet", "csv", "tsv", "text"]
 FORMATS: tuple[Format, ...] = ("jsonl", "parquet", "csv", "tsv", "text")
 # File name endings by format; ``.gz`` of each line format too.
@@ -225,7 +227,7 @@ def _jsonl(file: InputFile, fields: Fields, block_rows: int) -> Iterator[Rows]:
         except orjson.JSONDecodeError as exc:
             raise InputError(f"{file.path} line {n}: not JSON: {exc}") from None
         if not isinstance(obj, dict):
-            raise InputError(f"{file.path} line {n}: a row must be a JSON object, not {_kind(obj)}")
+            raise InputError(f"{file.path} line {n}: a row must be a JSON object, not {json_kind(obj)}")
         _add(rows, f"{file.name}:{n}", obj.get(fields.text, _MISSING), obj, fields)
 
     return _blocks(file, block_rows, add)
@@ -319,22 +321,6 @@ def _batches(file: InputFile, fields: Fields, batches: Iterator[object], first_n
 
 _MISSING = object()
 
-# What a JSON value was, in JSON's words, as the HTTP API's field errors say it (app.api.errors, which
-# this module does not import: it would cost every Ray read task FastAPI's import; a test compares them).
-_KINDS: dict[type, str] = {
-    type(None): "null",
-    list: "an array",
-    dict: "an object",
-    str: "a string",
-    int: "a number",
-    float: "a number",
-    bool: "a boolean",
-}
-
-
-def _kind(value: object) -> str:
-    return _KINDS.get(type(value), "something else")
-
 
 def field_problem(name: str, value: object, integers: bool = False) -> str | None:
     """What is wrong with a row's field ``name`` holding ``value``, as the HTTP API says it of a request
@@ -344,7 +330,7 @@ def field_problem(name: str, value: object, integers: bool = False) -> str | Non
         return f"{name} is required"
     if type(value) is str or (integers and type(value) is int):
         return None
-    return f"{name} must be {'a string or an integer' if integers else 'a string'}, not {_kind(value)}"
+    return f"{name} must be {'a string or an integer' if integers else 'a string'}, not {json_kind(value)}"
 
 
 def _add(rows: Rows, source: str, text: object, row: dict[str, object], fields: Fields) -> None:

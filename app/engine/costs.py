@@ -197,9 +197,13 @@ class Refitter:
         predicted = self.model.cost(size, length)
         miss = abs(predicted / seconds - 1)
         self._error = miss if self._error is None else self._error + 0.05 * (miss - self._error)
-        row = _rows(np.array(float(size)), np.array(float(length)), np.array(seconds))
-        self._gram = self._keep * self._gram + np.outer(row, row)
-        self._moment = self._keep * self._moment + row
+        # _rows of one batch, written out: a numpy call costs microseconds, and this runs per batch.
+        b, s = float(size), float(length)
+        row = np.array((1.0, b, b * s, b * s * s)) / seconds
+        self._gram *= self._keep
+        self._gram += np.outer(row, row)
+        self._moment *= self._keep
+        self._moment += row
         self._served += 1
         if self._served % self.EVERY:
             return None

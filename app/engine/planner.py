@@ -51,11 +51,24 @@ class Planner:
         self.max_batch_size = max_batch_size
         self.max_batch_tokens = max_batch_tokens
         self._sizes = np.arange(1, max_batch_size + 1)[None, :]
+        # Per length 0, 1, 2, …: what a sequence adds to a batch, how many one batch may hold, and its
+        # worth; looked up, not computed, per plan (a plan is a few dozen numpy calls on small arrays,
+        # each a microsecond or more), and grown when a longer length comes.
+        self._per = self._fit = self._worth = np.zeros(0)
+        self._grow(512)
+
+    def _grow(self, longest: int) -> None:
+        n = max(longest + 1, 2 * len(self._per))
+        lengths = np.arange(n)
+        self._per = self.model.per_sequence(lengths)
+        self._fit = np.clip(self.max_batch_tokens // np.maximum(lengths, 1), 1, self.max_batch_size)
+        self._worth = self.model.a / self._fit + self._per
 
     def worth(self, lengths: np.ndarray) -> np.ndarray:
         """What a sequence of each length costs in the best batch the limits allow it (the model's unit)."""
-        best = np.clip(self.max_batch_tokens // np.maximum(lengths, 1), 1, self.max_batch_size)
-        return self.model.a / best + self.model.per_sequence(lengths)
+        if int(lengths.max()) >= len(self._worth):
+            self._grow(int(lengths.max()))
+        return self._worth[lengths]
 
     def full_batch_cost(self, length: float) -> float:
         """What a full batch of sequences of ``length`` costs: as many as the limits allow."""
@@ -75,21 +88,22 @@ class Planner:
         Raises:
             InternalError: no window is allowed (cannot happen: one sequence alone always is).
         """
+        if int(lengths[-1]) >= len(self._per):  # lengths are sorted
+            self._grow(int(lengths[-1]))
         ends = np.cumsum(counts)  # exclusive end of each length's run in the sorted sequence
         width = min(self.max_batch_size, int(ends[-1]))  # no window holds more than is pending
         sizes = self._sizes[:, :width]
         starts = ends[:, None] - sizes  # first sequence of each (top, size) window
-        valid = starts >= 0
+        # Within what is pending, and within the token limit (a single sequence always fits).
+        valid = (starts >= 0) & (sizes <= self._fit[lengths][:, None])
         starts = np.maximum(starts, 0)
         run = np.searchsorted(ends, starts, side="right")  # the length run each window starts in
-        cost = self.model.a + sizes * self.model.per_sequence(lengths)[:, None]
-        single = sizes == 1
-        valid &= (sizes * lengths[:, None] <= self.max_batch_tokens) | single
+        cost = self.model.a + sizes * self._per[lengths][:, None]
         if cap is not None:
-            valid &= (cost <= cap) | single
+            valid &= (cost <= cap) | (sizes == 1)
         if anchor is not None:
             valid &= (np.arange(len(lengths))[:, None] >= anchor) & (starts < ends[anchor])
-        worth = self.worth(lengths)
+        worth = self._worth[lengths]
         total = np.cumsum(worth * counts)
         # Worth of every run after the starting one up to the top, and the starting run's share.
         useful = total[:, None] - total[run] + (ends[run] - starts) * worth[run]

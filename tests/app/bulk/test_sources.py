@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from app.api.errors import json_kind
+from app.errors import json_kind
 from app.bulk import sources
 from app.bulk.sources import Fields, InputError, count_rows, field_problem, find_inputs, read
 
