@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from app.errors import json_kind
 from app.bulk import sources
 from app.bulk.sources import Fields, InputError, count_rows, field_problem, find_inputs, read
+from app.errors import json_kind
 
 TEXTS = ["你好", "北京是首都", "007 号", "一行,有逗号"]
 
