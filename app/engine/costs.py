@@ -130,6 +130,14 @@ def _solve(gram: np.ndarray, moment: np.ndarray, attention: bool) -> tuple[float
     """Non-negative least squares from the normal equations (``gram`` = RᵀR, ``moment`` = Rᵀ1) by trying
     every subset of the four terms: a negative coefficient would make some batch cost less than nothing,
     or a longer one cost less. ``attention`` False leaves ``d`` at 0."""
+    terms = 4 if attention else 3
+    try:  # the fit of every term: where it is non-negative, no subset fits better (the usual case)
+        full = np.linalg.solve(gram[:terms, :terms], moment[:terms])
+    except np.linalg.LinAlgError:
+        full = None
+    if full is not None and not (full < 0).any():
+        a, b, c, *rest = (float(x) for x in full)
+        return a, b, c, rest[0] if rest else 0.0
     best: tuple[float, np.ndarray] | None = None
     for used in itertools.product((False, True), repeat=4):
         columns = [i for i, on in enumerate(used) if on]
@@ -187,6 +195,9 @@ class Refitter:
         self._gram = np.zeros((4, 4))
         self._moment = np.zeros(4)
         self._keep = 0.5 ** (1 / self.HALF_LIFE)
+        # The batches since the last refit, (B, S, seconds): folded into the sums at the refit, in one
+        # numpy pass (per batch, numpy's per-call cost was most of what the refit cost the inference thread).
+        self._pending: list[tuple[float, float, float]] = []
         self._served = 0
         self._error: float | None = None
 
@@ -197,19 +208,24 @@ class Refitter:
         predicted = self.model.cost(size, length)
         miss = abs(predicted / seconds - 1)
         self._error = miss if self._error is None else self._error + 0.05 * (miss - self._error)
-        # _rows of one batch, written out: a numpy call costs microseconds, and this runs per batch.
-        b, s = float(size), float(length)
-        row = np.array((1.0, b, b * s, b * s * s)) / seconds
-        self._gram *= self._keep
-        self._gram += np.outer(row, row)
-        self._moment *= self._keep
-        self._moment += row
+        self._pending.append((float(size), float(length), seconds))
         self._served += 1
         if self._served % self.EVERY:
             return None
+        self._fold()
         a, b, c, d = _solve(self._prior[0] + self._gram, self._prior[1] + self._moment, self._attention)
         self.model = replace(self.model, a=a, b=b, c=c, d=d, served=self._served, served_error=self._error)
         return self.model
+
+    def _fold(self) -> None:
+        """The pending batches into the sums: each fades by :attr:`_keep` per batch served after it."""
+        sizes, lengths, seconds = np.array(self._pending).T
+        self._pending.clear()
+        rows = _rows(sizes, lengths, seconds)
+        weights = self._keep ** np.arange(len(rows) - 1, -1, -1, dtype=np.float64)
+        fade = self._keep ** len(rows)
+        self._gram = fade * self._gram + (rows * weights[:, None]).T @ rows
+        self._moment = fade * self._moment + weights @ rows
 
 
 def grid(max_size: int, max_tokens: int, max_length: int) -> list[tuple[int, int]]:

@@ -105,7 +105,7 @@ class Inference:
             seconds,
             finished.cpu_s,
             finished.started_at - np.fromiter((item.enqueued_at for item in live), np.float64, len(live)),
-            np.fromiter((item.job.urgency for item in live), np.int64, len(live)),
+            [item.job.urgency for item in live],
         )
         try:
             done = split_batch(finished)

@@ -202,21 +202,22 @@ class Metrics:
         self.padding_tokens.inc(computed_tokens - real_tokens)
 
     def batch_ran(
-        self, seconds: float, cpu_seconds: float, queued: np.ndarray, urgencies: np.ndarray | None = None
+        self, seconds: float, cpu_seconds: float, queued: np.ndarray, urgencies: list[int] | None = None
     ) -> None:
         """One batch's inference time (wall and the running thread's CPU) and how long each of its inputs
         had waited (seconds, one each), by their urgencies (one each; None: all the default)."""
         self.inference_duration.observe(seconds)
         self.inference_cpu.inc(cpu_seconds)
-        if urgencies is None or len(urgencies) == 0:
+        if not urgencies:
             observe_many(self._queued[3], queued)
             return
-        low, high = int(urgencies.min()), int(urgencies.max())
-        if low == high:  # the common case: one urgency in the batch
-            observe_many(self._queued[low], queued)
+        first = urgencies[0]
+        if urgencies.count(first) == len(urgencies):  # the common case: one urgency in the batch
+            observe_many(self._queued[first], queued)
             return
-        for u in np.unique(urgencies).tolist():
-            observe_many(self._queued[u], queued[urgencies == u])
+        each = np.array(urgencies)
+        for u in np.unique(each).tolist():
+            observe_many(self._queued[u], queued[each == u])
 
     def tokenized(self, seconds: float) -> None:
         self.tokenization_duration.observe(seconds)
