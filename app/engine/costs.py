@@ -127,9 +127,10 @@ def _rows(sizes: np.ndarray, lengths: np.ndarray, seconds: np.ndarray) -> np.nda
 
 
 def _solve(gram: np.ndarray, moment: np.ndarray, attention: bool) -> tuple[float, float, float, float]:
-    """Non-negative least squares from the normal equations (``gram`` = RᵀR, ``moment`` = Rᵀ1) by trying
-    every subset of the four terms: a negative coefficient would make some batch cost less than nothing,
-    or a longer one cost less. ``attention`` False leaves ``d`` at 0."""
+    """Non-negative least squares from the normal equations (``gram`` = RᵀR, ``moment`` = Rᵀ1): the fit
+    of every term where it is non-negative, else the best of every subset of the four terms (a negative
+    coefficient would make some batch cost less than nothing, or a longer one cost less). ``attention``
+    False leaves ``d`` at 0."""
     terms = 4 if attention else 3
     try:  # the fit of every term: where it is non-negative, no subset fits better (the usual case)
         full = np.linalg.solve(gram[:terms, :terms], moment[:terms])
@@ -178,7 +179,8 @@ class Refitter:
     The grid's points stay in the fit at a constant weight (:data:`GRID_WEIGHT` batches' worth in all), so
     a term the served batches do not vary (all of one size, say) keeps the grid's value; the served
     batches fade by half every :data:`HALF_LIFE` batches, so the fit follows a machine that gets busier
-    or quieter. Costs a 4-vector outer product per batch and sixteen 4×4 solves every :data:`EVERY`.
+    or quieter. Costs a list append per batch; every :data:`EVERY` batches, one numpy pass folding them
+    in and a 4×4 solve (sixteen where the fit of every term has a negative coefficient).
     """
 
     GRID_WEIGHT = 4.0
