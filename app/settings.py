@@ -65,6 +65,21 @@ class Settings(BaseSettings):
     warmup: bool = Field(
         default=True, description="Run a few batches of typical shapes before /ready turns true."
     )
+    # Every batch allocates and frees its activations; glibc left alone keeps what is freed, and a worker
+    # grew 2-4 MB a minute for as long as it served (app/model/allocator.py, docs/performance.md).
+    mmap_threshold_kb: int = Field(
+        default=128,
+        ge=0,
+        description="Heap blocks of this many KiB or more are mapped on their own and unmapped when freed "
+        "(glibc's M_MMAP_THRESHOLD, fixed); 0 leaves glibc's own rule, which raises it as large blocks are "
+        "freed, so a batch's activations stay in the heap and fragment it.",
+    )
+    memory_trim_batches: int = Field(
+        default=64,
+        ge=0,
+        description="Every this many batches the inference thread gives the heap's free pages back to the "
+        "OS (malloc_trim); 0: never.",
+    )
 
     # --- server --------------------------------------------------------------------------------------
     host: str = Field(default="0.0.0.0", description="Address to listen on.")

@@ -68,7 +68,9 @@ class Engine:
             urgency_aging_ms=settings.urgency_aging_ms,
         )
         self.calibrated = threading.Event()  # set once the queue plans by the cost model it will keep
-        self.inference = Inference(model, self.batcher, self.metrics, tracing, self._calibrate)
+        self.inference = Inference(
+            model, self.batcher, self.metrics, tracing, self._calibrate, settings.memory_trim_batches
+        )
 
     def start(self) -> None:
         self.tokenization.start()

@@ -27,6 +27,7 @@ from app.engine.batching import Batcher
 from app.engine.postprocess import FinishedBatch, split_batch
 from app.engine.work import Job, Sequence
 from app.errors import InternalError
+from app.model import allocator
 from app.model.manifest import HEAD_OUTPUT, POOLER_OUTPUT
 from app.model.runtime import OnnxModel
 from app.telemetry.metrics import Metrics
@@ -51,16 +52,19 @@ class Inference:
         metrics: Metrics,
         tracing: Tracing | None = None,
         calibrate: Callable[[], None] | None = None,
+        trim_every: int = 0,
     ) -> None:
         """``batcher``: where the thread takes its batches from (None: only :meth:`run_batch` is used);
         ``tracing``: where each batch's span goes, linked to its requests' spans (None: tracing off);
-        ``calibrate``: run on the thread before its first batch (the session is its alone then)."""
+        ``calibrate``: run on the thread before its first batch (the session is its alone then);
+        ``trim_every``: batches between two trims of the C heap (:mod:`app.model.allocator`; 0: none)."""
         self.model = model
         self.calibrate = calibrate
         self.metrics = metrics
         self.batcher = batcher
         self.tracing = tracing if tracing is not None and tracing.enabled else None
         self.stats = InferenceStats()
+        self.trimmer = allocator.Trimmer(trim_every)
         self._thread = threading.Thread(target=self._run, name="zhembed-inference", daemon=True)
         self._names = {layer: model.output_name(layer) for layer in range(1, model.num_layers + 1)}
         # (layer, mode) → the graph output with that pooled vector; absent: pooled in numpy.
@@ -86,6 +90,7 @@ class Inference:
             self.calibrate()
         while (batch := self.batcher.next_batch()) is not None:
             self._run_one(batch)
+            self.trimmer.after_batch()
 
     def _run_one(self, batch: list[Sequence]) -> None:
         live = [seq for seq in batch if not seq.job.cancelled]

@@ -6,8 +6,6 @@ says in one log line what it chose and why.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +16,7 @@ from onnxruntime.capi.onnxruntime_pybind11_state import Fail as OrtFail
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidGraph as OrtInvalidGraph
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidProtobuf as OrtInvalidProtobuf
 
+from app.model import allocator
 from app.model.manifest import (
     HEAD_OUTPUT,
     MLM_INPUT,
@@ -226,9 +225,7 @@ def return_freed_memory() -> None:
     but glibc keeps the freed pages: trimming takes the service on the bert-base-chinese twin (int8,
     warm-up off) from 331 MB to 241 MB resident after start (VmRSS).
     """
-    # Not glibc (no libc.so.6 or no malloc_trim): nothing to trim.
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    allocator.trim()
 
 
 def check_model(settings: Settings) -> tuple[Path, Manifest, Choice]:
@@ -269,6 +266,7 @@ def load_model(settings: Settings) -> OnnxModel:
         ManifestError: the model is missing, corrupt, or cannot run with these settings; one message.
     """
     folder, manifest, choice = check_model(settings)
+    allocator.configure(settings.mmap_threshold_kb)  # before the sessions: loading allocates the most
     try:
         model = OnnxModel(folder, manifest, choice, settings.intra_op_threads)
     # InvalidProtobuf: a graph whose bytes are not ONNX at all (its sha256 may still match a bad export).

@@ -1,0 +1,236 @@
+"""Where a worker's memory goes: the service's engine under load, one child process per allocator setting.
+
+    python -m loadtest.memory                                  # the int8 twin, every variant, 3,000 requests
+    python -m loadtest.memory --variants default,trim-off --requests 6000 --parallel 1
+
+Each variant runs in a process of its own (so that environment variables reach glibc at its start), built
+as a worker builds its service (:mod:`loadtest.engine_path`: engine, tokenisation and inference threads,
+cache off, one intra-op thread each unless ``--threads``), and closed-loop clients as asyncio tasks send
+requests of 1 to ``--max-texts`` benchmark-corpus texts (each text numbered, so no two are alike). Every
+``--step`` requests it reads the process's private memory (USS, /proc/self/smaps_rollup). The table: USS after warm-up
+(the first step), at the middle and at the end, the most seen, the growth from the first step to the end,
+and requests/s (``--parallel`` variants share the cores, so compare rates within one run only).
+
+The variants:
+
+- ``default``: the service as it ships (:mod:`app.model.allocator`: a fixed mmap threshold and a trim
+  every 64 batches);
+- ``trim-off``: glibc as it comes (no ``mallopt``, no trims);
+- ``mmap-only`` / ``trim-only``: one of the two remedies;
+- ``mmap-env``: ``trim-off`` plus ``MALLOC_MMAP_THRESHOLD_=131072`` in the environment;
+- ``arena-off``: ``default`` with ONNX Runtime's CPU arena off;
+- ``arena-shrink``: ``default`` with the arena shrunk (``memory.enable_memory_arena_shrinkage``) at the end
+  of every 64th run.
+
+A benchmark, not a test: its numbers depend on the machine and on how long it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+OFF = {"ZHEMBED_MEMORY_TRIM_BATCHES": "0", "ZHEMBED_MMAP_THRESHOLD_KB": "0"}
+VARIANTS: dict[str, dict[str, str]] = {
+    "default": {},
+    "trim-off": OFF,
+    "mmap-only": {"ZHEMBED_MEMORY_TRIM_BATCHES": "0"},
+    "trim-only": {"ZHEMBED_MMAP_THRESHOLD_KB": "0"},
+    "mmap-env": {**OFF, "MALLOC_MMAP_THRESHOLD_": "131072"},
+    "arena-off": {"LAB_ARENA_OFF": "1"},
+    "arena-shrink": {"LAB_SHRINK_EVERY": "64"},
+}
+
+
+def uss_mb() -> float:
+    """This process's private memory (USS: what it alone holds; PSS would also move with what the
+    processes sharing its libraries do)."""
+    kb = 0
+    for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
+        if line.startswith(("Private_Clean:", "Private_Dirty:")):
+            kb += int(line.split()[1])
+    return kb / 1024
+
+
+def uss_by_kind() -> dict[str, float]:
+    """Private memory in MB by kind of mapping (/proc/self/smaps): ``heap`` (glibc's main arena), ``anon`` (mmap'd
+    blocks, other threads' arenas, ONNX Runtime's own), ``files`` (libraries, the graphs) and ``other``."""
+    kinds: dict[str, float] = {"heap": 0.0, "anon": 0.0, "files": 0.0, "other": 0.0}  # private, MB
+    kind = "other"
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split(maxsplit=5)
+        if len(head) >= 5 and "-" in head[0] and ":" not in head[0]:
+            name = head[5].strip() if len(head) == 6 else ""
+            kind = (
+                "heap" if name == "[heap]" else "anon" if not name else "other" if name[0] == "[" else "files"
+            )
+        elif line.startswith(("Private_Clean:", "Private_Dirty:")):
+            kinds[kind] += int(line.split()[1]) / 1024
+    return kinds
+
+
+async def child(args: argparse.Namespace) -> dict[str, Any]:
+    """One variant in this process: the readings as a dict."""
+    from app.cache.vectors import VectorCache
+    from app.engine.engine import Engine
+    from app.model import runtime
+    from app.model.runtime import load_model
+    from app.settings import Settings
+    from app.tasks.options import EmbedOptions
+    from app.tasks.service import Service
+    from app.telemetry.metrics import Metrics
+    from loadtest.corpus import load_corpus, unique_texts
+
+    if os.environ.get("LAB_ARENA_OFF"):
+        plain = runtime.session_options
+
+        def no_arena(provider: str, intra_op_threads: int = 0) -> Any:
+            options = plain(provider, intra_op_threads)
+            options.enable_cpu_mem_arena = False
+            return options
+
+        runtime.session_options = no_arena  # type: ignore[assignment]
+    if every := int(os.environ.get("LAB_SHRINK_EVERY", "0")):
+        import onnxruntime as ort
+
+        shrink = ort.RunOptions()
+        shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+        runs = iter(range(1, sys.maxsize))
+
+        def encode(self: Any, input_ids: Any, attention_mask: Any, outputs: Any, types: Any = None) -> Any:
+            feed = {
+                "input_ids": input_ids,
+                "attention_mask": attention_mask,
+                "token_type_ids": types if types is not None else np.zeros_like(input_ids),
+            }
+            return list(self._encoder.run(outputs, feed, shrink if next(runs) % every == 0 else None))
+
+        runtime.OnnxModel.encode = encode  # type: ignore[method-assign]
+    settings = Settings(
+        model=str(args.model),
+        variant=args.variant,
+        cache_bytes=0,
+        intra_op_threads=args.threads,
+        max_concurrent_inputs=100_000,
+    )
+    metrics = Metrics()
+    engine = Engine(load_model(settings), settings, metrics)
+    engine.start()
+    await engine.wait_calibrated()
+    service = Service(settings, engine.model, engine, VectorCache(None, None, metrics), metrics)
+    service.ready = True
+    corpus = load_corpus()
+    rng = random.Random(args.seed)
+    counter = iter(range(10_000_000))
+    sent = 0
+    readings: list[tuple[int, float]] = []
+    kinds: list[dict[str, float]] = []
+    started = time.perf_counter()
+
+    async def client() -> None:
+        nonlocal sent
+        while sent < args.requests:
+            sent += 1
+            texts = unique_texts(corpus, next(counter) * args.max_texts, rng.randint(1, args.max_texts))
+            await service.embeddings.embed(texts, EmbedOptions())
+            if sent % args.step == 0:
+                readings.append((sent, uss_mb()))
+                if len(readings) == 1:
+                    kinds.append(uss_by_kind())
+
+    try:
+        await asyncio.gather(*(client() for _ in range(args.clients)))
+    finally:
+        engine.stop()
+    kinds.append(uss_by_kind())
+    return {
+        "growth_by_kind": {k: kinds[-1][k] - kinds[0][k] for k in kinds[0]},
+        "readings": readings,
+        "seconds": time.perf_counter() - started,
+        "batches": engine.batcher.stats.batches,
+        "trim_ms": 1000 * engine.inference.trimmer.seconds / max(engine.inference.trimmer.trims, 1),
+    }
+
+
+def summary(name: str, result: dict[str, Any], requests: int) -> str:
+    uss = [mb for _, mb in result["readings"]]
+    first, middle, last = uss[0], uss[len(uss) // 2], uss[-1]
+    return (
+        f"{name:<11}{first:>9.1f}{middle:>9.1f}{last:>9.1f}{max(uss):>9.1f}"
+        f"{(last - first) / first:>+9.1%}{requests / result['seconds']:>9.1f}{result['batches']:>9}"
+        f"{result['trim_ms']:>9.2f}  "
+        + " ".join(f"{k} {v:+.1f}" for k, v in result["growth_by_kind"].items())
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtest.memory", description=__doc__)
+    p.add_argument("--model", type=Path, default=Path("models/bert-base-chinese-twin"))
+    p.add_argument("--variant", default="int8")
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--requests", type=int, default=3000)
+    p.add_argument("--step", type=int, default=250)
+    p.add_argument("--clients", type=int, default=16)
+    p.add_argument("--max-texts", type=int, default=8)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--parallel", type=int, default=2, help="variants run at once")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        print(json.dumps(asyncio.run(child(args))))
+        return 0
+    names = args.variants.split(",")
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        p.error(f"unknown variants {unknown}; known: {list(VARIANTS)}")
+    base = [
+        f"--{k.replace('_', '-')}={v}"
+        for k, v in vars(args).items()
+        if k not in ("variants", "parallel", "json", "child")
+    ]
+    results: dict[str, dict[str, Any]] = {}
+    print(
+        f"{args.model} ({args.variant}), {args.requests} requests of 1-{args.max_texts} texts, "
+        f"{args.clients} clients, {args.threads} thread(s) each, {args.parallel} variant(s) at a time"
+    )
+    print(
+        f"{'variant':<11}{'USS 1st':>9}{'middle':>9}{'end':>9}{'max':>9}{'growth':>9}{'req/s':>9}{'batches':>9}{'trim ms':>9}"
+    )
+    for i in range(0, len(names), args.parallel):
+        group = names[i : i + args.parallel]
+        running = {
+            n: subprocess.Popen(
+                [sys.executable, "-m", "loadtest.memory", *base, "--child"],
+                env={**os.environ, **VARIANTS[n]},
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for n in group
+        }
+        for n, proc in running.items():
+            out, _ = proc.communicate()
+            if proc.returncode != 0:
+                print(f"{n}: exited {proc.returncode}")
+                continue
+            results[n] = json.loads(out.strip().splitlines()[-1])
+            print(summary(n, results[n], args.requests), flush=True)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
