@@ -5,12 +5,14 @@ replaced with nothing lost, drain, faults; and the supervisor's decisions on the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing as mp
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
@@ -113,6 +115,91 @@ def test_both_workers_serve_and_one_scrape_counts_them_all(two_workers: Server) 
     assert len(served_by) == 2, served_by
 
 
+def worker_pids(proc: subprocess.Popen[str]) -> set[int]:
+    """The worker processes of the supervisor ``proc`` (not multiprocessing's resource tracker)."""
+    pids = {int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()}
+    workers = set()
+    for pid in pids:
+        with contextlib.suppress(FileNotFoundError):  # (one that has just exited)
+            if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text():
+                workers.add(pid)
+    return workers
+
+
+def replacements(url: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "zhembed_worker_replacements_total" and sample.labels["reason"] == "memory"
+    )
+
+
+@pytest.mark.slow
+def test_a_worker_past_the_memory_bound_is_replaced_with_nothing_lost(
+    tiny_model_dir: Path, two_workers: Server
+) -> None:
+    # The bound: just above what a started worker holds (measured on the module's server, before the
+    # other tests' traffic), so that the vectors this traffic leaves in a worker's cache push it over.
+    started = max(memory_bytes(pid) or 0 for pid in worker_pids(two_workers.proc))
+    bound_mb = int(started / MB) + 3
+    server = start_ready(
+        tiny_model_dir, ZHEMBED_WORKER_MAX_MEMORY_MB=str(bound_mb), ZHEMBED_INTRA_OP_THREADS="1"
+    )
+    first = worker_pids(server.proc)
+    statuses: Counter[int | str] = Counter()
+    not_ready: list[int] = []
+    stop = threading.Event()
+
+    def client(index: int) -> None:  # one keep-alive connection at a time, texts never sent before
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            sent = 0
+            while not stop.is_set():
+                body = {"inputs": [f"客户端{index}的第{sent}批第{j}句" for j in range(64)]}
+                sent += 1
+                try:
+                    statuses[http.post("/embed", json=body).status_code] += 1
+                except httpx.HTTPError as exc:  # a lost request
+                    statuses[type(exc).__name__] += 1
+
+    def probe() -> None:
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            while not stop.is_set():
+                if (status := http.get("/ready").status_code) != 200:
+                    not_ready.append(status)
+                stop.wait(0.05)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(6)] + [
+        threading.Thread(target=probe)
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        # Replaced: counted, and the old worker gone while two others serve.
+        def replaced() -> bool:
+            now = worker_pids(server.proc)
+            return replacements(server.url) >= 1 and len(now) == 2 and now != first
+
+        wait_until(lambda: replaced() or server.proc.poll() is not None, seconds=180, every=0.2)
+        assert server.proc.poll() is None
+        wait_until(lambda: statuses[200] >= 20, every=0.1)  # and serving after it
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+        server.proc.send_signal(signal.SIGTERM)
+        output, _ = server.proc.communicate(timeout=60)
+    assert server.proc.returncode == 0, output
+    assert set(statuses) == {200}, statuses
+    assert not_ready == [], not_ready
+    assert f"past the bound of {bound_mb} MB" in output, output
+    assert "retires" in output and "retired: no connection left" in output, output
+    assert "starting another" not in output, output  # replaced, not crashed
+
+
 @pytest.mark.slow
 def test_both_workers_plan_by_one_cost_model_measured_once(two_workers: Server) -> None:
     models: dict[int, dict[str, Any]] = {}
@@ -198,8 +285,7 @@ def _alive(pid: int) -> bool:
 def test_no_worker_outlives_a_killed_supervisor(tiny_model_dir: Path) -> None:
     proc = start_ready(tiny_model_dir, ZHEMBED_WARMUP="false").proc
     try:
-        pids = {int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()}
-        pids = {p for p in pids if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()}
+        pids = worker_pids(proc)
         assert len(pids) == 2, pids
         proc.kill()  # SIGKILL: the supervisor cannot forward anything
         proc.wait(10)
