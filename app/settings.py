@@ -107,6 +107,17 @@ class Settings(BaseSettings):
         description="text lines, or one JSON object per line with one line per request (route, status, "
         "inputs, tokens, timings, trace id; never a text or a key).",
     )
+    # A safety net under the container's memory limit, for memory that grows over days: set it so that
+    # every worker at the bound plus one freshly started worker fit in the limit.
+    worker_max_memory_mb: int = Field(
+        default=0,
+        ge=0,
+        description="Memory bound per worker process in MB (PSS, as /proc/PID/smaps_rollup counts it; host "
+        "memory, not the GPU's); 0 = none. A worker past it is replaced: its replacement starts first, and "
+        "once that is ready the old one stops accepting, serves the connections it holds and exits, so "
+        "no fewer workers serve and no request is refused. With it set, one worker runs under the "
+        'supervisor too. Logged, and counted in zhembed_worker_replacements_total{reason="memory"}.',
+    )
     # Kubernetes: keep drain + grace under terminationGracePeriodSeconds minus the preStop sleep.
     shutdown_drain_s: float = Field(
         default=2.0,

@@ -15,6 +15,11 @@ Then uvicorn closes the listener, waits for the requests still in flight up to t
 and any the kernel had queued but the server had not yet accepted are reset: neither kind was started,
 so a client may retry it on another replica. That is the contract: every request is answered, refused
 with 503, or refused at the TCP level — none is dropped after it was accepted.
+
+A worker that retires (:meth:`Drain.retire`: the supervisor replaced it, :mod:`app.serving.supervisor`)
+refuses nothing: its listener is closed (the other workers accept on the shared socket), and every
+response it still sends carries ``Connection: close``, so each client's next request opens a connection
+that another worker accepts.
 """
 
 from __future__ import annotations
@@ -37,6 +42,10 @@ class Drain:
 
     def __init__(self) -> None:
         self.since: float | None = None  # time.monotonic() of the signal
+        self.retiring = False
+        # Every response closes its connection: while draining or retiring. Kept as one attribute, read
+        # on every response.
+        self.closing = False
 
     @property
     def draining(self) -> bool:
@@ -45,6 +54,11 @@ class Drain:
     def begin(self) -> None:
         if self.since is None:
             self.since = time.monotonic()
+            self.closing = True
+
+    def retire(self) -> None:
+        """Serve on, closing each connection after its response (see the module docstring)."""
+        self.retiring = self.closing = True
 
     def elapsed(self) -> float:
         """Seconds since draining began; 0 when it has not."""
@@ -74,8 +88,9 @@ class DrainMiddleware:
             return
 
         async def closing_send(message: Message) -> None:
-            # A request accepted before the signal that answers after it: its connection closes too.
-            if message["type"] == "http.response.start" and self.drain.draining:
+            # A request accepted before the signal (or the retirement) that answers after it: its
+            # connection closes too.
+            if message["type"] == "http.response.start" and self.drain.closing:
                 message = {**message, "headers": with_close(list(message.get("headers", [])))}
             await send(message)
 

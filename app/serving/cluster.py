@@ -10,7 +10,12 @@ What holds with N > 1, as with one process:
 - **/metrics shows every worker in one scrape**: prometheus-client's multiprocess mode (each worker
   writes its samples to files in a directory of the supervisor's; whichever worker answers the scrape
   reads them all).
-- **/ready is true only when every worker is ready** (a flag per worker in shared memory).
+- **/ready is true only when every serving worker is ready** (a ready flag and a serving flag per slot in
+  shared memory). With ``worker_max_memory_mb`` set there is one slot more than workers, for the
+  replacement of a worker past the bound (:mod:`app.serving.supervisor`): the supervisor marks the
+  replacement serving only once it is ready, and the worker it replaces not serving from then on, so
+  neither the starting replacement nor the retiring worker nor an empty slot turns /ready false.
+- **Each worker's memory** as the supervisor measures it (:mod:`app.serving.memory`), for its gauge.
 - Redis is shared as before; the in-process vector cache is per worker.
 
 Nothing here imports the app or the supervisor: the routes and ``create_app`` read a :class:`Cluster`,
@@ -48,11 +53,27 @@ def first_provider(settings: Settings) -> str:
 
 @dataclass
 class Shared:
-    """What the workers of one server share: their permit counts, ready flags and metrics directory."""
+    """What the workers of one server share, one entry per slot: permit counts, ready flags, serving flags
+    and memory, and the metrics directory."""
 
-    permits: SynchronizedArray[Any]  # ctypes c_longlong per worker
-    ready: SynchronizedArray[Any]  # ctypes c_byte per worker
+    permits: SynchronizedArray[Any]  # ctypes c_longlong per slot
+    ready: SynchronizedArray[Any]  # ctypes c_byte per slot: its worker is warmed up
+    serving: SynchronizedArray[Any]  # ctypes c_byte per slot: its worker counts for /ready (the supervisor's)
+    memory: SynchronizedArray[Any]  # ctypes c_longlong per slot: its worker's bytes, as last measured
     metrics_dir: str
+
+    @classmethod
+    def create(cls, ctx: Any, slots: int, serving: int, metrics_dir: str) -> Shared:
+        """``slots`` slots from multiprocessing context ``ctx``, of which the first ``serving`` serve."""
+        shared = cls(
+            ctx.Array("q", slots),
+            ctx.Array("b", slots),
+            ctx.Array("b", slots),
+            ctx.Array("q", slots),
+            metrics_dir,
+        )
+        shared.serving[:serving] = [1] * serving
+        return shared
 
 
 class SharedLedger:
@@ -79,19 +100,37 @@ class SharedLedger:
 
 
 class Cluster:
-    """One worker's view of the server it belongs to."""
+    """One worker's view of the server it belongs to.
 
-    def __init__(self, shared: Shared, index: int) -> None:
+    ``replacing``: why the supervisor started this worker in place of another (``"memory"``, ``"crash"``),
+    None for one of the first.
+    """
+
+    def __init__(self, shared: Shared, index: int, replacing: str | None = None) -> None:
         self.shared = shared
         self.index = index
-        self.size = len(shared.ready)
+        self.replacing = replacing
         self.ledger = SharedLedger(shared.permits, index)
+
+    @property
+    def size(self) -> int:
+        """The workers serving (a starting replacement and a retiring worker do not count)."""
+        return sum(self.shared.serving[:])
 
     def set_ready(self, ready: bool) -> None:
         self.shared.ready[self.index] = int(ready)
 
     def ready_count(self) -> int:
-        return sum(self.shared.ready[:])
+        """The serving workers that are ready."""
+        return sum(1 for r, s in zip(self.shared.ready[:], self.shared.serving[:], strict=True) if r and s)
 
     def all_ready(self) -> bool:
-        return self.ready_count() == self.size
+        # Serving flags before ready flags: the supervisor marks a replacement serving only once it is
+        # ready and unmarks the worker it replaces after that, so every slot read as serving is ready.
+        serving = self.shared.serving[:]
+        ready = self.shared.ready[:]
+        return all(r for r, s in zip(ready, serving, strict=True) if s)
+
+    def memory_bytes(self) -> int:
+        """This worker's memory as the supervisor last measured it (0 before its first measurement)."""
+        return int(self.shared.memory[self.index])

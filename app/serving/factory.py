@@ -38,6 +38,7 @@ from app.cache.vectors import VectorCache
 from app.engine.engine import Engine
 from app.model.runtime import OnnxModel, load_model
 from app.serving.cluster import Cluster
+from app.serving.memory import memory_bytes
 from app.settings import Settings, SettingsError
 from app.tasks.service import Service
 from app.telemetry.metrics import Metrics
@@ -86,6 +87,7 @@ def create_app(
             queue_depth=engine.batcher.depth_of,
             in_flight=lambda: engine.admission.in_use,
             cache_bytes=lambda: cache.memory.bytes if cache.memory is not None else 0,
+            memory_bytes=cluster.memory_bytes if cluster is not None else _own_memory,
         )
         app.state.service = service
         rpc = None
@@ -195,8 +197,15 @@ async def _warm(service: Service, warmup: bool, metrics: Metrics, cluster: Clust
     service.ready = True
     metrics.ready(True)
     if cluster is not None:
-        cluster.set_ready(True)
+        if cluster.replacing is not None:  # counted here: a replacement that dies starting is not one
+            metrics.worker_replaced(cluster.replacing)
+        cluster.set_ready(True)  # after the count: the supervisor retires the worker replaced on it
     log.info("ready")
+
+
+def _own_memory() -> float:
+    """This process's memory (one process: no supervisor measures it)."""
+    return float(memory_bytes(os.getpid()) or 0)
 
 
 # Allocations between young-generation collections (CPython's default is 700). A request allocates a few

@@ -1,6 +1,7 @@
 """``python -m app``: check the model (refusing to start with one clear message if it cannot), then serve
-it from one process or from ``--workers`` processes behind the one port (:mod:`app.serving.supervisor`), and shut
-down gracefully on SIGTERM or SIGINT (:mod:`app.serving.server`).
+it from one process or from ``--workers`` processes behind the one port (:mod:`app.serving.supervisor`,
+also for one worker when ``worker_max_memory_mb`` bounds it), and shut down gracefully on SIGTERM or
+SIGINT (:mod:`app.serving.server`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings.api_key_values()  # an unreadable keys file stops us before the model loads
         count = resolve_count(settings)
-        if count > 1:
+        # A bound on each worker's memory needs a supervisor to start the replacement, with one worker too.
+        if count > 1 or settings.worker_max_memory_mb:
             folder, _, _ = check_model(settings)  # exported once, verified once, before any worker starts
             return supervisor.serve(settings.model_copy(update={"model": str(folder)}), count)
         model = load_model(settings)

@@ -4,12 +4,22 @@ Shutdown: the signal begins the drain (:mod:`app.api.drain`: readiness false, ne
 accepted ones go on); after ``shutdown_drain_s`` the listener closes, the requests still in flight get
 the rest of ``shutdown_grace_s`` to finish, the lifespan stops the engine, and the process exits 0.
 A second signal stops waiting for the drain.
+
+Retirement (a worker of several, on SIGUSR1 from its supervisor, once the worker replacing it is ready:
+:mod:`app.serving.supervisor`): the worker closes its copy of the listening socket (the other workers
+go on accepting on theirs), answers every request on the connections it holds, each response with
+``Connection: close`` (:mod:`app.api.drain`), and shuts down as after a drain once it holds no
+connection, or after ``shutdown_grace_s`` at most of waiting for them. Nothing is refused with 503.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
 from types import FrameType
 
 import uvicorn
@@ -28,11 +38,32 @@ class DrainingServer(uvicorn.Server):
     so the process dies by it (exit 143) rather than exiting 0; this class does neither.
     """
 
-    def __init__(self, config: uvicorn.Config, drain: Drain, drain_s: float) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        drain: Drain,
+        drain_s: float,
+        retire_s: float | None = None,
+        on_retire: Callable[[], None] = lambda: None,
+    ) -> None:
+        """``retire_s``: with it, SIGUSR1 retires this worker (see the module docstring), waiting this long
+        at most for its connections; ``on_retire`` runs once when the retirement begins."""
         super().__init__(config)
         self.drain = drain
         self.drain_s = drain_s
+        self.retire_s = retire_s
+        self.on_retire = on_retire
         self._announced = False
+        self._retire_asked = False
+        self._retiring_since: float | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.retire_s is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGUSR1, self._ask_retire)
+
+    def _ask_retire(self, sig: int, frame: FrameType | None) -> None:
+        self._retire_asked = True  # a signal handler: a plain store; on_tick does the rest
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Runs in a signal handler: only plain stores here, the logging happens in on_tick.
@@ -53,7 +84,35 @@ class DrainingServer(uvicorn.Server):
             )
         if self.drain.draining and self.drain.elapsed() >= self.drain_s:
             self.should_exit = True
+        if self._retire_asked:
+            self._retire()
         return await super().on_tick(counter)
+
+    def _retire(self) -> None:
+        connections = self.server_state.connections
+        if self._retiring_since is None:
+            self._retiring_since = time.monotonic()
+            for server in self.servers:  # this process's copy of the listener; the others keep theirs
+                server.close()
+            self.drain.retire()
+            self.on_retire()
+            log.info(
+                "retiring: the listener is closed; the %d connections held are served, each closed after "
+                "its next response",
+                len(connections),
+            )
+        if self.should_exit:
+            return
+        waited = time.monotonic() - self._retiring_since
+        assert self.retire_s is not None  # (only asked for when set)
+        if not connections:
+            log.info("retired: no connection left after %.1f s", waited)
+            self.should_exit = True
+        elif waited >= self.retire_s:
+            log.warning(
+                "retired: %d connections still open after %.1f s are closed", len(connections), waited
+            )
+            self.should_exit = True
 
 
 def http_server(app: FastAPI, settings: Settings) -> DrainingServer:
@@ -73,4 +132,11 @@ def http_server(app: FastAPI, settings: Settings) -> DrainingServer:
         # What is left of the grace period once the drain is over: the requests in flight get that long.
         timeout_graceful_shutdown=max(int(settings.shutdown_grace_s - settings.shutdown_drain_s), 1),
     )
-    return DrainingServer(config, app.state.drain, settings.shutdown_drain_s)
+    worker = app.state.cluster is not None  # one of several, which its supervisor may retire
+    return DrainingServer(
+        config,
+        app.state.drain,
+        settings.shutdown_drain_s,
+        retire_s=settings.shutdown_grace_s if worker else None,
+        on_retire=lambda: app.state.metrics.ready(False),
+    )

@@ -51,6 +51,8 @@ BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 BATCH_TOKENS_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 
 TIERS = ("memory", "redis")
+# Why the supervisor started a worker in place of another (app.serving.supervisor).
+REPLACEMENT_REASONS = ("memory", "crash")
 # Request urgencies (RFC 9218's 0 … 7; app.engine.priority): the bounded label set of the urgency metrics.
 URGENCY_LABELS = tuple(str(u) for u in range(8))
 
@@ -166,6 +168,23 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+        self.worker_replacements = Counter(
+            PREFIX + "worker_replacements",
+            "Workers that took another's place and got ready, by reason: memory (the other passed "
+            "worker-max-memory-mb and retired once this one was ready) or crash (the other exited on its "
+            "own). Counted by the replacement.",
+            ["reason"],
+            registry=r,
+        )
+        self.worker_memory = Gauge(
+            PREFIX + "worker_memory_bytes",
+            "Memory of each worker process: PSS, or RSS where the kernel has no PSS. With workers, as the "
+            "supervisor measures it every 2 s (labelled by pid); with one process, at scrape time.",
+            registry=r,
+            multiprocess_mode="liveall",
+        )
+        for reason in REPLACEMENT_REASONS:
+            self.worker_replacements.labels(reason)
         for tier in TIERS:  # so every series exists from the first scrape
             self.cache_hits.labels(tier)
             self.cache_misses.labels(tier)
@@ -236,13 +255,15 @@ class Metrics:
         queue_depth: Callable[[int], float],
         in_flight: Callable[[], float],
         cache_bytes: Callable[[], float],
+        memory_bytes: Callable[[], float],
     ) -> None:
-        """Gauges read from the engine and the cache: at scrape time, or by :meth:`refresh` with workers.
-        ``queue_depth`` takes an urgency (0 … 7)."""
+        """Gauges read from the engine, the cache and the process: at scrape time, or by :meth:`refresh`
+        with workers. ``queue_depth`` takes an urgency (0 … 7)."""
         self._watched = {
             **{gauge: partial(queue_depth, u) for u, gauge in enumerate(self._depths)},
             self.inputs_in_flight: in_flight,
             self.cache_bytes: cache_bytes,
+            self.worker_memory: memory_bytes,
         }
         if self.multiprocess_dir is None:
             for gauge, read in self._watched.items():
@@ -255,6 +276,9 @@ class Metrics:
 
     def ready(self, ready: bool) -> None:
         self.workers_ready.set(int(ready))
+
+    def worker_replaced(self, reason: str) -> None:
+        self.worker_replacements.labels(reason).inc()
 
     def set_model(self, model: str, variant: str, provider: str, weights: str) -> None:
         if self.multiprocess_dir is None:  # (one model per process: nothing to clear with workers)

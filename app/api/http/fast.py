@@ -19,7 +19,7 @@ order, and calls the same route function:
 5. the route function, with the service; typed errors through the one error table, anything else a
    logged server fault (500); a client that leaves gets its work cancelled (499, ``client_closed``);
 6. the answer sent as two ASGI messages (the route's prebuilt byte-pair headers), ``connection:
-   close`` added while draining; the request counted by route, status and urgency, its failure by reason, as
+   close`` added while draining or retiring; the request counted by route, status and urgency, its failure by reason, as
    :mod:`app.api.http.request_metrics` counts every other request.
 
 Each layer of the stack costs a coroutine, a closure around ``send`` and a dict or two per request, and
@@ -212,7 +212,7 @@ class DataPath:
             log.exception("server fault on POST %s", scope["path"], exc_info=exc)
             return await self._error(server_fault(), scope, send)
         headers = response.raw_headers
-        if self.drain.draining:  # accepted before the signal, answered after it: the connection closes
+        if self.drain.closing:  # accepted before the signal (or retirement), answered after: it closes
             headers = with_close(headers)
         await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
         await send({"type": "http.response.body", "body": response.body})
@@ -220,7 +220,7 @@ class DataPath:
 
     async def _error(self, exc: ServiceError, scope: Scope, send: Send) -> int:
         # A 413 leaves the rest of the body unread: the connection cannot be reused.
-        close = isinstance(exc, PayloadTooLarge) or self.drain.draining
+        close = isinstance(exc, PayloadTooLarge) or self.drain.closing
         return await send_error(exc, scope, send, [CLOSE] if close else ())
 
     async def _body(self, receive: Receive) -> bytes:

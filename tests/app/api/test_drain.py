@@ -1,4 +1,5 @@
-"""The drain middleware: after the signal, 503 for new work, and every response closes its connection."""
+"""The drain middleware: after the signal, 503 for new work, and every response closes its connection;
+while a worker retires, every response closes its connection and nothing is refused."""
 
 from __future__ import annotations
 
@@ -67,3 +68,13 @@ def test_a_request_accepted_before_the_signal_finishes_and_closes_its_connection
     assert status == 200 and body == {"ok": True}
     assert headers[b"connection"] == b"close"
     assert drain.draining and drain.elapsed() >= 0
+
+
+def test_while_retiring_everything_is_answered_and_every_connection_closes() -> None:
+    drain = Drain()
+    drain.retire()
+    for path in ("/embed", "/ready", "/v1/embeddings", "/health"):
+        status, headers, body = call(drain, path)
+        assert status == 200 and body == {"ok": True}, path
+        assert headers[b"connection"] == b"close", path
+    assert not drain.draining

@@ -48,13 +48,28 @@ def test_the_permit_budget_is_the_servers_not_each_workers() -> None:
 
 
 def test_readiness_needs_every_worker() -> None:
-    ctx = mp.get_context("spawn")
-    shared = Shared(ctx.Array("q", 2), ctx.Array("b", 2), "/nonexistent")
+    shared = Shared.create(mp.get_context("spawn"), 2, 2, "/nonexistent")
     first, second = Cluster(shared, 0), Cluster(shared, 1)
     first.set_ready(True)
     assert not first.all_ready() and not second.all_ready()
     second.set_ready(True)
     assert first.all_ready()
+
+
+def test_readiness_counts_only_serving_slots() -> None:
+    # Two workers and a spare slot: a replacement starting there, then serving in its old one's place.
+    shared = Shared.create(mp.get_context("spawn"), 3, 2, "/nonexistent")
+    first, second, spare = (Cluster(shared, i) for i in range(3))
+    first.set_ready(True)
+    second.set_ready(True)
+    assert first.all_ready() and first.size == 2  # the empty spare slot does not count
+    assert first.ready_count() == 2
+    shared.serving[2], shared.serving[0] = 1, 0  # (the supervisor does this only once it is ready)
+    assert not first.all_ready() and first.ready_count() == 1  # it is not
+    spare.set_ready(True)
+    assert first.all_ready() and spare.size == 2
+    first.set_ready(False)  # the retiring worker shutting down
+    assert second.all_ready()
 
 
 def test_worker_count_auto_is_one_on_cpu_and_four_on_cuda() -> None:
