@@ -161,7 +161,8 @@ class Engine:
 
     async def _wait(self, job: Job) -> Job:
         try:
-            return await job.future
+            await job.future
+            return job
         except asyncio.CancelledError:
             job.cancel()
             self.batcher.poke()

@@ -102,7 +102,9 @@ class Job:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, count: int) -> None:
         self.loop = loop
-        self.future: asyncio.Future[Job] = loop.create_future()
+        # Resolved with None, not the job: a future holding its own job would make every request a reference
+        # cycle, which only the cyclic collector frees, and it runs rarely (docs/performance.md).
+        self.future: asyncio.Future[None] = loop.create_future()
         self.count = count
         self.remaining = count  # changed by the inference thread only (post-processing)
         self.cancelled = False  # a plain store: read by the stage threads, set on the event loop
@@ -134,7 +136,7 @@ class Job:
         """
         self.remaining -= sequences
         if self.remaining == 0:
-            self.loop.call_soon_threadsafe(_set_result, self.future, self)
+            self.loop.call_soon_threadsafe(_set_result, self.future)
 
     def fail(self, exc: BaseException) -> None:
         """Fail the request with ``exc`` (from any thread); later results are ignored."""
@@ -164,11 +166,11 @@ class Sequence:
         self.enqueued_at = enqueued_at or time.perf_counter()
 
 
-def _set_result(future: asyncio.Future[Job], job: Job) -> None:
+def _set_result(future: asyncio.Future[None]) -> None:
     if not future.done():
-        future.set_result(job)
+        future.set_result(None)
 
 
-def _set_exception(future: asyncio.Future[Job], exc: BaseException) -> None:
+def _set_exception(future: asyncio.Future[None], exc: BaseException) -> None:
     if not future.done():
         future.set_exception(exc)
