@@ -1,0 +1,44 @@
+"""Nothing of a request outlives it: its job (and with it the result arrays) is freed by reference counting
+when the answer is sent, on every route that runs the encoder, not left to the rare full collection of
+Python's cycle collector (docs/performance.md, "python -m loadtest.memory")."""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+import httpx
+import pytest
+
+from app.engine.work import Job
+
+REQUESTS = 30
+# A job or two may still be referenced after the last answer (the stage threads' last item).
+LINGERING = 3
+
+ROUTES: list[tuple[str, Any]] = [
+    ("/embed", lambda i: {"inputs": [f"{i} 今天天气很好", f"{i} 我们去公园"]}),
+    ("/v1/embeddings", lambda i: {"input": f"{i} 今天天气很好", "model": "m"}),
+    ("/embed_all", lambda i: {"inputs": f"{i} 今天天气很好"}),
+    ("/similarity", lambda i: {"inputs": {"source_sentence": f"{i} 天气", "sentences": ["好", "坏"]}}),
+    ("/fill-mask", lambda i: {"inputs": f"{i} 今天天气很[MASK]"}),
+]
+
+
+def jobs_alive() -> int:
+    return sum(isinstance(o, Job) for o in gc.get_objects())
+
+
+@pytest.mark.parametrize(("route", "body"), ROUTES, ids=[r for r, _ in ROUTES])
+def test_no_job_outlives_its_request(client: httpx.Client, route: str, body: Any) -> None:
+    gc.collect()
+    gc.disable()  # only reference counting frees anything now
+    try:
+        before = jobs_alive()
+        for i in range(REQUESTS):
+            response = client.post(route, json=body(i))
+            assert response.status_code == 200, response.text
+        after = jobs_alive()
+    finally:
+        gc.enable()
+    assert after - before <= LINGERING
