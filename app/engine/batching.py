@@ -29,6 +29,9 @@ may be busier than at start-up); with the constant model, whose unit is tokens, 
 per token for its budget. While the assembler waits for company, an arrival wakes
 it only when it may change the answer: when the queue may now hold a full batch, or nobody else is coming.
 
+Every time it decides by is read, and every wait done, through a :class:`~app.engine.clock.Clock`
+(real time unless a test hands it a simulated one).
+
 Cost per batch does not grow with the queue: a plan is a few numpy operations over the distinct lengths
 of the class served, and cancelled sequences are swept out only when a request is cancelled.
 """
@@ -36,13 +39,13 @@ of the class served, and cancelled sequences are swept out only when a request i
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from app.engine.clock import Clock
 from app.engine.costs import CostModel, Refitter
 from app.engine.planner import Planner
 from app.engine.priority import URGENCIES
@@ -105,6 +108,7 @@ class Batcher:
         costs: CostModel | None = None,
         max_queue_delay_ms: float | None = None,
         urgency_aging_ms: float = 1000.0,
+        clock: Clock | None = None,
     ) -> None:
         """``capacity`` bounds the pending sequences; admission keeps the engine below it.
 
@@ -112,7 +116,11 @@ class Batcher:
         are, a batch that is not full runs at once instead of waiting ``max_wait_ms`` for nobody.
         ``costs``: the cost model until :meth:`set_costs` (default: the constant, ``overhead_tokens``).
         ``max_queue_delay_ms``: the queue-delay budget; None derives it from the cost model.
+        ``clock``: what it reads the time from and waits through (:mod:`app.engine.clock`; default: real
+        time); the sequences' ``enqueued_at`` must come from it too.
         """
+        self.clock = clock or Clock()
+        self._now = self.clock.now
         self.metrics = metrics
         self.company_expected = company_expected
         self.max_batch_tokens = max_batch_tokens
@@ -173,7 +181,7 @@ class Batcher:
                     f"batch queue over its bound ({self._depth} + {len(sequences)} > {self.capacity}): "
                     "admission should have prevented this"
                 )
-            now = time.perf_counter()
+            now = self._now()
             cls = self._classes[sequences[0].job.urgency]
             if cls.depth == 0:
                 cls.since = now
@@ -231,10 +239,10 @@ class Batcher:
                     return None
                 if self._depth == 0:
                     self._idle = True
-                    self._cond.wait()
+                    self.clock.wait(self._cond, None)
                     self._idle = False
                     continue
-                now = time.perf_counter()
+                now = self._now()
                 group, aged = self._group(now)
                 oldest = min((self._oldest(c) for c in group), key=lambda s: s.enqueued_at)
                 if oldest.job.cancelled:
@@ -253,7 +261,7 @@ class Batcher:
                     break
                 waited = True
                 self._gathering = True
-                self._cond.wait(timeout=remaining)
+                self.clock.wait(self._cond, remaining)
                 self._gathering = False
             batch = self._take(group, self.planner.take(lengths, counts, window), now)
             filled = self._fill(batch, group, int(lengths[window.top]), oldest, now)

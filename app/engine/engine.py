@@ -150,7 +150,7 @@ class Engine:
                 raise InternalError("a plan gave no sequences to run")
             job.context = work.context
             job.expect(len(work.ids))
-            enqueued = time.perf_counter()
+            enqueued = self.batcher.clock.now()
             self.batcher.submit(
                 [Sequence(ids, work.need, job, i, enqueued) for i, ids in enumerate(work.ids)]
             )

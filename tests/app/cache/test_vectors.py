@@ -45,6 +45,30 @@ def test_identical_inputs_in_a_request_are_computed_once_and_exact() -> None:
     assert len(compute.calls) == 1 and np.array_equal(again[0], got[1])
 
 
+class BatchDependentCompute:
+    """Like the engine's mean-pooled vectors: each text's last bits depend on the company it is batched
+    with (here on the call's first text), as docs/api.md says they may."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def __call__(self, texts: list[str]) -> list[np.ndarray]:
+        self.calls += 1
+        bits = np.float32(1 + 1e-7 * len(texts[0]))
+        return [np.full(4, np.float32(len(t)) * bits, dtype=np.float32) for t in texts]
+
+
+def test_the_cache_serves_the_first_answer_thereafter() -> None:
+    cache = VectorCache(MemoryLRU(1 << 20), None, Metrics())
+    compute = BatchDependentCompute()
+    first = asyncio.run(cache.vectors("p:", ["一个更长的同伴", "同一句话"], compute))[1]
+    recomputed = asyncio.run(compute(["同一句话"]))[0]  # alone, as a request without the cache would be
+    assert recomputed.tobytes() != first.tobytes()  # so the next assertion can tell the two apart
+    for company in (["同一句话"], ["同一句话", "另一句"], ["很长很长很长的另一句话", "同一句话"]):
+        got = asyncio.run(cache.vectors("p:", company, compute))[company.index("同一句话")]
+        assert got.tobytes() == first.tobytes(), company
+
+
 def test_concurrent_requests_for_the_same_input_compute_it_once() -> None:
     cache = VectorCache(None, None, Metrics())  # no tiers at all: single-flight still holds
     compute = FakeCompute(delay=0.05)

@@ -1,11 +1,14 @@
 """Batch assembly: grouping by length, the padding-charging budget, waiting for company, cancellation, the
-queue-delay budget, and urgency (interactive first, background fills, capped and aged)."""
+queue-delay budget, and urgency (interactive first, background fills, capped and aged).
+
+Each batcher runs on a simulated clock (:class:`FakeClock`): time moves only where a test moves it, or a
+wait for company runs to its deadline at once, so every decision that depends on time is asserted exactly.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -15,8 +18,11 @@ from app.engine.costs import CostModel
 from app.engine.planner import Planner
 from app.engine.work import Job, Need, Sequence
 from app.telemetry.metrics import Metrics
+from tests.app.engine.fake_clock import FakeClock
 
 LOOP = asyncio.new_event_loop()
+# Shared by the tests' batchers: only differences of its times matter, and it only moves forward.
+CLOCK = FakeClock()
 
 
 def item(length: int, job: Job | None = None, age_s: float = 1.0, urgency: int = 3) -> Sequence:
@@ -28,7 +34,7 @@ def item(length: int, job: Job | None = None, age_s: float = 1.0, urgency: int =
         Need(layers=(1,), pooling="cls"),
         job,
         0,
-        enqueued_at=time.perf_counter() - age_s,  # old enough that no wait applies unless asked
+        enqueued_at=CLOCK.now() - age_s,  # old enough that no wait applies unless asked
     )
 
 
@@ -46,7 +52,7 @@ GPU_LIKE = CostModel(0.003, 0.0, 0.000002, 0.0)
 
 def test_groups_by_length_around_the_oldest() -> None:
     batcher = Batcher(
-        max_batch_tokens=10_000, max_batch_size=3, max_wait_ms=0, capacity=100, metrics=Metrics()
+        max_batch_tokens=10_000, max_batch_size=3, max_wait_ms=0, capacity=100, metrics=Metrics(), clock=CLOCK
     )
     items = [item(n) for n in (50, 10, 52, 11, 49, 12)]
     batcher.submit(items)
@@ -59,7 +65,9 @@ def test_groups_by_length_around_the_oldest() -> None:
 
 
 def test_budget_charges_padding_and_caps_size() -> None:
-    batcher = Batcher(max_batch_tokens=100, max_batch_size=8, max_wait_ms=0, capacity=100, metrics=Metrics())
+    batcher = Batcher(
+        max_batch_tokens=100, max_batch_size=8, max_wait_ms=0, capacity=100, metrics=Metrics(), clock=CLOCK
+    )
     batcher.submit([item(30) for _ in range(5)] + [item(10) for _ in range(20)])
     sizes = []
     while batcher.depth:
@@ -72,7 +80,9 @@ def test_budget_charges_padding_and_caps_size() -> None:
 
 
 def test_an_input_over_the_budget_runs_alone() -> None:
-    batcher = Batcher(max_batch_tokens=50, max_batch_size=8, max_wait_ms=0, capacity=10, metrics=Metrics())
+    batcher = Batcher(
+        max_batch_tokens=50, max_batch_size=8, max_wait_ms=0, capacity=10, metrics=Metrics(), clock=CLOCK
+    )
     batcher.submit([item(128), item(10)])
     batches = [batcher.next_batch(), batcher.next_batch()]
     assert sorted([i.length for i in b] for b in batches if b is not None) == [[10], [128]]
@@ -80,13 +90,20 @@ def test_an_input_over_the_budget_runs_alone() -> None:
 
 def test_waits_for_company_only_when_the_queue_is_nearly_empty() -> None:
     batcher = Batcher(
-        max_batch_tokens=10_000, max_batch_size=4, max_wait_ms=200, capacity=10, metrics=Metrics()
+        max_batch_tokens=10_000,
+        max_batch_size=4,
+        max_wait_ms=200,
+        capacity=10,
+        metrics=Metrics(),
+        clock=CLOCK,
     )
     batcher.submit([item(5, age_s=0)])
-    threading.Timer(0.05, lambda: batcher.submit([item(6, age_s=0)])).start()
+    start = CLOCK.now()
+    CLOCK.at(0.05, lambda: batcher.submit([item(6, age_s=0)]))
     batch = batcher.next_batch()  # waits: one item cannot fill a batch of four; its company arrives
-    assert batch is not None and len(batch) == 2
+    assert batch is not None and sorted(i.length for i in batch) == [5, 6]
     assert batcher.stats.waits == 1
+    assert CLOCK.now() == start + 0.2  # two of four cannot fill it either: it ran at the oldest's 200 ms
 
     batcher.submit([item(5, age_s=0) for _ in range(4)])  # enough work: no wait at all
     batch = batcher.next_batch()
@@ -96,7 +113,7 @@ def test_waits_for_company_only_when_the_queue_is_nearly_empty() -> None:
 
 def test_cancelled_items_are_dropped_before_a_batch_forms() -> None:
     batcher = Batcher(
-        max_batch_tokens=10_000, max_batch_size=8, max_wait_ms=0, capacity=10, metrics=Metrics()
+        max_batch_tokens=10_000, max_batch_size=8, max_wait_ms=0, capacity=10, metrics=Metrics(), clock=CLOCK
     )
     gone = Job(LOOP, 2)
     batcher.submit([item(5, gone), item(5), item(5, gone)])
@@ -107,7 +124,9 @@ def test_cancelled_items_are_dropped_before_a_batch_forms() -> None:
 
 
 def test_queue_is_bounded() -> None:
-    batcher = Batcher(max_batch_tokens=100, max_batch_size=8, max_wait_ms=0, capacity=2, metrics=Metrics())
+    batcher = Batcher(
+        max_batch_tokens=100, max_batch_size=8, max_wait_ms=0, capacity=2, metrics=Metrics(), clock=CLOCK
+    )
     batcher.submit([item(5), item(5)])
     try:
         batcher.submit([item(5)])
@@ -118,14 +137,27 @@ def test_queue_is_bounded() -> None:
 
 
 def test_stop_releases_a_waiting_assembler() -> None:
-    batcher = Batcher(max_batch_tokens=100, max_batch_size=8, max_wait_ms=0, capacity=2, metrics=Metrics())
-    threading.Timer(0.05, batcher.stop).start()
+    batcher = Batcher(
+        max_batch_tokens=100, max_batch_size=8, max_wait_ms=0, capacity=2, metrics=Metrics(), clock=CLOCK
+    )
+    CLOCK.at(0.05, batcher.stop)
     assert batcher.next_batch() is None
+
+
+def test_stop_from_another_thread_releases_the_real_wait() -> None:
+    # Real time (the default clock): the idle assembler blocks in Condition.wait until stop notifies it.
+    batcher = Batcher(max_batch_tokens=100, max_batch_size=8, max_wait_ms=0, capacity=2, metrics=Metrics())
+    result: list[object] = []
+    assembler = threading.Thread(target=lambda: result.append(batcher.next_batch()))
+    assembler.start()
+    batcher.stop()  # before or during its wait: either way it returns None
+    assembler.join(timeout=30)
+    assert not assembler.is_alive() and result == [None]
 
 
 def test_picks_the_most_efficient_window_not_the_oldest() -> None:
     batcher = Batcher(
-        max_batch_tokens=10_000, max_batch_size=3, max_wait_ms=0, capacity=100, metrics=Metrics()
+        max_batch_tokens=10_000, max_batch_size=3, max_wait_ms=0, capacity=100, metrics=Metrics(), clock=CLOCK
     )
     # The oldest (40) has no close neighbours; three 20s make a batch with no padding at all.
     batcher.submit([item(n) for n in (40, 10, 20, 20, 20, 60)])
@@ -141,6 +173,7 @@ def test_an_item_past_its_budget_is_never_passed_over_again() -> None:
         max_wait_ms=0,
         capacity=1000,
         metrics=Metrics(),
+        clock=CLOCK,
         max_queue_delay_ms=40,
     )
     odd = item(97, age_s=0)
@@ -148,10 +181,14 @@ def test_an_item_past_its_budget_is_never_passed_over_again() -> None:
     batcher.submit([item(10), item(10)])
     first = batcher.next_batch()  # within its budget, the odd one out is passed over for a perfect pair
     assert first is not None and odd not in first
-    time.sleep(0.05)  # now past it
+    CLOCK.advance(0.039)  # still within it
     batcher.submit([item(10), item(10)])
     second = batcher.next_batch()
-    assert second is not None and odd in second
+    assert second is not None and odd not in second
+    CLOCK.advance(0.002)  # now past it
+    batcher.submit([item(10), item(10)])
+    third = batcher.next_batch()
+    assert third is not None and odd in third
     assert batcher.stats.overdue == 1
 
 
@@ -162,6 +199,7 @@ def test_the_derived_budget_is_half_a_full_batch_of_the_mean_length_as_batches_r
         max_wait_ms=0,
         capacity=100,
         metrics=Metrics(),
+        clock=CLOCK,
         costs=CPU_LIKE,
     )
     assert batcher.budget_s() == pytest.approx(0.5 * CPU_LIKE.cost(8, 32))  # before any batch: length 32
@@ -172,7 +210,7 @@ def test_the_derived_budget_is_half_a_full_batch_of_the_mean_length_as_batches_r
         0.5 * CPU_LIKE.cost(8, 32) * (1 + 0.2)
     )  # learning, 20% a batch
     constant = Batcher(
-        max_batch_tokens=4096, max_batch_size=8, max_wait_ms=0, capacity=100, metrics=Metrics()
+        max_batch_tokens=4096, max_batch_size=8, max_wait_ms=0, capacity=100, metrics=Metrics(), clock=CLOCK
     )
     assert constant.budget_s() == float("inf")  # tokens, not seconds, until a batch has run
 
@@ -186,6 +224,7 @@ def test_a_short_queue_groups_lengths_on_a_cpu_and_not_on_a_gpu() -> None:
             max_wait_ms=0,
             capacity=100,
             metrics=Metrics(),
+            clock=CLOCK,
             costs=costs,
         )
         batcher.submit([item(n) for n in lengths])
@@ -204,6 +243,7 @@ def test_interactive_work_goes_first() -> None:
         max_wait_ms=0,
         capacity=100,
         metrics=Metrics(),
+        clock=CLOCK,
         costs=CPU_LIKE,
     )
     background = [item(20, urgency=7) for _ in range(8)]
@@ -224,6 +264,7 @@ def test_background_fills_a_batch_as_far_as_the_budget_allows() -> None:
         max_wait_ms=0,
         capacity=100,
         metrics=Metrics(),
+        clock=CLOCK,
         costs=GPU_LIKE,
         max_queue_delay_ms=10,
     )
@@ -239,6 +280,7 @@ def test_background_fills_a_batch_as_far_as_the_budget_allows() -> None:
         max_wait_ms=0,
         capacity=100,
         metrics=Metrics(),
+        clock=CLOCK,
         costs=CPU_LIKE,
         max_queue_delay_ms=100,
     )
@@ -256,6 +298,7 @@ def test_background_batches_are_capped_while_interactive_work_is_about() -> None
         max_wait_ms=0,
         capacity=100,
         metrics=Metrics(),
+        clock=CLOCK,
         costs=CPU_LIKE,
         max_queue_delay_ms=100,
     )
@@ -264,7 +307,7 @@ def test_background_batches_are_capped_while_interactive_work_is_about() -> None
     assert alone is not None and len(alone) == 16  # nobody more urgent seen: a full batch
     batcher.submit([item(20, urgency=7) for _ in range(16)])
     batcher.submit([item(20, age_s=0)])
-    assert len(batcher.next_batch() or []) == 1 + 4  # the interactive one, and 4 × 20 ms of fill
+    assert len(batcher.next_batch() or []) == 1 + 5  # the interactive one, and 5 × 20 ms of fill: 100 ms
     capped = batcher.next_batch()
     assert capped is not None and CPU_LIKE.cost(len(capped), 20) <= 0.100 < CPU_LIKE.cost(len(capped) + 1, 20)
     assert batcher.stats.capped == 1
@@ -277,9 +320,10 @@ def test_background_ages_and_never_starves() -> None:
         max_wait_ms=0,
         capacity=1000,
         metrics=Metrics(),
+        clock=CLOCK,
         costs=CPU_LIKE,
         max_queue_delay_ms=1_000,
-        urgency_aging_ms=5,
+        urgency_aging_ms=7.8125,  # 2**-7 s, and a step of 2**-9 s: exact in binary
     )
     waiting = item(20, urgency=7, age_s=0)
     batcher.submit([waiting])
@@ -291,11 +335,12 @@ def test_background_ages_and_never_starves() -> None:
         if waiting in batch:
             served_after = n
             break
-        time.sleep(0.002)
-    # Four levels from 7 to 3 at 5 ms each: about 20 ms of interactive batches, then its turn.
-    assert served_after is not None and 3 <= served_after < 100
-    assert batcher.stats.aged >= 1
-    assert batcher.stats.capped >= 1  # its batch was held to the budget: interactive work was about
+        CLOCK.advance(2**-9)
+    # Four levels from 7 to 3 at 2**-7 s each: 16 interactive batches 2**-9 s apart, then its turn (at the
+    # same level as the interactive work, and the oldest).
+    assert served_after == 16
+    assert batcher.stats.aged == 1
+    assert batcher.stats.capped == 1  # its batch was held to the budget: interactive work was about
 
 
 def _window_score(

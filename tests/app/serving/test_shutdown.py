@@ -20,12 +20,17 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import orjson
 import pytest
+import uvicorn
+from fastapi import FastAPI
 
+from app.api.drain import Drain
+from app.serving.server import http_server
 from app.settings import Settings
 from tests.app.conftest import free_port
 
@@ -45,14 +50,15 @@ class Subprocess:
         return self.proc.stdout.read()
 
 
-@pytest.fixture(params=[1, 2], ids=["1 worker", "2 workers"])
-def app_process(tiny_model_dir: Path, request: pytest.FixtureRequest) -> Iterator[Subprocess]:
-    """``python -m app`` serving the tiny model, in one process or as two workers behind one port."""
+@contextmanager
+def running_app(model: Path, workers: int, **settings: str) -> Iterator[Subprocess]:
+    """``python -m app`` serving ``model`` with ``workers`` workers behind one port, ready; ``settings``:
+    more ZHEMBED_ variables."""
     port = free_port()
     env = {
         **os.environ,
-        "ZHEMBED_WORKERS": str(request.param),
-        "ZHEMBED_MODEL": str(tiny_model_dir),
+        "ZHEMBED_WORKERS": str(workers),
+        "ZHEMBED_MODEL": str(model),
         "ZHEMBED_VARIANT": "fp32",
         "ZHEMBED_HOST": "127.0.0.1",
         "ZHEMBED_PORT": str(port),
@@ -60,6 +66,7 @@ def app_process(tiny_model_dir: Path, request: pytest.FixtureRequest) -> Iterato
         "ZHEMBED_CACHE_BYTES": "0",
         "ZHEMBED_SHUTDOWN_DRAIN_S": str(DRAIN_S),
         "ZHEMBED_SHUTDOWN_GRACE_S": str(GRACE_S),
+        **settings,
     }
     proc = subprocess.Popen(
         [sys.executable, "-m", "app"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -83,19 +90,34 @@ def app_process(tiny_model_dir: Path, request: pytest.FixtureRequest) -> Iterato
             proc.wait(timeout=10)
 
 
-def open_slow_request(port: int, body: bytes, sent: int) -> socket.socket:
-    """A POST /embed whose headers and first ``sent`` body bytes are on the wire; the rest comes later."""
+@pytest.fixture(params=[1, 2], ids=["1 worker", "2 workers"])
+def app_process(tiny_model_dir: Path, request: pytest.FixtureRequest) -> Iterator[Subprocess]:
+    """``python -m app`` serving the tiny model, in one process or as two workers behind one port."""
+    with running_app(tiny_model_dir, request.param) as running:
+        yield running
+
+
+def open_accepted_request(port: int, body_length: int) -> socket.socket:
+    """A POST /embed the server has accepted, its body still to come: sent with ``Expect: 100-continue``,
+    and returned once the server's ``100 Continue`` says the route is reading the body (past the drain
+    check; uvicorn sends it at the app's first read of the body)."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=60)
     head = (
         f"POST /embed HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
+        f"Content-Length: {body_length}\r\nExpect: 100-continue\r\n\r\n"
     ).encode()
-    sock.sendall(head + body[:sent])
+    sock.sendall(head)
+    interim = b""
+    while b"\r\n\r\n" not in interim:
+        chunk = sock.recv(1)  # byte by byte: nothing of what follows the interim answer is read here
+        assert chunk, "the server closed the connection instead of accepting the request"
+        interim += chunk
+    assert interim.startswith(b"HTTP/1.1 100"), interim
     return sock
 
 
-def finish_slow_request(sock: socket.socket, rest: bytes) -> tuple[int, bytes]:
-    sock.sendall(rest)
+def finish_accepted_request(sock: socket.socket, body: bytes) -> tuple[int, bytes]:
+    sock.sendall(body)
     raw = b""
     while chunk := sock.recv(65536):  # the server closes the connection after answering
         raw += chunk
@@ -156,8 +178,7 @@ def test_sigterm_drains_then_exits_0(app_process: Subprocess) -> None:
     started.wait(timeout=60)  # every sender has had an answer: the stream spans the signal
 
     body = orjson.dumps({"inputs": ["信号之前就被接受的请求"] * 8})
-    slow = open_slow_request(app_process.port, body, sent=len(body) // 2)
-    time.sleep(1.0)  # let the server read the request line and headers: the request is accepted
+    slow = open_accepted_request(app_process.port, len(body))  # accepted: the server is reading its body
 
     signalled.append(time.monotonic())
     app_process.proc.send_signal(signal.SIGTERM)
@@ -173,7 +194,7 @@ def test_sigterm_drains_then_exits_0(app_process: Subprocess) -> None:
         assert not thread.is_alive(), "a sender hung"
     # The listener has closed (every sender saw it); the request accepted before the signal still
     # has its body coming, and it is answered.
-    status, head = finish_slow_request(slow, body[len(body) // 2 :])
+    status, head = finish_accepted_request(slow, body)
     assert status == 200, head
 
     assert app_process.proc.wait(timeout=GRACE_S + 15) == 0
@@ -222,11 +243,26 @@ def _request_on(sock: socket.socket, body: bytes) -> int:
     return int(header.split(b" ", 2)[1])
 
 
-@pytest.mark.slow
-def test_an_idle_keep_alive_connection_stays_open_past_uvicorns_default(app_process: Subprocess) -> None:
+def test_the_keep_alive_outlasts_uvicorns_default() -> None:
     # uvicorn closes idle connections after 5 s; a load balancer reusing one then fails a request.
+    app = FastAPI()
+    app.state.drain = Drain()
+    configured = http_server(app, Settings()).config.timeout_keep_alive
+    assert configured == Settings().keep_alive_s == 75 > uvicorn.Config(app).timeout_keep_alive == 5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [1, 2], ids=["1 worker", "2 workers"])
+def test_an_idle_keep_alive_connection_lasts_the_setting(tiny_model_dir: Path, workers: int) -> None:
+    # With a 1 s keep-alive, so that waiting for the server to close the connection takes 1 s, not 75.
     body = orjson.dumps({"inputs": "你好"})
-    with socket.create_connection(("127.0.0.1", app_process.port), timeout=30) as sock:
+    with (
+        running_app(tiny_model_dir, workers, ZHEMBED_KEEP_ALIVE_S="1") as app_process,
+        socket.create_connection(("127.0.0.1", app_process.port), timeout=30) as sock,
+    ):
         assert _request_on(sock, body) == 200
-        time.sleep(6.5)
-        assert _request_on(sock, body) == 200
+        assert _request_on(sock, body) == 200  # kept open between requests
+        answered = time.monotonic()
+        assert sock.recv(1) == b""  # waits for the server to close it: idle for its keep-alive
+        # uvicorn starts the timer as the answer leaves; its arrival here came after that.
+        assert time.monotonic() - answered > 0.5

@@ -16,6 +16,7 @@ from huggingface_hub import FillMaskOutputElement, InferenceClient
 from huggingface_hub.errors import HfHubHTTPError
 
 from tests.app.conftest import Running
+from tests.app.vectors import assert_same_vectors
 
 # --- huggingface_hub: fill-mask ---------------------------------------------------------------------
 
@@ -84,7 +85,7 @@ def test_hf_client_feature_extraction_gets_the_embed_vectors(server: Running, cl
     want = np.asarray(client.post("/embed", json={"inputs": TEXTS[0]}).json(), dtype=np.float32)
     got = hf_root(server).feature_extraction(TEXTS[0])
     assert got.shape == want.shape == (1, server.service.model.hidden_size)
-    np.testing.assert_array_equal(got, want)
+    assert_same_vectors(got, want)
 
 
 def test_hf_client_feature_extraction_passes_its_options(server: Running, client: httpx.Client) -> None:
@@ -94,7 +95,7 @@ def test_hf_client_feature_extraction_passes_its_options(server: Running, client
     got = hf_root(server).feature_extraction(
         long, normalize=False, truncate=True, truncation_direction="Left"
     )
-    np.testing.assert_array_equal(got, want)
+    assert_same_vectors(got, want)
     assert abs(float(np.linalg.norm(got)) - 1) > 1e-3  # not normalised, as asked
 
 

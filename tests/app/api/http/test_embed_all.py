@@ -19,6 +19,7 @@ from app.engine.work import Job, Need, Sequence
 from app.settings import Settings
 from app.telemetry.metrics import Metrics
 from tests.app.conftest import Running, TorchReference, cosine, serving
+from tests.app.vectors import assert_same_vectors
 
 TEXTS = ["你好", "今天天气很好，我们去公园散步吧。", "北京是中华人民共和国的首都，有三千多年的建城史。"]
 # Latin words that split into wordpieces, digits, full-width punctuation, emoji (outside the BMP, so
@@ -190,7 +191,7 @@ def test_base64_decodes_to_the_float_vectors(client: httpx.Client) -> None:
     (encoded,) = post(client, inputs=TEXTS[1], encoding="base64", layers=[1, 2])
     (floats,) = matrices(client, inputs=TEXTS[1], layers=[1, 2])
     decoded = np.stack([np.frombuffer(base64.b64decode(row), dtype="<f4") for row in encoded])
-    np.testing.assert_array_equal(decoded, floats)
+    assert_same_vectors(decoded, floats)
 
 
 def test_long_text_truncate_keeps_the_first_tokens(client: httpx.Client, torch_ref: TorchReference) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from app.settings import Settings
 from tests.app.conftest import Running, serving
+from tests.app.vectors import assert_same_vectors
 
 TEXTS = ["你好", "今天天气很好，我们去公园散步吧。"]
 
@@ -44,16 +45,14 @@ def test_openai_client_gets_the_same_vectors_as_embed(
             vector = np.frombuffer(base64.b64decode(got.embedding), dtype="<f4")
         else:
             vector = np.asarray(got.embedding, dtype=np.float32)
-        np.testing.assert_array_equal(vector, expected)
+        assert_same_vectors(vector, expected)
 
 
 def test_openai_client_default_and_single_string_on_the_alias(server: Running, client: httpx.Client) -> None:
     # Without encoding_format the client asks for base64 and decodes it.
     response = client_for(server, "").embeddings.create(model="any", input=TEXTS[0])
     assert len(response.data) == 1
-    np.testing.assert_array_equal(
-        np.asarray(response.data[0].embedding, np.float32), native(client, TEXTS[:1])[0]
-    )
+    assert_same_vectors(response.data[0].embedding, native(client, TEXTS[:1])[0])
 
 
 def test_errors_come_in_openai_shape(server: Running, client: httpx.Client) -> None:
@@ -80,9 +79,7 @@ def test_the_model_width_is_accepted_as_dimensions(server: Running, client: http
     width = server.service.model.hidden_size
     response = client_for(server).embeddings.create(model="m", input="维度", dimensions=width)
     assert len(response.data[0].embedding) == width  # nothing cut: the vector without dimensions
-    np.testing.assert_array_equal(
-        np.asarray(response.data[0].embedding, np.float32), native(client, ["维度"])[0]
-    )
+    assert_same_vectors(response.data[0].embedding, native(client, ["维度"])[0])
 
 
 def token_ids(client: httpx.Client, texts: list[str]) -> list[list[int]]:
@@ -96,10 +93,10 @@ def test_token_ids_embed_like_their_text(server: Running, client: httpx.Client) 
     response = client_for(server).embeddings.create(model="m", input=ids)
     assert response.usage.prompt_tokens == sum(len(x) for x in ids)
     for got, want in zip(response.data, native(client, TEXTS), strict=True):
-        np.testing.assert_allclose(np.asarray(got.embedding, np.float32), want, atol=1e-6)
+        assert_same_vectors(got.embedding, want)
     # One list of ids is one input.
     (one,) = client_for(server).embeddings.create(model="m", input=ids[1]).data
-    np.testing.assert_allclose(np.asarray(one.embedding, np.float32), native(client, TEXTS[1:])[0], atol=1e-6)
+    assert_same_vectors(one.embedding, native(client, TEXTS[1:])[0])
 
 
 def test_token_ids_run_as_given_without_added_special_tokens(server: Running, client: httpx.Client) -> None:

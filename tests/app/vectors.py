@@ -1,0 +1,31 @@
+"""The promise of docs/api.md ("The same vector for the same text"), in one place for the tests.
+
+Two answers for the same input, computed in separately batched requests, agree to within
+:data:`BATCHING_TOLERANCE` of the vector's length in every component: which other texts share a batch, and
+so its padded length, may change the last bits of a mean-pooled vector (the in-graph sum over the padded
+positions; tests/app/engine/test_batch_invariance.py measures it). Identical bytes are promised only where
+the cache served the second answer, and the tests that check that compare bytes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+# Per component, relative to the vector's length (so 1e-6 absolute on a unit vector): ~4x the worst
+# difference measured across batchings (2.4e-7 of the largest component, fp32 and int8, mean pooling).
+BATCHING_TOLERANCE = 1e-6
+
+
+def assert_same_vectors(got: ArrayLike, want: ArrayLike, err_msg: str = "") -> None:
+    """``got`` and ``want`` (vectors, or rows of them) are the same answer, batched apart: equal shapes,
+    every component within :data:`BATCHING_TOLERANCE` of its row's length."""
+    a, b = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    assert a.shape == b.shape, f"{err_msg} shapes {a.shape} and {b.shape}"
+    length = np.linalg.norm(b, axis=-1, keepdims=True).astype(np.float64)
+    off = np.abs(a.astype(np.float64) - b) / np.maximum(length, np.finfo(np.float32).tiny)
+    worst = float(off.max(initial=0.0))
+    assert worst <= BATCHING_TOLERANCE, (
+        f"{err_msg} {int((off > BATCHING_TOLERANCE).sum())} of {off.size} components differ by up to "
+        f"{worst:.2e} of their vector's length (tolerance {BATCHING_TOLERANCE:.0e})"
+    )
