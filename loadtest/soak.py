@@ -68,6 +68,7 @@ GROWTH_TARGET = 0.05
 REPLACEMENTS = "zhembed_worker_replacements_total"
 BOUND_VARIABLE = "ZHEMBED_WORKER_MAX_MEMORY_MB"
 READ_EVERY_S = 1.0  # the tree's memory; a replacement shows between two readings
+MAX_WAIT_FOR_READY_S = 120.0  # past the schedule's end, for a killed worker's replacement to be ready
 
 
 @dataclass
@@ -313,6 +314,8 @@ class _Soak:
         self.waiting: dict[int, FaultEvent] = {}  # a replacement started before the old one stopped
         self.busy: dict[loadgen._Connection, int] = {}  # connection → the id of the request in flight on it
         self.conns: list[loadgen._Connection] = []
+        self.tasks: list[asyncio.Task[None]] = []  # started by a fault, awaited at the end
+        self.notes: list[str] = []
         self.requests: list[Request] = []
         self.latency: dict[int, list[float]] = {}
         self.errors: dict[int, int] = {}
@@ -419,7 +422,8 @@ class _Soak:
         elif change == "new" and slot is not None:
             self.waiting.pop(pid, None)
             if (closing := self.slot_event.pop(slot, None)) is not None:
-                closing.end_s = t
+                if closing.kind != faults.KILL:  # a kill is over when the service is ready again
+                    closing.end_s = t
                 closing.detail += f"; pid {pid} in slot {slot} at {t:.1f} s"
 
     async def sample_memory(self) -> None:
@@ -466,6 +470,21 @@ class _Soak:
         )
         self.killed[pid] = event
         self.events.append(event)
+        self.tasks.append(asyncio.create_task(self.ready_again(event)))
+
+    async def ready_again(self, event: FaultEvent) -> None:
+        """End ``event`` when /ready answers 200 again: every worker, the replacement too, is ready."""
+        while not self.stopped:
+            await asyncio.sleep(0.25)
+            try:
+                status, _ = await loadgen.get_json(HOST, self.svc.port, "/ready")
+            except OSError:
+                continue
+            if status == 200:
+                event.end_s = self.now_s()
+                event.detail += f"; the service ready again at {event.end_s:.1f} s"
+                return
+        event.detail += "; the replacement was not ready by the end"
 
     async def redis_fault(self) -> None:
         assert self.redis is not None
@@ -482,6 +501,23 @@ class _Soak:
     async def finish(self) -> None:
         """At the end of the schedule: the last reading, the metric, then the SIGTERM (with faults)."""
         await asyncio.sleep(max(0.0, self.seconds - self.now_s()))
+        # A SIGTERM while a killed worker's replacement is still starting would be a fault of its own (a
+        # worker that has not yet installed its handlers dies by the signal): the load goes on until the
+        # replacement is ready, bounded.
+        waited = self.now_s()
+        while (
+            not self.stopped
+            and any(e.kind == faults.KILL and e.end_s is None for e in self.events)
+            and self.now_s() < waited + MAX_WAIT_FOR_READY_S
+        ):
+            self.seconds = self.now_s() + 0.5  # the senders go on
+            await asyncio.sleep(0.25)
+        self.seconds = self.now_s()
+        if self.seconds - waited > 1.0:
+            self.notes.append(
+                f"the schedule ran {self.seconds - waited:.1f} s past its end, until the killed worker's "
+                "replacement was ready"
+            )
         if self.stopped:
             return
         self.read(await asyncio.to_thread(self.svc.processes), self.seconds)
@@ -518,6 +554,7 @@ class _Soak:
         await finisher
         await injector
         await sampler
+        await asyncio.gather(*self.tasks)
         if self.schedule and self.svc.proc is not None:
             grace = 60.0  # more than the service's drain + grace (2 + 25 s by default)
             self.exit_code = await asyncio.to_thread(self.svc.proc.wait, grace)
@@ -627,7 +664,7 @@ def run(args: argparse.Namespace, model: Path) -> SoakReport:
         texts_per_request=args.texts,
         baseline_s=soak.baseline_s,
         memory=growth_by_process(
-            start, soak.baseline or soak.last, soak.last, seconds, soak.seen, soak.slots
+            start, soak.baseline or soak.last, soak.last, soak.seconds, soak.seen, soak.slots
         ),
         requests=answered,
         errors=len(soak.requests) - answered,
@@ -640,7 +677,7 @@ def run(args: argparse.Namespace, model: Path) -> SoakReport:
         fates=table,
         exit_code=soak.exit_code,
         replacements=soak.replacements,
-        notes=notes,
+        notes=notes + soak.notes,
     )
 
 
