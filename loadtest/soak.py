@@ -348,7 +348,7 @@ class _Soak:
                     await asyncio.sleep(delay)
                 elif delay < -0.1:
                     self.late[self.bucket(scheduled)] = self.late.get(self.bucket(scheduled), 0) + 1
-                if self.stopped:  # the SIGTERM went out while this one waited for its slot
+                if self.stopped or scheduled >= self.seconds:  # the end came while it waited for its slot
                     return
                 body, _ = self.bodies(n)
                 sent = self.now_s()
@@ -470,12 +470,15 @@ class _Soak:
         )
         self.killed[pid] = event
         self.events.append(event)
-        self.tasks.append(asyncio.create_task(self.ready_again(event)))
+        self.tasks.append(asyncio.create_task(self.ready_again(event, slot, pid)))
 
-    async def ready_again(self, event: FaultEvent) -> None:
-        """End ``event`` when /ready answers 200 again: every worker, the replacement too, is ready."""
+    async def ready_again(self, event: FaultEvent, slot: int, killed: int) -> None:
+        """End ``event`` when the slot has a new pid and /ready answers 200 again: every worker, the
+        replacement too, is ready (until the supervisor sees the death, /ready still counts the dead one)."""
         while not self.stopped:
             await asyncio.sleep(0.25)
+            if self.slots.holder(slot) in (None, killed):
+                continue
             try:
                 status, _ = await loadgen.get_json(HOST, self.svc.port, "/ready")
             except OSError:
