@@ -39,6 +39,7 @@ class CellResult:
     client_cpu_s: float
     status_counts: dict[int, int]
     first_error: str | None = None
+    retried: int = 0  # requests sent again on a new connection (:class:`_Connection`): not errors
 
     @property
     def requests_per_s(self) -> float:
@@ -67,34 +68,86 @@ class HttpError(RuntimeError):
 
 
 class _Connection:
-    """One keep-alive HTTP/1.1 connection; requests are sent one at a time."""
+    """One keep-alive HTTP/1.1 connection; requests are sent one at a time.
+
+    What a browser or an HTTP library does with a keep-alive connection, made explicit and counted:
+
+    - an answer with ``Connection: close`` closes it, and the next request opens another;
+    - a reused connection the server has closed while it was idle (its idle timeout, a drain, a worker
+      that was replaced or died) is seen closed before the next request is written, and reopened:
+      ``reopened`` counts these, and no request was sent on them;
+    - a request written on a reused connection that the server closes before a byte of an answer came
+      back (it closed the connection as the request went out) is sent again, once, on a new connection:
+      ``retried`` counts these, and ``last_retried`` says whether the latest request was one. A
+      connection that fails a second time, or a fresh one that fails, raises.
+
+    ``received`` says whether any byte of an answer to the latest request came back (a failure after one
+    lost the answer midway; one before lost the request before any answer).
+    """
 
     def __init__(self, host: str, port: int) -> None:
         self.host, self.port = host, port
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
+        self.answered = 0  # requests answered on the current connection: 0 = a fresh one
+        self.reopened = 0
+        self.retried = 0
+        self.last_retried = False
+        self.received = False
 
     async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if self.reader is not None and self.reader.at_eof():  # closed by the server while idle
+            self.close()
+            self.reopened += 1
         if self.reader is None or self.writer is None or self.writer.is_closing():
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port, limit=1 << 22)
+            self.answered = 0
         return self.reader, self.writer
+
+    @property
+    def local_port(self) -> int | None:
+        """This end's port while connected (what the server sees as the client's port)."""
+        if self.writer is None:
+            return None
+        name = self.writer.get_extra_info("sockname")
+        return int(name[1]) if name else None
 
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
         self.reader = self.writer = None
+        self.answered = 0
 
     async def request(
         self, method: str, path: str, body: bytes = b"", headers: str = ""
     ) -> tuple[int, bytes]:
         """``headers``: extra header lines, each ending in CRLF (e.g. ``"Priority: u=7\\r\\n"``)."""
+        self.last_retried = False
+        try:
+            return await self._request(method, path, body, headers)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            if self.received or self.answered == 0:
+                raise
+        # A reused connection closed under the request before any answer: once more, on a new one.
+        self.close()
+        self.retried += 1
+        self.last_retried = True
+        return await self._request(method, path, body, headers)
+
+    async def _request(self, method: str, path: str, body: bytes, headers: str) -> tuple[int, bytes]:
+        self.received = False
         reader, writer = await self._open()
         head = (
             f"{method} {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n{headers}"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
         )
         writer.write(head.encode("latin-1") + body)
-        raw = await reader.readuntil(b"\r\n\r\n")
+        try:
+            raw = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError as exc:
+            self.received = bool(exc.partial)
+            raise
+        self.received = True
         lines = raw.split(b"\r\n")
         status = int(lines[0].split(b" ", 2)[1])
         length: int | None = None
@@ -115,6 +168,7 @@ class _Connection:
             payload = await reader.readexactly(length)
         else:
             raise HttpError(f"{method} {path}: response has neither Content-Length nor chunked encoding")
+        self.answered += 1
         if close:
             self.close()
         return status, payload
@@ -189,8 +243,11 @@ async def run_cell(
         if not first_error:
             first_error.append(message)
 
+    conns: list[_Connection] = []
+
     async def worker() -> None:
         conn = _Connection(host, port)
+        conns.append(conn)
         try:
             while now() < deadline:
                 body, texts = make_body(next(counter))
@@ -237,4 +294,5 @@ async def run_cell(
         client_cpu_s=cpu1 - cpu0,
         status_counts=statuses,
         first_error=first_error[0] if first_error else None,
+        retried=sum(c.retried for c in conns),
     )

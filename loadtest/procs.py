@@ -34,6 +34,7 @@ MB = 2**20
 # their command line ends with this flag. Its resource tracker runs this module instead.
 SPAWNED = "--multiprocessing-fork"
 RESOURCE_TRACKER = "multiprocessing.resource_tracker"
+LISTEN = "0A"  # a socket's state in /proc/net/tcp (include/net/tcp_states.h)
 
 
 def _stat(pid: int) -> list[str]:
@@ -173,6 +174,43 @@ class Tree:
                 {"pid": p.pid, "role": p.role, **asdict(p.memory), "cpu_s": p.cpu_s} for p in self.processes
             ],
         }
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    """The inodes of the sockets ``pid`` holds open (its fds that read ``socket:[N]``)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:  # closed while we looked
+            continue
+        if target.startswith("socket:["):
+            inodes.add(int(target[8:-1]))
+    return inodes
+
+
+def peer_ports(pid: int, port: int) -> set[int]:
+    """The client ports of the TCP connections to local ``port`` that ``pid`` holds: which of a load
+    generator's connections a worker of a server serves (workers share one listening socket, and each
+    accepted connection is one worker's alone). From ``/proc/net/tcp`` and ``tcp6``: the socket's inode
+    names its owner, and each line has its local and remote port (hex, after the colon).
+
+    Raises:
+        OSError: the process is gone (or not ours to read).
+    """
+    inodes = _socket_inodes(pid)
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:  # no IPv6
+            continue
+        for line in lines:
+            fields = line.split()
+            local, remote, inode = fields[1], fields[2], int(fields[9])
+            if inode in inodes and fields[3] != LISTEN and int(local.rsplit(":", 1)[1], 16) == port:
+                found.add(int(remote.rsplit(":", 1)[1], 16))
+    return found
 
 
 def tree(pid: int) -> Tree:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -133,3 +134,16 @@ def test_roles_name_the_supervisor_its_spawned_workers_and_the_tracker() -> None
 def test_a_process_alone_is_the_server() -> None:
     tree = procs.tree(os.getpid())
     assert tree.processes[0].role == "server" and not tree.workers
+
+
+def test_peer_ports_are_the_clients_of_the_connections_a_process_holds() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        with (
+            socket.create_connection(("127.0.0.1", port)) as mine,
+            socket.create_connection(("127.0.0.1", port)),
+        ):
+            accepted, _ = listener.accept()  # held here; the second connection stays in the backlog
+            with accepted:
+                assert procs.peer_ports(os.getpid(), port) == {mine.getsockname()[1]}
+        assert procs.peer_ports(os.getpid(), port) == set()
