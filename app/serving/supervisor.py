@@ -196,6 +196,7 @@ class Slots:
         self._kill = kill
         self._clock = clock
         self.failed = False
+        self._forwarded: set[int] = set()  # the stop signals sent to every worker
         now = clock()
         self.slots: list[Slot | None] = [Slot(start(i, None), now, None) for i in range(count)]
         self.slots += [None] * (len(shared.ready) - count)
@@ -205,14 +206,19 @@ class Slots:
         return any(s is not None and s.proc.is_alive() for s in self.slots)
 
     def signal_all(self, sig: int) -> None:
+        self._forwarded.add(sig)
         for slot in self.slots:
             if slot is not None and slot.proc.is_alive() and slot.proc.pid is not None:
                 self._kill(slot.proc.pid, sig)
 
     def exited_cleanly(self) -> bool:
-        """Every serving worker exited 0 (a replacement stopped while starting does not count)."""
+        """Every serving worker exited 0 (a replacement stopped while starting does not count), or died by
+        a stop this supervisor forwarded: one that serves drains and exits 0, so a worker the signal
+        killed was still starting (importing, before its handlers), and held nothing."""
         return all(
-            s.proc.exitcode == 0 for i, s in enumerate(self.slots) if s is not None and self.shared.serving[i]
+            (code := s.proc.exitcode) == 0 or (code is not None and -code in self._forwarded)
+            for i, s in enumerate(self.slots)
+            if s is not None and self.shared.serving[i]
         )
 
     def step(self) -> bool:
@@ -371,6 +377,11 @@ def _worker(
 ) -> None:
     """One worker process: load the model, serve on the shared socket, drain on the forwarded signal,
     retire on SIGUSR1."""
+    # Until the server handles them (a drain), a stop asked for while the model loads ends the worker
+    # with status 0 once the load is over, rather than killing it by the signal's default action.
+    stop: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: stop.append(signum))
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)  # a terminal's Ctrl-C goes to the supervisor, which forwards it once
     _die_with(supervisor)
@@ -381,9 +392,12 @@ def _worker(
         static={"worker": index},
     )
     try:
-        model = load_model(settings)
+        model = None if stop else load_model(settings)
     except ManifestError as exc:
         print(f"zhembed worker {index}: cannot start: {exc}", file=sys.stderr)
         sys.exit(2)
+    if stop or model is None:
+        log.info("stopped (signal %d) while starting", stop[0])
+        return
     app = create_app(settings, model, Cluster(shared, index, replacing))
     http_server(app, settings).run(sockets=[listener])

@@ -266,3 +266,35 @@ def test_an_idle_keep_alive_connection_lasts_the_setting(tiny_model_dir: Path, w
         assert sock.recv(1) == b""  # waits for the server to close it: idle for its keep-alive
         # uvicorn starts the timer as the answer leaves; its arrival here came after that.
         assert time.monotonic() - answered > 0.5
+
+
+def test_sigterm_while_the_workers_load_exits_0(tiny_model_dir: Path) -> None:
+    """A worker told to stop before it serves (its model still loading) ends with 0, not by the signal."""
+    import psutil
+
+    port = free_port()
+    env = {
+        **os.environ,
+        "ZHEMBED_WORKERS": "2",
+        "ZHEMBED_MODEL": str(tiny_model_dir),
+        "ZHEMBED_VARIANT": "fp32",
+        "ZHEMBED_HOST": "127.0.0.1",
+        "ZHEMBED_PORT": str(port),
+        "ZHEMBED_INTRA_OP_THREADS": "1",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        supervisor = psutil.Process(proc.pid)
+        deadline = time.monotonic() + 60
+        # Both workers started (spawned: they import and load for a second or more); none serves yet.
+        while len([c for c in supervisor.children() if "spawn_main" in " ".join(c.cmdline())]) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, "the workers did not start"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=GRACE_S + 30) == 0, Subprocess(proc, port).output()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
