@@ -1,8 +1,16 @@
 """The tiny model of the ``--quick`` runs: a small BERT with the real bert-base-chinese vocab, exported by
-the real export stage (the tests' ``make_tiny_source``, so the tests and the harness share one recipe)."""
+the real export stage (the tests' ``make_tiny_source``, so the tests and the harness share one recipe).
+
+With ``LOADTEST_TINY_CACHE`` set to a folder (the test suite sets it to one of its session's temp dirs),
+each (layers, variants) export is made once there and copied to where a run asks for it: the recipe is
+seeded, so every export of the same inputs is the same model, and a dozen ``--quick`` runs need not each
+pay for the export and its validation."""
 
 from __future__ import annotations
 
+import fcntl
+import os
+import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -10,18 +18,40 @@ from pathlib import Path
 
 from app.model.manifest import Variant
 
+CACHE_VARIABLE = "LOADTEST_TINY_CACHE"
 
-def export_tiny(
-    source: Path, out: Path, variants: Sequence[Variant] = ("fp32", "int8"), layers: int = 3
-) -> tuple[Path, Path]:
-    """Write a tiny BERT (``layers`` layers, hidden 64, real vocab) as a Hugging Face folder at ``source``
-    and export it to ``out``. Returns (model dir, HF source)."""
+
+def _export(source: Path, out: Path, variants: Sequence[Variant], layers: int) -> None:
     from export.pipeline import ExportOptions, run_export
     from tests.conftest import TINY_CONFIG, make_tiny_source
 
     make_tiny_source(source, config={**TINY_CONFIG, "num_hidden_layers": layers})
     run_export(ExportOptions(out=out, model=str(source), variants=tuple(variants)), log=lambda _l: None)
-    return out, source
+
+
+def export_tiny(
+    source: Path, out: Path, variants: Sequence[Variant] = ("fp32", "int8"), layers: int = 3
+) -> tuple[Path, Path]:
+    """Write a tiny BERT (``layers`` layers, hidden 64, real vocab) as a Hugging Face folder at ``source``
+    and export it to ``out``. Returns (model dir, HF source).
+
+    Under ``LOADTEST_TINY_CACHE`` the export is copied from that cache (made there first if it is not);
+    the source returned is then the cache's (read it, do not write it) and ``source`` stays unwritten.
+    """
+    cache = os.environ.get(CACHE_VARIABLE)
+    if not cache or out.exists():  # an existing folder is re-exported in place (a no-op when up to date)
+        _export(source, out, variants, layers)
+        return out, source
+    entry = Path(cache) / f"layers{layers}-{'-'.join(variants)}"
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    # One exporter per entry, across processes (parallel test workers share the folder).
+    with open(entry.with_name(entry.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (entry / "model" / "manifest.json").is_file():
+            shutil.rmtree(entry, ignore_errors=True)
+            _export(entry / "source", entry / "model", variants, layers)
+    shutil.copytree(entry / "model", out)
+    return out, entry / "source"
 
 
 @contextmanager

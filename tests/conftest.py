@@ -3,6 +3,8 @@ once per session by the real export stage (not a fake)."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,6 +41,21 @@ def make_tiny_source(folder: Path, seed: int = 7, config: dict[str, object] | No
     model = BertForPreTraining(BertConfig.from_dict(config)).eval()
     model.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="session", autouse=True)
+def tiny_export_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One folder for the ``--quick`` harness runs' tiny exports (loadtest/quick_model.py): each of its
+    (layers, variants) is exported once per session, not once per run. The runs are subprocesses, so the
+    folder is handed to them in the environment; parallel workers share it (the parent of their temp dirs)."""
+    from loadtest.quick_model import CACHE_VARIABLE
+
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "tiny-export-cache"
+    folder.mkdir(exist_ok=True)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(CACHE_VARIABLE, str(folder))
+        yield folder
 
 
 @pytest.fixture(scope="session")
