@@ -30,8 +30,11 @@ def test_a_finished_job_is_freed_by_reference_counting_not_left_to_the_cycle_col
     """A job in a reference cycle (its future holding it as the result) outlives its request until a full
     collection, with its result arrays: a worker grew ~2.5 MB a minute by that (docs/performance.md)."""
 
+    ours = object()  # other tests' jobs may still be about: count this one only
+
     async def scenario() -> None:
         job = Job(asyncio.get_running_loop(), 1)
+        job.context = ours
         job.vectors = np.zeros((4, 1, 768), np.float32)
         job.finish(1)
         await job.future
@@ -40,7 +43,7 @@ def test_a_finished_job_is_freed_by_reference_counting_not_left_to_the_cycle_col
     gc.disable()
     try:
         asyncio.run(scenario())
-        left = [o for o in gc.get_objects() if isinstance(o, Job)]
+        left = [o for o in gc.get_objects() if isinstance(o, Job) and o.context is ours]
     finally:
         gc.enable()
     assert left == []

@@ -247,6 +247,7 @@ def test_the_keep_alive_outlasts_uvicorns_default() -> None:
     # uvicorn closes idle connections after 5 s; a load balancer reusing one then fails a request.
     app = FastAPI()
     app.state.drain = Drain()
+    app.state.cluster = None  # one process, as create_app leaves it
     configured = http_server(app, Settings()).config.timeout_keep_alive
     assert configured == Settings().keep_alive_s == 75 > uvicorn.Config(app).timeout_keep_alive == 5
 
