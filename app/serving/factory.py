@@ -1,9 +1,10 @@
 """The application factory: settings in, FastAPI app out.
 
 Start-up (the lifespan) loads the model unless one is given, starts the engine's threads and the cache's
-Redis writer, and warms up in the background (once the inference thread has measured, or read from its
-cache, what a batch costs: :mod:`app.engine.costs`): /health answers at once, /ready and the data routes
-once warm-up is done.
+Redis writer, and warms up (once the inference thread has measured, or read from its cache, what a batch
+costs: :mod:`app.engine.costs`): a single process in the background, /health answering at once, /ready and
+the data routes once warm-up is done; a worker of several before it accepts any connection on the
+listening socket it shares, since a client cannot choose which worker accepts it.
 
 POST on a data route is served whole by one ASGI function in front of everything (:mod:`app.api.http.fast`).
 Every other request passes the middleware, outermost first: request metrics → draining (after SIGTERM:
@@ -103,12 +104,20 @@ def create_app(
                 observer,
             )
             await rpc.start()
-        warm = asyncio.create_task(_warm(service, settings.warmup, metrics, cluster))
+        # A worker shares its listening socket with the others: it warms up before the server starts to
+        # accept on it, so no connection lands on a worker that would answer 503 while the rest serve. A
+        # single process accepts at once: /health answers, /ready says when it is warm.
+        warm = None
+        if cluster is not None:
+            await _warm(service, settings.warmup, metrics, cluster)
+        else:
+            warm = asyncio.create_task(_warm(service, settings.warmup, metrics, cluster))
         pushing = asyncio.create_task(_push_gauges(metrics)) if cluster is not None else None
         try:
             yield
         finally:
-            warm.cancel()
+            if warm is not None:
+                warm.cancel()
             if rpc is not None:  # the calls in flight finish within what is left of the grace period
                 await rpc.stop(max(settings.shutdown_grace_s - settings.shutdown_drain_s, 1.0))
             if pushing is not None:
