@@ -99,7 +99,7 @@ async def child(args: argparse.Namespace) -> dict[str, Any]:
             options.enable_cpu_mem_arena = False
             return options
 
-        runtime.session_options = no_arena  # type: ignore[assignment]
+        runtime.session_options = no_arena
     if every := int(os.environ.get("LAB_SHRINK_EVERY", "0")):
         import onnxruntime as ort
 
@@ -115,7 +115,7 @@ async def child(args: argparse.Namespace) -> dict[str, Any]:
             }
             return list(self._encoder.run(outputs, feed, shrink if next(runs) % every == 0 else None))
 
-        runtime.OnnxModel.encode = encode  # type: ignore[method-assign]
+        runtime.OnnxModel.encode = encode  # type: ignore[method-assign,assignment]
     settings = Settings(
         model=str(args.model),
         variant=args.variant,
