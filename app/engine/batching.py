@@ -41,12 +41,12 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from app.engine.clock import Clock
 from app.engine.costs import CostModel, Refitter
+from app.engine.pending import BatchStats, Pending
 from app.engine.planner import Planner
 from app.engine.priority import URGENCIES
 from app.engine.work import Sequence
@@ -61,38 +61,6 @@ DERIVED_BUDGET_BATCHES = 0.5
 LENGTH_WEIGHT = 0.1  # per batch, of the moving mean length the derived budget is computed for
 SCALE_WEIGHT = 0.2  # per batch, of the moving seconds per unit of modelled cost
 INITIAL_LENGTH = 32.0
-
-
-@dataclass
-class BatchStats:
-    """Counters of what the assembler did; read by /info and by tests."""
-
-    batches: int = 0
-    items: int = 0
-    largest_batch: int = 0
-    real_tokens: int = 0
-    padded_tokens: int = 0  # tokens computed, padding included
-    dropped_cancelled: int = 0
-    waits: int = 0  # batches that waited for company
-    overdue: int = 0  # batches that had to hold an item past its queue-delay budget
-    filled: int = 0  # less urgent sequences that rode in a more urgent batch
-    capped: int = 0  # batches of less urgent work held to the budget while more urgent work was about
-    aged: int = 0  # batches that served aged work beside or ahead of more urgent pending work
-    by_urgency: list[int] = field(default_factory=lambda: [0] * len(URGENCIES))  # sequences batched
-
-
-class _Class:
-    """The pending sequences of one urgency."""
-
-    __slots__ = ("arrivals", "buckets", "depth", "seen", "since", "urgency")
-
-    def __init__(self, urgency: int) -> None:
-        self.urgency = urgency
-        self.buckets: dict[int, deque[Sequence]] = {}  # length -> its sequences, oldest first
-        self.arrivals: deque[Sequence] = deque()  # in arrival order, with taken ones not yet popped
-        self.depth = 0
-        self.since = 0.0  # when it was last served, or became non-empty: what it ages from
-        self.seen = -float("inf")  # when its last sequence arrived
 
 
 class Batcher:
@@ -130,7 +98,7 @@ class Batcher:
         self.aging_s = urgency_aging_ms / 1000
         self.capacity = capacity
         self.stats = BatchStats()
-        self._classes = [_Class(u) for u in URGENCIES]
+        self._classes = [Pending(u) for u in URGENCIES]
         self._taken: set[int] = set()  # ids of sequences batched (or dropped) but still in an arrivals deque
         self._depth = 0
         self._cond = threading.Condition()
@@ -268,7 +236,7 @@ class Batcher:
             self._count(batch, waited, overdue, cap is not None, aged, filled)
             return batch
 
-    def _group(self, now: float) -> tuple[list[_Class], bool]:
+    def _group(self, now: float) -> tuple[list[Pending], bool]:
         """The classes served next (the most urgent level after aging), and whether aging put a less
         urgent class beside or ahead of the most urgent one pending."""
         present = [c for c in self._classes if c.depth]
@@ -287,7 +255,7 @@ class Batcher:
         return budget / self._scale if budget != float("inf") else None
 
     @staticmethod
-    def _pending(group: list[_Class]) -> tuple[np.ndarray, np.ndarray]:
+    def _pending(group: list[Pending]) -> tuple[np.ndarray, np.ndarray]:
         """Distinct pending lengths of ``group`` (sorted) and how many of each."""
         if len(group) == 1:
             pending = sorted((n, len(b)) for n, b in group[0].buckets.items())
@@ -301,7 +269,7 @@ class Batcher:
         counts = np.array([k for _, k in pending], dtype=np.int64)
         return lengths, counts
 
-    def _oldest(self, cls: _Class) -> Sequence:
+    def _oldest(self, cls: Pending) -> Sequence:
         arrivals = cls.arrivals
         while id(arrivals[0]) in self._taken:
             self._taken.discard(id(arrivals.popleft()))
@@ -328,7 +296,7 @@ class Batcher:
         self._depth -= dropped
         self.stats.dropped_cancelled += dropped
 
-    def _take(self, group: list[_Class], plan: list[tuple[int, int]], now: float) -> list[Sequence]:
+    def _take(self, group: list[Pending], plan: list[tuple[int, int]], now: float) -> list[Sequence]:
         """Remove the planned sequences from the queue: per length the oldest first, across ``group``."""
         batch: list[Sequence] = []
         for length, take in plan:
@@ -351,7 +319,7 @@ class Batcher:
         return batch
 
     def _fill(
-        self, batch: list[Sequence], group: list[_Class], top: int, oldest: Sequence, now: float
+        self, batch: list[Sequence], group: list[Pending], top: int, oldest: Sequence, now: float
     ) -> int:
         """Add less urgent sequences no longer than ``top`` to ``batch``, longest first, as many as the
         room, the token budget and what is left of ``oldest``'s queue-delay budget allow; how many."""

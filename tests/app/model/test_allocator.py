@@ -14,8 +14,9 @@ from app.model import allocator
 glibc = pytest.mark.skipif(allocator._LIBC is None, reason="glibc's mallopt and malloc_trim")
 
 # In a fresh process (glibc's threshold moves with what the process has freed before): free an 8 MB
-# block (glibc raises its threshold to 8 MB), then allocate, touch and free 4 MB in 64 KiB-apart blocks
-# of 512 KiB; print how much resident memory that left behind, in KiB.
+# block (glibc raises its threshold to 8 MB), then allocate, touch and free eight blocks of 512 KiB, with
+# small blocks allocated after them so the heap cannot shrink from its top; print how much resident
+# memory that left behind, in KiB.
 LEFT_BEHIND = textwrap.dedent(
     """
     import ctypes, sys

@@ -25,7 +25,7 @@ import pytest
 
 from app.serving.cluster import Cluster, Shared
 from app.serving.memory import memory_bytes
-from app.serving.supervisor import MB, MEMORY_CHECK_S, MIN_UPTIME_S, RETIRE_SIGNAL, Slots
+from app.serving.slots import MB, MEMORY_CHECK_S, MIN_UPTIME_S, RETIRE_SIGNAL, Slots
 from tests.app.conftest import Running, free_port, wait_until
 
 
