@@ -41,8 +41,10 @@ system-deps:
 	@command -v redis-server >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq redis-server >/dev/null; }
 
+# Two test processes (the machines CI uses have two cores), each taking the next test when it is free
+# (worksteal: the long tests do not pile up on one). `pytest path` alone runs in one process.
 test: $(STAMP) system-deps
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist worksteal
 
 # The gRPC modules generated from app/api/rpc/proto/*.proto (committed; regenerate after editing a .proto).
 protos: $(STAMP)

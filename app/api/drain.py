@@ -69,21 +69,40 @@ def with_close(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     return [*(h for h in headers if h[0].lower() != b"connection"), CLOSE]
 
 
+async def read_rest(scope: Scope, receive: Receive, limit: int) -> None:
+    """Read what is left of the request body (up to ``limit`` bytes) before an answer that closes the
+    connection without having read it. A socket closed with bytes still unread makes the kernel send the
+    client a reset instead of a close, and a client that gets the reset before it has read the answer
+    loses the answer (Linux drops it): the client sees a dropped connection where it should see a 503.
+    Not read: a body over ``limit`` (the reset is then the lesser cost), and one the client holds back
+    for ``Expect: 100-continue`` (nothing of it is on the way unless it is asked for)."""
+    if any(name == b"expect" for name, _ in scope["headers"]):
+        return
+    size = 0
+    while size <= limit:
+        message = await receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return
+        size += len(message.get("body", b""))
+
+
 def shutting_down() -> NotReady:
     """What a request that comes in while draining is answered (503), with ``connection: close``."""
     return NotReady("the service is shutting down; retry on another replica")
 
 
 class DrainMiddleware:
-    def __init__(self, app: ASGIApp, drain: Drain) -> None:
+    def __init__(self, app: ASGIApp, drain: Drain, max_body_bytes: int) -> None:
         self.app = app
         self.drain = drain
+        self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         if self.drain.draining and scope.get("path") not in LIVE_PATHS:
+            await read_rest(scope, receive, self.max_body_bytes)
             await send_error(shutting_down(), scope, send, [CLOSE])
             return
 

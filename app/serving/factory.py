@@ -148,7 +148,7 @@ def create_app(
     if keys:
         open_paths = frozenset() if settings.auth_ops_routes else OPS_PATHS
         app.add_middleware(ApiKeyMiddleware, keys=keys, open_paths=open_paths, urgencies=key_urgencies)
-    app.add_middleware(DrainMiddleware, drain=drain)
+    app.add_middleware(DrainMiddleware, drain=drain, max_body_bytes=settings.max_body_bytes)
     routes = frozenset(r.path for rt in (router, openai_router) for r in rt.routes if isinstance(r, APIRoute))
     app.add_middleware(
         RequestMetricsMiddleware, metrics=metrics, routes=routes | OPS_PATHS, observer=observer

@@ -34,7 +34,7 @@ def call(drain: Drain, path: str, begin_during_request: bool = False) -> tuple[i
         sent.append(message)
 
     scope = {"type": "http", "method": "POST", "path": path, "headers": [], "query_string": b""}
-    asyncio.run(DrainMiddleware(app, drain)(scope, receive, send))
+    asyncio.run(DrainMiddleware(app, drain, max_body_bytes=1 << 20)(scope, receive, send))
     start = next(m for m in sent if m["type"] == "http.response.start")
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     return start["status"], dict(start["headers"]), json.loads(body)

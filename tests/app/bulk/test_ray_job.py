@@ -19,11 +19,22 @@ from tests.app.bulk.conftest import TEXTS, errors, manifest, run_bulk, shards, v
 
 
 @pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    # Small: two CPUs (an actor and the read and write tasks beside it), no dashboard, a small object store.
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=150 * 2**20, log_to_driver=False)
-    yield
-    ray.shutdown()
+def local_ray(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Small: two CPUs (an actor and the read and write tasks beside it), no dashboard, a small object
+    store; its sessions in a temp dir of this run, not the machine's shared /tmp/ray (`make test` runs two
+    test processes, and each may start its own). Ray waits 30 s for its GCS to bind a port; beside the
+    other test process that start once took longer, so it waits 120."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_gcs_server_port_wait_time_s", "120")
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            object_store_memory=150 * 2**20,
+            log_to_driver=False,
+            _temp_dir=str(tmp_path_factory.mktemp("ray")),
+        )
+        yield
+        ray.shutdown()
 
 
 def sorted_errors(out: Path) -> list[dict[str, str]]:

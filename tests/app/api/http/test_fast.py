@@ -361,3 +361,28 @@ def test_the_urgency_reaches_the_engine_and_the_counters_both_ways(
     assert service.urgencies == [expected, expected]
     counted = app.state.metrics.requests.labels("/embed", "200", "http", str(expected))._value.get()
     assert counted == 2
+
+
+def test_draining_reads_the_rest_of_a_small_body_before_the_503_that_closes() -> None:
+    # A socket closed with unread bytes resets the connection, and a client may lose the 503 to the reset.
+    app, _ = stub_app()
+    app.state.drain.begin()
+    data_path = app.middleware_stack
+    assert isinstance(data_path, DataPath)
+    chunks = [b'{"inputs": ', b'"a"', b"}"]
+    for answered in (
+        call(app, "/embed", chunks, JSON),
+        call(data_path.app, "/embed", chunks, JSON, owner=app),
+    ):
+        assert answered.status == 503 and answered.headers[b"connection"] == b"close"
+        assert answered.pulled == len(chunks)
+
+
+def test_draining_leaves_unread_a_body_held_back_for_100_continue_or_over_the_limit() -> None:
+    app, _ = stub_app()
+    app.state.drain.begin()
+    held_back = call(app, "/embed", [b'{"inputs": "a"}'], [*JSON, (b"expect", b"100-continue")])
+    assert held_back.status == 503 and held_back.pulled == 0
+    big = [b"x" * (LIMIT // 2 + 1)] * 6
+    over = call(app, "/embed", big, JSON)
+    assert over.status == 503 and over.pulled == 2  # two chunks are past the limit: no more read

@@ -2,8 +2,8 @@
 the schema (valid and invalid) never get a 5xx, and every response matches the documented status codes,
 content types and schemas.
 
-Bounded in examples per operation and in total time (``--max-time``), so it fits CI; deterministic
-generation makes a failure reproducible. schemathesis is a dev dependency; without it the test skips.
+Bounded in examples per operation (not in time: a time budget would test less on a slower machine), so it
+fits CI; deterministic generation makes a failure reproducible. schemathesis is a dev dependency; without it the test skips.
 """
 
 from __future__ import annotations
@@ -39,9 +39,7 @@ def test_schema_driven_requests_never_5xx_and_match_the_schema(server: Running) 
             "--checks",
             CHECKS,
             "--max-examples",
-            "25",
-            "--max-time",
-            "45",
+            "10",
             "--workers",
             "1",
             "--request-timeout",
