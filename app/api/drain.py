@@ -69,25 +69,28 @@ def with_close(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     return [*(h for h in headers if h[0].lower() != b"connection"), CLOSE]
 
 
-async def read_rest(scope: Scope, receive: Receive, limit: int) -> None:
-    """Read what is left of the request body (up to ``limit`` bytes) before an answer that closes the
-    connection without having read it. A socket closed with bytes still unread makes the kernel send the
+async def refuse(scope: Scope, receive: Receive, send: Send, limit: int) -> int:
+    """Answer a request that comes in while draining: 503 (``unhealthy``) with ``connection: close``,
+    after reading what is left of its body (up to ``limit`` bytes; the middleware and the data path call
+    this alike). Returns the status.
+
+    Why read a body only to drop it: a socket closed with bytes still unread makes the kernel send the
     client a reset instead of a close, and a client that gets the reset before it has read the answer
-    loses the answer (Linux drops it): the client sees a dropped connection where it should see a 503.
-    Not read: a body over ``limit`` (the reset is then the lesser cost), and one the client holds back
-    for ``Expect: 100-continue`` (nothing of it is on the way unless it is asked for)."""
-    if any(name == b"expect" for name, _ in scope["headers"]):
-        return
-    size = 0
-    while size <= limit:
-        message = await receive()
-        if message["type"] != "http.request" or not message.get("more_body", False):
-            return
-        size += len(message.get("body", b""))
+    loses the answer (Linux drops it), so it would see a dropped connection where it should see a 503.
+    A body past ``limit`` is read only that far (the reset is then the lesser cost), and one the client
+    holds back for ``Expect: 100-continue`` not at all (nothing of it is on the way unless asked for)."""
+    if not any(name == b"expect" for name, _ in scope["headers"]):
+        size = 0
+        while size <= limit:
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                break
+            size += len(message.get("body", b""))
+    return await send_error(shutting_down(), scope, send, [CLOSE])
 
 
 def shutting_down() -> NotReady:
-    """What a request that comes in while draining is answered (503), with ``connection: close``."""
+    """What a request that comes in while draining is answered (503; gRPC: UNAVAILABLE)."""
     return NotReady("the service is shutting down; retry on another replica")
 
 
@@ -102,8 +105,7 @@ class DrainMiddleware:
             await self.app(scope, receive, send)
             return
         if self.drain.draining and scope.get("path") not in LIVE_PATHS:
-            await read_rest(scope, receive, self.max_body_bytes)
-            await send_error(shutting_down(), scope, send, [CLOSE])
+            await refuse(scope, receive, send, self.max_body_bytes)
             return
 
         async def closing_send(message: Message) -> None:

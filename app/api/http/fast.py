@@ -53,7 +53,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.api.auth import ApiKeys
-from app.api.drain import CLOSE, Drain, read_rest, shutting_down, with_close
+from app.api.drain import CLOSE, Drain, refuse, with_close
 from app.api.errors import (
     ERROR_TABLE,
     SCOPE_ERROR_TYPE,
@@ -175,8 +175,7 @@ class DataPath:
     ) -> int:
         """Answer the request; the status sent."""
         if self.drain.draining:
-            await read_rest(scope, receive, self.max_body_bytes)
-            return await send_error(shutting_down(), scope, send, [CLOSE])
+            return await refuse(scope, receive, send, self.max_body_bytes)
         content_type = authorization = priority = None
         declared_over = False
         for name, value in scope["headers"]:
