@@ -1,7 +1,7 @@
 """The bulk job against the raw ONNX Runtime ceiling, on Ray, and its memory: one run, one table.
 
     python -m loadtest.bulk [--model TWIN] [--texts 3000] [--batch-sizes 8,16,32] [--skip-ray]
-                            [--memory-rows 10000,1000000] [--quick]
+                            [--memory-rows 10000,1000000] [--memory-model TWIN --memory-text char] [--quick]
 
 Rows (speed: the model's int8 graph, the same corpus of distinct texts, JSON Lines in, Parquet out):
   raw       the encoder session in-process, the corpus tokenised (one thread, as the engine does) and
@@ -12,8 +12,9 @@ Rows (speed: the model's int8 graph, the same corpus of distinct texts, JSON Lin
             on the service's engine, write the shards and finish the folder (the model loaded before).
   ray       the same on a local Ray with this machine's cores (``ray.init(num_cpus=cores)``, one actor):
             the Ray Data pipeline and the commit, the actor's start and model load included.
-  memory    peak RSS (``ru_maxrss`` of the ``python -m app.bulk`` process) on the tiny model for each of
-            ``--memory-rows`` rows; target: the largest ≤ 1.2 × the smallest.
+  memory    peak RSS (``VmHWM`` of the ``python -m app.bulk`` process) on the tiny model (or
+            ``--memory-model``) for each of ``--memory-rows`` rows; target: the largest ≤ 1.2 × the
+            smallest.
 
 Targets (issue 27): job ≥ 0.95 × raw; ray ≥ 0.85 × job; memory ratio ≤ 1.2. Ratios are within one run.
 """
@@ -26,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -140,17 +142,28 @@ def ray_run(corpus: Path, out: Path, model: Path, variant: str, batch: int, core
     return {"sentences_per_s": done["counts"]["embedded"] / seconds, "seconds": seconds}
 
 
-def peak_rss_mib(model: Path, rows: int, work: Path) -> tuple[float, float]:
-    """Peak RSS (MiB) of ``python -m app.bulk`` embedding ``rows`` distinct short texts, and its seconds.
+def row_texts(rows: int, kind: str) -> Iterator[str]:
+    """The memory rows' texts: ``numbered``, distinct short texts (a number and 12 corpus characters);
+    ``char``, one corpus character a row (three tokens with [CLS] and [SEP]: the least a row can cost a
+    large model, so a million rows of the twin fit in a session)."""
+    base = load_corpus()
+    if kind == "char":
+        chars = sorted({c for line in base for c in line if not c.isspace()})
+        return (chars[n % len(chars)] for n in range(rows))
+    return (f"{n} {base[n % len(base)][:12]}" for n in range(rows))
+
+
+def peak_rss_mib(model: Path, rows: int, work: Path, text: str = "numbered") -> tuple[float, float]:
+    """Peak RSS (MiB) of ``python -m app.bulk`` embedding ``rows`` rows (:func:`row_texts`) with the int8
+    graph of ``model``, and its seconds.
 
     The peak is the child's own ``VmHWM``, read until it exits (``ru_maxrss`` would not do: Linux keeps
     the high-water mark of the forking parent, this benchmark, across the exec).
     """
     corpus = work / f"rows-{rows}.jsonl"
-    base = load_corpus()
     with open(corpus, "wb") as f:
-        for n in range(rows):
-            f.write(orjson.dumps({"text": f"{n} {base[n % len(base)][:12]}"}) + b"\n")
+        for line in row_texts(rows, text):
+            f.write(orjson.dumps({"text": line}) + b"\n")
     out = work / f"out-{rows}"
     command = [
         sys.executable,
@@ -163,7 +176,8 @@ def peak_rss_mib(model: Path, rows: int, work: Path) -> tuple[float, float]:
         "--input",
         str(corpus),
     ]
-    command += ["--output", str(out), "--progress", "off", "--overwrite", "--max-batch-size", "64"]
+    batch = "256" if text == "char" else "64"  # three-token rows: a large model needs wide batches
+    command += ["--output", str(out), "--progress", "off", "--overwrite", "--max-batch-size", batch]
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     status = Path(f"/proc/{process.pid}/status")
@@ -198,6 +212,18 @@ def main(argv: list[str] | None = None) -> int:
         "--memory-rows", default=None, help="rows of the memory rows (default 10000,1000000); empty: none"
     )
     p.add_argument(
+        "--memory-model",
+        type=Path,
+        default=None,
+        help="the model of the memory rows (default: the tiny model; the twin with --memory-text char)",
+    )
+    p.add_argument(
+        "--memory-text",
+        choices=("numbered", "char"),
+        default="numbered",
+        help="numbered: distinct short texts; char: one character a row (3 tokens)",
+    )
+    p.add_argument(
         "--quick", action="store_true", help="the tiny model, 300 texts, 2,000 / 20,000 memory rows"
     )
     args = p.parse_args(argv)
@@ -220,14 +246,18 @@ def main(argv: list[str] | None = None) -> int:
             if n
         ]
         if sizes:
-            if tiny is None:
-                from loadtest.quick_model import export_tiny
+            memory_model = args.memory_model
+            if memory_model is None:
+                if tiny is None:
+                    from loadtest.quick_model import export_tiny
 
-                tiny, _ = export_tiny(work / "source", work / "tiny", variants=("fp32", "int8"))
-            peaks = {n: peak_rss_mib(tiny, n, work) for n in sizes}
+                    tiny, _ = export_tiny(work / "source", work / "tiny", variants=("fp32", "int8"))
+                memory_model = tiny
+            name = "tiny model" if memory_model == tiny else memory_model.name
+            peaks = {n: peak_rss_mib(memory_model, n, work, args.memory_text) for n in sizes}
             for n, (mib, seconds) in peaks.items():
                 lines.append(
-                    f"| memory, {n:,} rows (tiny model) | peak RSS {mib:.0f} MiB | {n / seconds:,.0f} rows/s incl. start | |"
+                    f"| memory, {n:,} rows ({name}, {args.memory_text} rows) | peak RSS {mib:.0f} MiB | {n / seconds:,.0f} rows/s incl. start | |"
                 )
             small, large = peaks[min(sizes)][0], peaks[max(sizes)][0]
             ratio = large / small

@@ -18,3 +18,13 @@ def test_the_bulk_benchmark_prints_its_rows() -> None:
         "| memory ratio 600 / 300 rows |",
     ):
         assert row in out, out
+
+
+def test_char_rows_are_one_character_each_and_numbered_rows_distinct() -> None:
+    from loadtest.bulk import row_texts
+
+    chars = list(row_texts(5000, "char"))
+    assert len(chars) == 5000 and all(len(c) == 1 and not c.isspace() for c in chars)
+    assert len(set(chars)) > 100  # the corpus's characters, cycled: not one character repeated
+    numbered = list(row_texts(2000, "numbered"))
+    assert len(set(numbered)) == 2000
