@@ -162,11 +162,12 @@ class Engine:
     async def _wait(self, job: Job) -> Job:
         try:
             await job.future
-            return job
         except asyncio.CancelledError:
             job.cancel()
             self.batcher.poke()
             raise
+        job.raise_error()
+        return job
 
     def stats(self) -> dict[str, Any]:
         b, i = self.batcher.stats, self.inference.stats

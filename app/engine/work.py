@@ -87,6 +87,7 @@ class Job:
         "cancelled",
         "context",
         "count",
+        "error",
         "future",
         "loop",
         "mask_probs",
@@ -105,6 +106,9 @@ class Job:
         # Resolved with None, not the job: a future holding its own job would make every request a reference
         # cycle, which only the cyclic collector frees, and it runs rarely (docs/performance.md).
         self.future: asyncio.Future[None] = loop.create_future()
+        # Why it failed, for the request to raise (``Engine``), not kept in the future: the exception's
+        # traceback holds frames that hold this job, so a job holding it would be a cycle per failed request.
+        self.error: BaseException | None = None
         self.count = count
         self.remaining = count  # changed by the inference thread only (post-processing)
         self.cancelled = False  # a plain store: read by the stage threads, set on the event loop
@@ -140,7 +144,21 @@ class Job:
 
     def fail(self, exc: BaseException) -> None:
         """Fail the request with ``exc`` (from any thread); later results are ignored."""
-        self.loop.call_soon_threadsafe(_set_exception, self.future, exc)
+        self.loop.call_soon_threadsafe(_set_error, self, exc)
+
+    def raise_error(self) -> None:
+        """Raise what the job failed with, if it did, and let go of it (once the future is done).
+
+        The job forgets the exception before raising it, and this frame drops its own reference after:
+        the frames on its traceback (the request's, the plan's) hold the job, and neither may lead back.
+        """
+        error, self.error = self.error, None
+        if error is None:
+            return
+        try:
+            raise error
+        finally:
+            del error
 
 
 class Sequence:
@@ -171,6 +189,7 @@ def _set_result(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-def _set_exception(future: asyncio.Future[None], exc: BaseException) -> None:
-    if not future.done():
-        future.set_exception(exc)
+def _set_error(job: Job, exc: BaseException) -> None:
+    if not job.future.done():
+        job.error = exc
+        job.future.set_result(None)

@@ -49,12 +49,48 @@ def test_a_finished_job_is_freed_by_reference_counting_not_left_to_the_cycle_col
     assert left == []
 
 
+def test_a_failed_job_is_freed_by_reference_counting_not_left_to_the_cycle_collector() -> None:
+    """A refused request (a 4xx raised while its job is planned) leaves no cycle: the exception's traceback
+    holds frames that hold the job, so the job must not hold the exception once it is raised."""
+
+    ours = object()
+
+    def plan(job: Job) -> None:  # a frame holding the job, on the exception's traceback
+        try:
+            raise ValueError("too long")
+        except ValueError as exc:
+            job.fail(exc)
+
+    async def request() -> None:
+        job = Job(asyncio.get_running_loop(), 0)
+        job.context = ours
+        job.vectors = np.zeros((4, 1, 768), np.float32)
+        plan(job)
+        await job.future
+        job.raise_error()
+
+    async def scenario() -> None:
+        with pytest.raises(ValueError, match="too long"):
+            await request()
+
+    gc.collect()
+    gc.disable()
+    try:
+        asyncio.run(scenario())
+        left = [o for o in gc.get_objects() if isinstance(o, Job) and o.context is ours]
+    finally:
+        gc.enable()
+    assert left == []
+
+
 def test_failure_from_another_thread_and_late_results_are_ignored() -> None:
     async def scenario() -> None:
         job = Job(asyncio.get_running_loop(), 1)
         threading.Thread(target=job.fail, args=(RuntimeError("boom"),)).start()
+        await asyncio.wait_for(job.future, 5)
         with pytest.raises(RuntimeError, match="boom"):
-            await job.future
+            job.raise_error()
+        job.raise_error()  # raised once: the job lets go of it
         job.finish(1)  # a late result after the failure is ignored, not an InvalidStateError
         await asyncio.sleep(0.01)
 
