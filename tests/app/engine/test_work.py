@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
+from collections.abc import Coroutine
+from typing import Any
 
 import numpy as np
 import pytest
@@ -26,6 +28,17 @@ def test_a_job_resolves_once_its_last_sequence_is_done() -> None:
     assert job.remaining == 0
 
 
+def jobs_left(scenario: Coroutine[Any, Any, None], ours: object) -> list[Job]:
+    """The jobs whose context is ``ours`` still alive after ``scenario``, with the cycle collector off."""
+    gc.collect()
+    gc.disable()
+    try:
+        asyncio.run(scenario)
+        return [o for o in gc.get_objects() if isinstance(o, Job) and o.context is ours]
+    finally:
+        gc.enable()
+
+
 def test_a_finished_job_is_freed_by_reference_counting_not_left_to_the_cycle_collector() -> None:
     """A job in a reference cycle (its future holding it as the result) outlives its request until a full
     collection, with its result arrays: a worker grew ~2.5 MB a minute by that (docs/performance.md)."""
@@ -39,14 +52,7 @@ def test_a_finished_job_is_freed_by_reference_counting_not_left_to_the_cycle_col
         job.finish(1)
         await job.future
 
-    gc.collect()
-    gc.disable()
-    try:
-        asyncio.run(scenario())
-        left = [o for o in gc.get_objects() if isinstance(o, Job) and o.context is ours]
-    finally:
-        gc.enable()
-    assert left == []
+    assert jobs_left(scenario(), ours) == []
 
 
 def test_a_failed_job_is_freed_by_reference_counting_not_left_to_the_cycle_collector() -> None:
@@ -73,14 +79,7 @@ def test_a_failed_job_is_freed_by_reference_counting_not_left_to_the_cycle_colle
         with pytest.raises(ValueError, match="too long"):
             await request()
 
-    gc.collect()
-    gc.disable()
-    try:
-        asyncio.run(scenario())
-        left = [o for o in gc.get_objects() if isinstance(o, Job) and o.context is ours]
-    finally:
-        gc.enable()
-    assert left == []
+    assert jobs_left(scenario(), ours) == []
 
 
 def test_failure_from_another_thread_and_late_results_are_ignored() -> None:
