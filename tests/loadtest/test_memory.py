@@ -24,10 +24,14 @@ print(json.dumps({"before": before, "whole": whole, "after": after}))
 
 
 def test_private_memory_by_kind_adds_up_and_sees_an_allocation() -> None:
-    run = subprocess.run([sys.executable, "-c", READINGS], capture_output=True, text=True, timeout=60, check=True)
+    run = subprocess.run(
+        [sys.executable, "-c", READINGS], capture_output=True, text=True, timeout=60, check=True
+    )
     readings = json.loads(run.stdout)
     before, after = readings["before"], readings["after"]
-    assert abs(sum(before.values()) - readings["whole"]) < 4  # the same pages, one thread, read a moment apart
+    assert (
+        abs(sum(before.values()) - readings["whole"]) < 4
+    )  # the same pages, one thread, read a moment apart
     assert after["anon"] + after["heap"] - before["anon"] - before["heap"] > 48
 
 
