@@ -142,14 +142,14 @@ def _cannot_run(message: str) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from app.bulk.runner import Job
+    from app.bulk.runner import BulkSpec
 
     fields = Fields(args.text_field, args.id_field)
     forced = None if args.format == "auto" else args.format
     files = find_inputs(args.input, forced, fields, exclude=args.output)
     settings = flags.settings_of(args, args.model)
     given = flags.given_options(args)
-    job = Job(files, fields, args.output, args.shard_rows, args.encoding, args.input, forced)
+    job = BulkSpec(files, fields, args.output, args.shard_rows, args.encoding, args.input, forced)
     if args.ray is not None:
         from app.bulk.ray_job import run_ray
 

@@ -39,7 +39,7 @@ import pyarrow as pa
 
 from app.bulk.embedder import Embedder
 from app.bulk.output import OutputDir, error_lines, schema, shard_name, table, write_atomic
-from app.bulk.runner import Job, manifest_of, prepare
+from app.bulk.runner import BulkSpec, manifest_of, prepare
 from app.bulk.sources import Fields, InputFile, Rows, read
 from app.model.runtime import check_model
 from app.settings import Settings
@@ -140,7 +140,9 @@ class EmbedBatch:
         )
 
 
-def run_ray(job: Job, settings: Settings, given: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+def run_ray(
+    job: BulkSpec, settings: Settings, given: dict[str, Any], args: argparse.Namespace
+) -> dict[str, Any]:
     """Run ``job`` on Ray Data (``args.ray``: "local" for ``ray.init()``, else the cluster's address).
 
     Returns:
@@ -153,7 +155,7 @@ def run_ray(job: Job, settings: Settings, given: dict[str, Any], args: argparse.
 
 
 def prepare_ray(
-    job: Job, settings: Settings, given: dict[str, Any], args: argparse.Namespace
+    job: BulkSpec, settings: Settings, given: dict[str, Any], args: argparse.Namespace
 ) -> tuple[Settings, dict[str, Any], str]:
     """On the driver, before any actor starts: resolve the model (exporting it on first use), check the
     options against it, and decide what the run does in the output folder (:func:`~app.bulk.runner.prepare`).
@@ -179,7 +181,11 @@ def prepare_ray(
 
 
 def execute(
-    job: Job, settings: Settings, given: dict[str, Any], args: argparse.Namespace, manifest: dict[str, Any]
+    job: BulkSpec,
+    settings: Settings,
+    given: dict[str, Any],
+    args: argparse.Namespace,
+    manifest: dict[str, Any],
 ) -> dict[str, Any]:
     """The Ray Data pipeline into a staging folder, then :func:`commit`. Starts a Ray unless one is up."""
     import ray

@@ -28,7 +28,7 @@ class Refused(Exception):
 
 
 @dataclass(frozen=True)
-class Job:
+class BulkSpec:
     """What one run reads and writes."""
 
     files: list[InputFile]
@@ -40,7 +40,7 @@ class Job:
     format: str | None  # --format, None: by file names
 
 
-def manifest_of(job: Job, embedder: Embedder, source: str) -> dict[str, Any]:
+def manifest_of(job: BulkSpec, embedder: Embedder, source: str) -> dict[str, Any]:
     """The manifest of ``job`` run with ``embedder`` (``source``: the model as given), before counts."""
     model = embedder.model
     return {
@@ -112,7 +112,7 @@ def prepare(
     return "resume", {**manifest, "started": old.get("started"), "runs": int(old.get("runs", 1)) + 1}
 
 
-def pieces(job: Job, skip: set[int]) -> Iterator[tuple[int, Rows]]:
+def pieces(job: BulkSpec, skip: set[int]) -> Iterator[tuple[int, Rows]]:
     """The input's rows in order as (shard index, rows of that shard), leaving out the shards in ``skip``
     (their rows are read, not embedded: which rows a shard holds is a matter of counting)."""
     size = job.shard_rows
@@ -130,7 +130,7 @@ def pieces(job: Job, skip: set[int]) -> Iterator[tuple[int, Rows]]:
 
 
 async def run_local(
-    job: Job, embedder: Embedder, manifest: dict[str, Any], progress: Progress
+    job: BulkSpec, embedder: Embedder, manifest: dict[str, Any], progress: Progress
 ) -> dict[str, Any]:
     """Embed what ``job`` has left to do into its folder, then finish the folder.
 

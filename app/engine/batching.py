@@ -49,7 +49,7 @@ from app.engine.costs import CostModel, Refitter
 from app.engine.pending import BatchStats, Pending
 from app.engine.planner import Planner
 from app.engine.priority import URGENCIES
-from app.engine.work import Sequence
+from app.engine.work import Seq
 from app.telemetry.metrics import Metrics
 
 # More urgent work counts as about this long after its last arrival: closed-loop clients come back within
@@ -139,7 +139,7 @@ class Batcher:
             return float("inf")
         return DERIVED_BUDGET_BATCHES * self.planner.full_batch_cost(self._mean_length) * self._scale
 
-    def submit(self, sequences: list[Sequence]) -> None:
+    def submit(self, sequences: list[Seq]) -> None:
         """Queue one job's sequences (they share its urgency)."""
         if not sequences:
             return
@@ -198,7 +198,7 @@ class Batcher:
             scale = self._scale
             self._scale = ratio if scale is None else scale + SCALE_WEIGHT * (ratio - scale)
 
-    def next_batch(self) -> list[Sequence] | None:
+    def next_batch(self) -> list[Seq] | None:
         """Block until a batch is due and return it (None once stopped)."""
         with self._cond:
             waited = False
@@ -269,7 +269,7 @@ class Batcher:
         counts = np.array([k for _, k in pending], dtype=np.int64)
         return lengths, counts
 
-    def _oldest(self, cls: Pending) -> Sequence:
+    def _oldest(self, cls: Pending) -> Seq:
         arrivals = cls.arrivals
         while id(arrivals[0]) in self._taken:
             self._taken.discard(id(arrivals.popleft()))
@@ -296,9 +296,9 @@ class Batcher:
         self._depth -= dropped
         self.stats.dropped_cancelled += dropped
 
-    def _take(self, group: list[Pending], plan: list[tuple[int, int]], now: float) -> list[Sequence]:
+    def _take(self, group: list[Pending], plan: list[tuple[int, int]], now: float) -> list[Seq]:
         """Remove the planned sequences from the queue: per length the oldest first, across ``group``."""
-        batch: list[Sequence] = []
+        batch: list[Seq] = []
         for length, take in plan:
             holders = [c for c in group if length in c.buckets]
             for _ in range(take):
@@ -318,9 +318,7 @@ class Batcher:
         self._depth -= len(batch)
         return batch
 
-    def _fill(
-        self, batch: list[Sequence], group: list[Pending], top: int, oldest: Sequence, now: float
-    ) -> int:
+    def _fill(self, batch: list[Seq], group: list[Pending], top: int, oldest: Seq, now: float) -> int:
         """Add less urgent sequences no longer than ``top`` to ``batch``, longest first, as many as the
         room, the token budget and what is left of ``oldest``'s queue-delay budget allow; how many."""
         room = min(self.max_batch_size, self.max_batch_tokens // max(top, 1)) - len(batch)
@@ -353,7 +351,7 @@ class Batcher:
         return added
 
     def _count(
-        self, batch: list[Sequence], waited: bool, overdue: bool, capped: bool, aged: bool, filled: int
+        self, batch: list[Seq], waited: bool, overdue: bool, capped: bool, aged: bool, filled: int
     ) -> None:
         s = self.stats
         s.batches += 1

@@ -27,8 +27,8 @@ from app.engine.batching import Batcher
 from app.engine.inference import Inference
 from app.engine.priority import URGENCIES, URGENCY
 from app.engine.tokenization import Tokenization
-from app.engine.work import Job, Plan, Sequence
-from app.errors import InternalError, ServiceError
+from app.engine.work import Job, Plan, Seq
+from app.errors import ServiceError
 from app.model.runtime import OnnxModel
 from app.model.tokenizer import TextInputs
 from app.settings import Settings
@@ -118,7 +118,7 @@ class Engine:
     ) -> list[Encoding]:
         return await self.tokenization.encode(texts, add_special_tokens, offsets)
 
-    async def run(self, job: Job, sequences: list[Sequence]) -> Job:
+    async def run(self, job: Job, sequences: list[Seq]) -> Job:
         """Queue ``job``'s ``sequences`` for batching and wait until all have run; the results are in
         the job.
 
@@ -133,7 +133,8 @@ class Engine:
         the job's results (and ``context``, what ``plan`` left) once all have run.
 
         ``plan`` runs on the tokenisation thread, which queues the sequences itself: the event loop is
-        woken once, with the answer (or with the ServiceError ``plan`` raised, or a tokeniser fault).
+        woken once, with the answer (or with the ServiceError ``plan`` raised, or a tokeniser fault); a
+        plan of no sequences is answered at once, with its ``context``.
         """
         job = Job(asyncio.get_running_loop(), 0)
         created = time.perf_counter()
@@ -146,14 +147,13 @@ class Engine:
             except ServiceError as exc:  # the request's own fault: its 4xx
                 job.fail(exc)
                 return
-            if not work.ids:
-                raise InternalError("a plan gave no sequences to run")
             job.context = work.context
+            if not work.ids:  # nothing to run (every input refused, and the caller keeps why): answered now
+                job.finish(0)
+                return
             job.expect(len(work.ids))
             enqueued = self.batcher.clock.now()
-            self.batcher.submit(
-                [Sequence(ids, work.need, job, i, enqueued) for i, ids in enumerate(work.ids)]
-            )
+            self.batcher.submit([Seq(ids, work.need, job, i, enqueued) for i, ids in enumerate(work.ids)])
 
         # A tokeniser fault reaches the request as it is: a logged 500, as on every other path.
         self.tokenization.then(texts, planned, job.fail, lambda: not job.cancelled)

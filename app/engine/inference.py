@@ -25,7 +25,7 @@ import numpy as np
 from app.engine import pooling
 from app.engine.batching import Batcher
 from app.engine.postprocess import FinishedBatch, split_batch
-from app.engine.work import Job, Sequence
+from app.engine.work import Job, Seq
 from app.errors import InternalError
 from app.model import allocator
 from app.model.manifest import HEAD_OUTPUT, POOLER_OUTPUT
@@ -48,13 +48,13 @@ class Inference:
     def __init__(
         self,
         model: OnnxModel,
-        batcher: Batcher | None,
+        batcher: Batcher,
         metrics: Metrics,
         tracing: Tracing | None = None,
         calibrate: Callable[[], None] | None = None,
         trim_every: int = 0,
     ) -> None:
-        """``batcher``: where the thread takes its batches from (None: only :meth:`run_batch` is used);
+        """``batcher``: where the thread takes its batches from, and hears how long each one ran;
         ``tracing``: where each batch's span goes, linked to its requests' spans (None: tracing off);
         ``calibrate``: run on the thread before its first batch (the session is its alone then);
         ``trim_every``: batches between two trims of the C heap (:mod:`app.model.allocator`; 0: none)."""
@@ -84,15 +84,13 @@ class Inference:
             self._thread.join(timeout=30)
 
     def _run(self) -> None:
-        if self.batcher is None:
-            raise InternalError("the inference thread was started without a batcher")
         if self.calibrate is not None:
             self.calibrate()
         while (batch := self.batcher.next_batch()) is not None:
             self._run_one(batch)
             self.trimmer.after_batch()
 
-    def _run_one(self, batch: list[Sequence]) -> None:
+    def _run_one(self, batch: list[Seq]) -> None:
         live = [seq for seq in batch if not seq.job.cancelled]
         self.stats.dropped_cancelled += len(batch) - len(live)
         if not live:
@@ -104,8 +102,7 @@ class Inference:
             self._fail(live, InternalError(f"inference failed: {type(exc).__name__}: {exc}"))
             return
         seconds = finished.finished_at - finished.started_at
-        if self.batcher is not None:
-            self.batcher.ran(seconds)
+        self.batcher.ran(seconds)
         self.metrics.batch_ran(
             seconds,
             finished.cpu_s,
@@ -139,11 +136,11 @@ class Inference:
         )
 
     @staticmethod
-    def _fail(batch: list[Sequence], error: InternalError) -> None:
+    def _fail(batch: list[Seq], error: InternalError) -> None:
         for job in {id(seq.job): seq.job for seq in batch}.values():
             job.fail(error)
 
-    def run_batch(self, items: list[Sequence]) -> FinishedBatch:
+    def run_batch(self, items: list[Seq]) -> FinishedBatch:
         """Pad ``items`` into one batch, run the encoder (and the masked-LM head on masked positions)."""
         lengths = np.fromiter((item.length for item in items), np.int64, len(items))
         longest = int(lengths.max())

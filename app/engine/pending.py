@@ -7,7 +7,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from app.engine.priority import URGENCIES
-from app.engine.work import Sequence
+from app.engine.work import Seq
 
 
 @dataclass
@@ -35,8 +35,8 @@ class Pending:
 
     def __init__(self, urgency: int) -> None:
         self.urgency = urgency
-        self.buckets: dict[int, deque[Sequence]] = {}  # length -> its sequences, oldest first
-        self.arrivals: deque[Sequence] = deque()  # in arrival order, with taken ones not yet popped
+        self.buckets: dict[int, deque[Seq]] = {}  # length -> its sequences, oldest first
+        self.arrivals: deque[Seq] = deque()  # in arrival order, with taken ones not yet popped
         self.depth = 0
         self.since = 0.0  # when it was last served, or became non-empty: what it ages from
         self.seen = -float("inf")  # when its last sequence arrived

@@ -13,12 +13,7 @@ The most efficient window runs, however long the queue: so when it is short (eve
 fit one batch) lengths are grouped only where the model says it pays, i.e. where a tighter window does
 more useful work per second than running everything at once. On a CPU, where a batch costs about its
 tokens, a short and a long group then run apart; on a GPU, where a batch costs about its launch,
-everything runs together. (Choosing instead, in a short queue, the split that costs least in all, the
-rest run as one batch after it, was tried first: with the 10% saving it required before splitting, the
-service spent 6% more of the engine's time per token than the constant-overhead planner before it at 8
-clients × 1 text; in a simulation of those clients on a 2-core CPU's fitted costs,
-``python -m loadtest.planner_sim``, it served 8% fewer sentences a second with that threshold, 1% fewer
-without it.)
+everything runs together.
 
 An ``anchor`` (an item that has waited past its budget) must be in the window; a ``cap`` bounds the
 window's cost (less urgent work while more urgent work is about).

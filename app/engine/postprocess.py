@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from app.engine import pooling
-from app.engine.work import Job, Need, Sequence
+from app.engine.work import Job, Need, Seq
 from app.errors import InternalError
 from app.model.manifest import HEAD_OUTPUT, POOLER_OUTPUT
 
@@ -39,7 +39,7 @@ def head_scores(logits: np.ndarray, activation: str) -> np.ndarray:
 class FinishedBatch:
     """What the inference stage hands over: the sequences, their padded mask and the fetched outputs."""
 
-    sequences: list[Sequence]
+    sequences: list[Seq]
     attention_mask: np.ndarray
     outputs: dict[str, np.ndarray]
     # sequence index → rows of mask_logits that belong to it

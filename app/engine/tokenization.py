@@ -6,13 +6,9 @@ request then gets its encodings in one of two ways: :meth:`Tokenization.encode` 
 with them (for answers built from the tokens: /embed_all, fill-mask, /tokenize), :meth:`Tokenization.then`
 hands them to a callback right here on this thread, which queues the request's sequences for batching
 (/embed and the routes like it): the loop is not woken between tokenisation and batching, so a request
-wakes it once, when its answer is ready.
-
-Encoding a few short texts on the event loop instead was tried and measured (``loadtest.overhead``,
-32 × 1 and 256 × 1, two interleaved rounds): no less CPU per request, and since requests then reached
-the batcher one by one with none "on their way", batches were smaller (mean 2.8-5.0 against 4.4-7.5)
-and throughput lower in three of the four paired cells (520 / 462 against 544 / 507 requests/s at
-32 × 1; 500 / 440 against 474 / 519 at 256 × 1). The thread stays the only way in.
+wakes it once, when its answer is ready. Every text goes through this thread, however few a request
+sends: requests on their way here are the company the batch assembler waits for
+(:attr:`Tokenization.pending_texts`); docs/performance.md has the measurements behind it.
 """
 
 from __future__ import annotations
@@ -36,23 +32,22 @@ _TEXTS_PER_CALL = 256
 
 
 @dataclass
-class _Job:
+class _Request:
     texts: TextInputs
     add_special_tokens: bool
     offsets: bool
-    done: Callable[[list[Encoding]], object]  # called on this thread with the job's encodings
+    done: Callable[[list[Encoding]], object]  # called on this thread with the request's encodings
     failed: Callable[[BaseException], object]  # called on this thread if encoding raised
     wanted: Callable[[], bool]  # False once the request is gone: its texts are skipped
 
 
 class Tokenization:
     def __init__(self, tokenizer: TextTokenizer, capacity: int) -> None:
-        """``capacity`` bounds the queue; admission keeps it from ever filling (one job per request)."""
+        """``capacity`` bounds the queue; admission keeps it from ever filling (one entry per request)."""
         self.tokenizer = tokenizer
-        self._jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=capacity)
+        self._requests: queue.Queue[_Request | None] = queue.Queue(maxsize=capacity)
         self._thread = threading.Thread(target=self._run, name="zhembed-tokenize", daemon=True)
         self.calls = 0
-        self.texts = 0
         # Texts queued and texts done: each counter has one writer (the event loop, this thread), so
         # their difference is read without a lock by the batch assembler (pending_texts).
         self._queued = 0
@@ -67,7 +62,7 @@ class Tokenization:
         self._thread.start()
 
     def stop(self) -> None:
-        self._jobs.put(None)
+        self._requests.put(None)
         self._thread.join(timeout=10)
 
     async def encode(
@@ -78,7 +73,7 @@ class Tokenization:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[list[Encoding]] = loop.create_future()
         self._put(
-            _Job(
+            _Request(
                 texts,
                 add_special_tokens,
                 offsets,
@@ -99,67 +94,66 @@ class Tokenization:
         """Encode ``texts`` ([CLS]/[SEP] added, no offsets) and call ``done`` with their encodings on the
         tokenisation thread, or ``failed`` if encoding raised; neither once ``wanted()`` is False. From the
         event loop."""
-        self._put(_Job(texts, True, False, done, failed, wanted))
+        self._put(_Request(texts, True, False, done, failed, wanted))
 
-    def _put(self, job: _Job) -> None:
+    def _put(self, request: _Request) -> None:
         # Never blocks: admission bounds the requests in flight below the queue's capacity.
-        self._jobs.put_nowait(job)
-        self._queued += len(job.texts)
+        self._requests.put_nowait(request)
+        self._queued += len(request.texts)
 
     def _run(self) -> None:
         while True:
-            job = self._jobs.get()
-            if job is None:
+            request = self._requests.get()
+            if request is None:
                 return
-            jobs = [job]
-            count = len(job.texts)
+            requests = [request]
+            count = len(request.texts)
             while count < _TEXTS_PER_CALL:
                 try:
-                    more = self._jobs.get_nowait()
+                    more = self._requests.get_nowait()
                 except queue.Empty:
                     break
                 if more is None:
-                    self._jobs.put(None)  # stop after this round
+                    self._requests.put(None)  # stop after this round
                     break
-                jobs.append(more)
+                requests.append(more)
                 count += len(more.texts)
             for special in (True, False):
                 for offsets in (True, False):
-                    group = [j for j in jobs if j.add_special_tokens is special and j.offsets is offsets]
+                    group = [r for r in requests if r.add_special_tokens is special and r.offsets is offsets]
                     if group:
                         self._encode(group, special, offsets)
 
-    def _encode(self, jobs: list[_Job], add_special_tokens: bool, offsets: bool) -> None:
-        live: list[_Job] = []
-        for j in jobs:
-            if j.wanted():
-                live.append(j)
+    def _encode(self, requests: list[_Request], add_special_tokens: bool, offsets: bool) -> None:
+        live: list[_Request] = []
+        for r in requests:
+            if r.wanted():
+                live.append(r)
             else:  # its request is gone: counted done, never encoded
-                self._done += len(j.texts)
+                self._done += len(r.texts)
         if not live:
             return
-        texts = [t for j in live for t in j.texts]
+        texts = [t for r in live for t in r.texts]
         try:
             encodings = self.tokenizer.encode_batch(texts, add_special_tokens, offsets)
         except Exception as exc:  # handed to the requests, which fail loudly; the thread lives on
             self._done += len(texts)
-            for j in live:
-                j.failed(exc)
+            for r in live:
+                r.failed(exc)
             return
         self.calls += 1
-        self.texts += len(texts)
         start = 0
-        for j in live:
-            part = encodings[start : start + len(j.texts)]
-            start += len(j.texts)
+        for r in live:
+            part = encodings[start : start + len(r.texts)]
+            start += len(r.texts)
             # Counted done before its sequences are queued: the assembler, woken by them, must not wait
-            # for company that is this very job.
-            self._done += len(j.texts)
+            # for company that is this very request.
+            self._done += len(r.texts)
             try:
-                j.done(part)
+                r.done(part)
             except Exception as exc:  # a callback's fault is its request's, not this thread's
                 log.exception("tokenisation callback failed")
-                j.failed(exc)
+                r.failed(exc)
 
 
 def _resolve(future: asyncio.Future[list[Encoding]], value: list[Encoding]) -> None:

@@ -5,7 +5,7 @@ results as arrays, and is resolved ONCE, when its last sequence has been post-pr
 wake-up of the event loop per request, not one per text). A job whose texts the engine tokenises itself
 (:meth:`app.engine.engine.Engine.run_texts`) learns its sequence count on the tokenisation thread, from
 its :data:`Plan`, which turns the encodings into :class:`Planned` token ids there: the request's texts go
-from the loop to the batch queue without waking the loop in between. A :class:`Sequence` is one input, or one
+from the loop to the batch queue without waking the loop in between. A :class:`Seq` is one input, or one
 window of a long input; it knows its job and its row (``slot``) in the job's results. Both use
 ``__slots__`` and plain attributes: every text of every request passes through here, and what runs per
 text is what a GPU waits on.
@@ -161,8 +161,9 @@ class Job:
             del error
 
 
-class Sequence:
-    """One input (or one window of a long input) on its way through the engine."""
+class Seq:
+    """One sequence of token ids: an input (or one window of a long input) on its way through the engine.
+    (Not ``Sequence``: that name is ``collections.abc``'s.)"""
 
     __slots__ = ("enqueued_at", "ids", "job", "length", "need", "slot", "types")
 

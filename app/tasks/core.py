@@ -17,13 +17,14 @@ from tokenizers import Encoding as TokenEncoding
 from app.cache import keys as cache_keys
 from app.cache.vectors import VectorCache
 from app.engine.engine import Engine
-from app.engine.work import Job, Need, Sequence
+from app.engine.work import Job, Need, Seq
 from app.errors import NotReady, Unsupported
 from app.model.manifest import KIND_NAMES, MANIFEST_NAME, Head, Kind
 from app.model.runtime import OnnxModel
 from app.model.tokenizer import TextInputs
 from app.settings import Settings
-from app.tasks.options import EmbedOptions, Names, model_defaults, texts_of
+from app.tasks.options import Direction, EmbedOptions, LongText, Names, model_defaults
+from app.tasks.prepare import Rules, texts_of
 from app.telemetry.metrics import Metrics
 from app.telemetry.timings import ms
 
@@ -104,6 +105,24 @@ class Core:
         """The request's texts as a list, checked against the per-request limits (:func:`texts_of`)."""
         return texts_of(inputs, self.settings.max_inputs_per_request, self.settings.max_input_chars, names)
 
+    def rules(
+        self,
+        too_long: str,
+        long_text: LongText = "error",
+        direction: Direction = "right",
+        refuse_empty: bool = True,
+    ) -> Rules:
+        """How a route prepares its inputs for this model (:class:`~app.tasks.prepare.Rules`)."""
+        info = self.model.manifest.tokenizer
+        return Rules(
+            self.model.tokenizer.max_length,
+            too_long,
+            long_text,
+            direction,
+            (info.cls_id, info.sep_id),
+            refuse_empty,
+        )
+
     async def tokenize(
         self, texts: TextInputs, add_special_tokens: bool = True, offsets: bool = True
     ) -> tuple[list[TokenEncoding], float]:
@@ -127,7 +146,7 @@ class Core:
         types = type_ids if type_ids is not None else [None] * len(sequences)
         enqueued = time.perf_counter()
         work = [
-            Sequence(ids, n, job, i, enqueued, t)
+            Seq(ids, n, job, i, enqueued, t)
             for i, (ids, n, t) in enumerate(zip(sequences, needs, types, strict=True))
         ]
         return await self.engine.run(job, work)

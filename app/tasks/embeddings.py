@@ -2,8 +2,8 @@
 cosines of those vectors (``/similarity``), and the vector of each token (``/embed_all``).
 
 The way every vector is made: the texts (with the model's prompt), through the vector cache when there
-is one (:mod:`app.cache.vectors`), what it lacks tokenised and planned into sequences on the tokenisation
-thread (windows for long texts: :mod:`app.tasks.windows`), pooled by the engine, through the model's
+is one (:mod:`app.cache.vectors`), what it lacks tokenised and prepared into sequences on the tokenisation
+thread (:mod:`app.tasks.prepare`: refusals, truncation, windows for long texts), pooled by the engine, through the model's
 Dense modules (:mod:`app.model.dense`), then combined across layers and windows and normalised
 (:mod:`app.tasks.layers`); and last, with ``dimensions``, cut to their first components and normalised
 again (Matryoshka), after the cache, which keeps whole vectors.
@@ -19,7 +19,7 @@ from tokenizers import Encoding as TokenEncoding
 
 from app.cache import keys as cache_keys
 from app.engine.work import Job, Need, Planned
-from app.errors import EmptyInput, InternalError, ValidationFailed
+from app.errors import EmptyInput, InternalError, ServiceError, ValidationFailed
 from app.model import dense
 from app.tasks import layers, token_rows
 from app.tasks.answers import Answer, TokenVectors, timed, timings_of
@@ -32,23 +32,62 @@ from app.tasks.options import (
     check_dimensions,
     listed,
     matryoshka_of,
-    no_tokens,
     prompt_text,
     resolve_embed,
     resolve_embed_all,
 )
-from app.tasks.token_ids import token_id_inputs, token_id_lists
-from app.tasks.windows import TOO_LONG_EMBED, TOO_LONG_OPENAI, prepare
+from app.tasks.prepare import (
+    TOO_LONG_EMBED,
+    TOO_LONG_OPENAI,
+    TOO_LONG_TOKENS,
+    GivenIds,
+    Name,
+    Prepared,
+    Rules,
+    from_encodings,
+    given_ids,
+    prepare,
+    text_problems,
+)
+from app.tasks.token_ids import token_id_lists
 from app.telemetry.timings import Timings, ms
 
 
 @dataclass
+class Vectors:
+    """The vectors of a call (:meth:`Embeddings.vectors`, :meth:`Embeddings.rows`).
+
+    ``vectors``: float32 [inputs embedded, width], or their first ``dimensions`` components;
+    ``tokens``: int64 [inputs embedded], each one's tokens ([CLS], [SEP] and the prompt included, before
+    any truncation); ``problems``: why each other input is refused, by its index (only :meth:`rows`
+    leaves inputs out; the rest are embedded, in input order); ``timings``: of what was computed.
+    """
+
+    vectors: np.ndarray
+    tokens: np.ndarray
+    timings: Timings
+    problems: dict[int, ServiceError] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Call:
+    """A call's options resolved against the model once: what each sequence needs, how a long input is
+    prepared, and what vectors come out."""
+
+    options: EmbedOptions
+    resolved: Resolved
+    need: Need
+    rules: Rules
+    prompt: str  # put before each text; "" for none (and for token ids)
+    width: int  # of the whole vectors (layers side by side widen them)
+
+
+@dataclass
 class _Computed:
-    """What the engine computed for one request (cache misses only)."""
+    """What the engine computed for one call (cache misses only)."""
 
     jobs: list[Job] = field(default_factory=list)
     tokenization_ms: float = 0.0
-    tokens: dict[str, int] = field(default_factory=dict)  # text → tokens, [CLS] and [SEP] included
 
 
 class Embeddings:
@@ -71,8 +110,10 @@ class Embeddings:
     async def embed(self, inputs: str | list[str], options: EmbedOptions) -> Answer[np.ndarray]:
         """One float32 vector per input, in input order: [inputs, width]."""
         names = listed("inputs", inputs)
-        vectors, timings, _ = await self.vectors(self.core.texts(inputs, names), options, names)
-        return Answer(vectors, timings)
+        texts = self.core.texts(inputs, names)
+        self.core.check_ready()
+        got = await self.vectors(texts, options, names)
+        return Answer(got.vectors, got.timings)
 
     @timed
     async def embed_all(
@@ -97,16 +138,21 @@ class Embeddings:
         names = listed("inputs", inputs)
         texts = self.core.texts(inputs, names)
         resolved = resolve_embed_all(options, self.core.model.num_layers)
+        rules = self.core.rules(TOO_LONG_TOKENS, options.long_text, options.truncation_direction)
         with self.core.engine.admit(len(texts)):
             encodings, tokenization_ms = await self.core.tokenize(texts)
-            kept, rows = token_rows.plan(encodings, self.core.model.tokenizer.max_length, options, names)
+            prepared = from_encodings(encodings, rules, names.item)
+            prepared.refuse()
+            kept = [prepared.positions(k) for k in range(len(texts))]
+            rows = [
+                token_rows.returned_rows(e, k, options.special_tokens)
+                for e, k in zip(encodings, kept, strict=True)
+            ]
             width = len(resolved.layers) if resolved.mix.how == "concat" else 1
             token_rows.check_token_bound(
                 sum(len(r) for r in rows), width, self.core.settings.max_embed_all_tokens
             )
-            need = Need(layers=resolved.layers, tokens=True)
-            ids = [np.asarray(enc.ids, dtype=np.int64)[k] for enc, k in zip(encodings, kept, strict=True)]
-            job = await self.core.run(ids, need)
+            job = await self.core.run(prepared.ids, Need(layers=resolved.layers, tokens=True))
         answer = [
             token_rows.token_vectors(enc, k, r, states, resolved.mix, options)
             for enc, k, r, states in zip(encodings, kept, rows, job.token_states, strict=True)
@@ -132,22 +178,23 @@ class Embeddings:
         options = replace(self.core.defaults, dimensions=dimensions)
         if (id_inputs := token_id_lists(inputs)) is not None:
             sequences, names = id_inputs
-            given = token_id_inputs(
+            given, problems = given_ids(
                 sequences,
+                self.core.rules(TOO_LONG_OPENAI),
                 names,
                 self.core.settings.max_inputs_per_request,
-                self.core.model.tokenizer.max_length,
                 self.core.model.manifest.config.vocab_size,
             )
-            texts = list(given)
-            vectors, timings, _ = await self.vectors(texts, options, names, TOO_LONG_OPENAI, given)
-            return Answer((vectors, sum(len(given[t]) for t in texts)), timings)
-        names = listed("input", inputs)
-        texts = self.core.texts(cast(str | list[str], inputs), names)
-        vectors, timings, tokens = await self.vectors(
-            texts, options, names, TOO_LONG_OPENAI, count_tokens=True
-        )
-        return Answer((vectors, sum(tokens[t] for t in texts)), timings)
+            if problems:
+                raise problems[min(problems)]
+            self.core.check_ready()
+            got = await self.vectors(given, options, names, TOO_LONG_OPENAI)
+        else:
+            names = listed("input", inputs)
+            texts = self.core.texts(cast(str | list[str], inputs), names)
+            self.core.check_ready()
+            got = await self.vectors(texts, options, names, TOO_LONG_OPENAI)
+        return Answer((got.vectors, int(got.tokens.sum())), got.timings)
 
     @timed
     async def similarity(
@@ -174,44 +221,135 @@ class Embeddings:
                 "inputs", lambda k: "inputs.source_sentence" if k == 0 else f"inputs.sentences[{k - 1}]"
             )
             texts = self.core.texts([source, *sentences], names)
-        vectors, timings, _ = await self.vectors(texts, options, names)
+        self.core.check_ready()
+        got = await self.vectors(texts, options, names)
+        vectors = got.vectors
         if pairs is not None:
             scores = np.einsum("ij,ij->i", vectors[0::2], vectors[1::2])
         else:
             scores = vectors[1:] @ vectors[0]
-        return Answer(scores.astype(float).tolist(), timings)
+        return Answer(scores.astype(float).tolist(), got.timings)
 
     async def vectors(
         self,
-        texts: list[str],
+        inputs: list[str] | GivenIds,
         options: EmbedOptions,
         names: Names,
         too_long: str = TOO_LONG_EMBED,
-        given: dict[str, np.ndarray] | None = None,
-        check_ready: bool = True,
-        use_cache: bool = True,
-        count_tokens: bool = False,
-    ) -> tuple[np.ndarray, Timings, dict[str, int]]:
-        """The combined (and optionally normalised) float32 vector of each text, [texts, width], through
-        the cache when there is one; with ``options.dimensions``, its first components [texts, dimensions]
-        (normalised again if ``options.normalize``).
+    ) -> Vectors:
+        """The combined (and optionally normalised) float32 vector of each input, through the cache when
+        there is one; with ``options.dimensions``, its first components (normalised again if
+        ``options.normalize``). A request's call: its first bad input refuses it.
 
-        ``names`` name the texts in error messages, ``too_long`` says what to do about one over the
-        model's length. With ``given``, the texts are keys of token ids that run as they are.
+        ``inputs`` are texts (the model's prompt is put before each), or token ids that run as given.
+        ``names`` name the inputs in error messages, ``too_long`` says what to do about one over the
+        model's length.
 
-        Returns:
-            The vectors, the timings of what was computed, and (with ``count_tokens``) each text's tokens.
+        Raises:
+            EmptyInput, ValidationFailed: the first input with no tokens or over the model's length
+                (long_text "error"); options that do not fit the model.
         """
-        if check_ready:
-            self.core.check_ready()
+        given = inputs if isinstance(inputs, GivenIds) else None
+        call = self._call(options, too_long, token_ids=given is not None)
+        if given is not None:
+            keys = given.keys
+            ids_of: dict[str, np.ndarray] | None = dict(zip(keys, given.ids, strict=True))
+        else:
+            texts = cast(list[str], inputs)
+            keys = [call.prompt + t for t in texts] if call.prompt else texts
+            ids_of = None
+        first = {key: i for i, key in reversed(list(enumerate(keys)))}
+        computed = _Computed()
+
+        async def compute(todo: list[str]) -> tuple[np.ndarray, np.ndarray]:
+            runs = [ids_of[k] for k in todo] if ids_of is not None else todo
+            vectors, prepared = await self._compute(
+                call, runs, lambda i: names.item(first[todo[i]]), computed
+            )
+            return vectors, prepared.tokens
+
+        async def cached(todo: list[str]) -> np.ndarray:
+            # An input's tokens ride in its cache entry, one component after its vector, so that a hit
+            # is counted without tokenising it again (exact in float32 below 2**24).
+            vectors, tokens = await compute(todo)
+            return np.column_stack([vectors, tokens.astype(np.float32)])
+
+        # Permits cover every input, cached or not: they bound the in-flight map and the queues behind it.
+        with self.core.engine.admit(len(keys)):
+            if self.core.cache.enabled:
+                prefix = self._key_prefix(options, call.resolved, token_ids=given is not None)
+                stored = np.stack(await self.core.cache.vectors(prefix, keys, cached))
+                vectors, tokens = np.ascontiguousarray(stored[:, :-1]), stored[:, -1].astype(np.int64)
+            elif len(first) < len(keys):  # repeated inputs: each computed once
+                distinct = list(dict.fromkeys(keys))
+                row = {k: i for i, k in enumerate(distinct)}
+                at = [row[k] for k in keys]
+                vectors, tokens = await compute(distinct)
+                vectors, tokens = vectors[at], tokens[at]
+            else:  # no cache: no keys, no flights, nothing per input beyond the work itself
+                vectors, tokens = await compute(keys)
+        return Vectors(
+            self._cut(vectors, options), tokens, timings_of(computed.jobs, computed.tokenization_ms)
+        )
+
+    async def rows(self, texts: list[str], options: EmbedOptions, names: Names, too_long: str) -> Vectors:
+        """Each text's vector, or why it is refused: the bulk job's call (and the warm-up's). Nothing is
+        cached; a text a request would be refused for (:func:`~app.tasks.prepare.text_problems`, no
+        tokens, over the model's length with long_text "error") is left out and its problem kept, in
+        the words a request gets, while the others are embedded: one engine call, whatever is wrong.
+
+        Raises:
+            ValidationFailed, Unsupported: options that do not fit the model.
+        """
+        call = self._call(options, too_long, token_ids=False)
+        problems = text_problems(texts, self.core.settings.max_input_chars, names.item)
+        keys = [call.prompt + t for t in texts] if call.prompt else texts
+        first: dict[str, int] = {}
+        for i, key in enumerate(keys):
+            if i not in problems:
+                first.setdefault(key, i)
+        distinct = list(first)
+        computed = _Computed()
+        if not distinct:
+            empty = np.empty((0, call.width), np.float32)
+            return Vectors(self._cut(empty, options), np.empty(0, np.int64), timings_of([], 0.0), problems)
+        with self.core.engine.admit(len(distinct)):
+            vectors, prepared = await self._compute(
+                call, distinct, lambda k: names.item(first[distinct[k]]), computed, refuse=False
+            )
+        # A distinct text's row among the vectors (or its problem), for each text of the call.
+        index = {key: d for d, key in enumerate(distinct)}
+        row = dict(zip(prepared.inputs.tolist(), range(len(prepared.inputs)), strict=True))
+        at: list[int] = []
+        for i, key in enumerate(keys):
+            if i in problems:
+                continue
+            d = index[key]
+            if d in row:
+                at.append(row[d])
+            else:  # refused in the engine call, and so is every other row of the same text
+                problems[i] = prepared.problems[d]
+        return Vectors(
+            self._cut(vectors[at], options),
+            prepared.tokens[at],
+            timings_of(computed.jobs, computed.tokenization_ms),
+            problems,
+        )
+
+    def _call(self, options: EmbedOptions, too_long: str, token_ids: bool) -> _Call:
+        """``options`` resolved against the model.
+
+        Raises:
+            ValidationFailed, Unsupported: options that do not fit the model (or its prompts).
+        """
         resolved = resolve_embed(options, self.core.model.num_layers, self.core.model.has_pooler)
         self._check_dimensions(options, resolved)
         pool_from = 0
-        asked = texts
-        if given is None and (
-            prompt := prompt_text(options.prompt_name, self.core.model.manifest.defaults.prompts)
+        prompt = ""
+        if not token_ids and (
+            text := prompt_text(options.prompt_name, self.core.model.manifest.defaults.prompts)
         ):
-            texts = [prompt + t for t in texts]
+            prompt = text
             if not self.core.model.manifest.defaults.include_prompt:
                 pool_from = self.prompt_tokens[cast(str, options.prompt_name)]
                 if options.long_text == "chunk":
@@ -219,69 +357,63 @@ class Embeddings:
                         "long_text 'chunk' cannot go with this model's prompts: its pooling leaves the prompt "
                         "out, and only the first window holds it; use long_text 'truncate'"
                     )
-        need = Need(layers=resolved.layers, pooling=options.pooling, pool_from=pool_from)
-        first = {text: i for i, text in reversed(list(enumerate(texts)))}
-        computed = _Computed()
-        info = self.core.model.manifest.tokenizer
-        limit = self.core.model.tokenizer.max_length
+        width = self.width * len(resolved.layers) if resolved.mix.how == "concat" else self.width
+        return _Call(
+            options,
+            resolved,
+            Need(layers=resolved.layers, pooling=options.pooling, pool_from=pool_from),
+            # Token ids run as given: [CLS] [SEP] alone is the sender's to send.
+            self.core.rules(
+                too_long, options.long_text, options.truncation_direction, refuse_empty=not token_ids
+            ),
+            prompt,
+            width,
+        )
 
-        def planned(todo: list[str], ids: list[np.ndarray]) -> Planned:
-            prepared = prepare(
-                ids,
-                options,
-                limit,
-                (info.cls_id, info.sep_id),
-                lambda i: names.item(first[todo[i]]),
-                too_long,
-            )
-            lengths = [len(x) for x in ids] if count_tokens else None
-            return Planned(prepared.sequences, need, (prepared.windows, lengths))
+    async def _compute(
+        self,
+        call: _Call,
+        inputs: list[str] | list[np.ndarray],
+        name: Name,
+        computed: _Computed,
+        refuse: bool = True,
+    ) -> tuple[np.ndarray, Prepared]:
+        """One engine call: the vectors [good inputs, width] of ``inputs`` (texts, tokenised and prepared
+        on the tokenisation thread; or token ids), and how they were prepared. ``refuse``: the first
+        bad input fails the call (a request's); else bad inputs are left out, their problems kept."""
 
-        async def compute(todo: list[str]) -> np.ndarray:
-            if given is not None:
-                work = planned(todo, [given[t] for t in todo])
-                job = await self.core.run(work.ids, need)
-                context = work.context
-            else:
+        def plan(encodings: list[TokenEncoding]) -> Planned:  # on the tokenisation thread
+            prepared = from_encodings(encodings, call.rules, name)
+            if refuse:
+                prepared.refuse()
+            return Planned(prepared.ids, call.need, prepared)
 
-                def plan(encodings: list[TokenEncoding]) -> Planned:  # on the tokenisation thread
-                    ids = [np.asarray(e.ids, dtype=np.int64) for e in encodings]
-                    if empty := [k for k, x in enumerate(ids) if len(x) <= 2]:
-                        raise no_tokens(names.item(first[todo[empty[0]]]))
-                    return planned(todo, ids)
+        if inputs and isinstance(inputs[0], np.ndarray):  # token ids, checked: nothing to tokenise
+            prepared = prepare(cast(list[np.ndarray], inputs), call.rules, name)
+            prepared.refuse()
+            job = await self.core.run(prepared.ids, call.need)
+        else:
+            job = await self.core.engine.run_texts(cast(list[str], inputs), plan)
+            computed.tokenization_ms += ms(job.tokenized_s)
+            prepared = cast(Prepared, job.context)
+        computed.jobs.append(job)
+        if not prepared.ids:  # every input refused (rows only): nothing ran
+            return np.empty((0, call.width), np.float32), prepared
+        if job.vectors is None:
+            raise InternalError("an /embed job came back without its pooled vectors")
+        pooled = dense.apply(job.vectors, self.dense) if self.dense else job.vectors
+        vectors = layers.input_vectors(
+            len(prepared.inputs), pooled, call.resolved.mix, call.options.normalize, prepared.windows
+        )
+        return vectors, prepared
 
-                job = await self.core.engine.run_texts(todo, plan)
-                computed.tokenization_ms += ms(job.tokenized_s)
-                context = job.context
-            windows, lengths = context
-            if lengths is not None:
-                computed.tokens.update(zip(todo, lengths, strict=True))
-            computed.jobs.append(job)
-            if job.vectors is None:
-                raise InternalError("an /embed job came back without its pooled vectors")
-            pooled = dense.apply(job.vectors, self.dense) if self.dense else job.vectors
-            return layers.input_vectors(len(todo), pooled, resolved.mix, options.normalize, windows)
-
-        # Permits cover every input, cached or not: they bound the in-flight map and the queues behind it.
-        with self.core.engine.admit(len(texts)):
-            if use_cache and self.core.cache.enabled:
-                prefix = self._key_prefix(options, resolved, token_ids=given is not None)
-                vectors = np.stack(await self.core.cache.vectors(prefix, texts, compute))
-            elif len(first) < len(texts):  # repeated texts: each computed once
-                distinct = list(dict.fromkeys(texts))
-                row = {t: i for i, t in enumerate(distinct)}
-                vectors = (await compute(distinct))[[row[t] for t in texts]]
-            else:  # no cache: no keys, no flights, nothing per text beyond the work itself
-                vectors = await compute(texts)
-            if count_tokens and (uncounted := [t for t in first if t not in computed.tokens]):
-                encodings, _ = await self.core.tokenize(uncounted, offsets=False)
-                computed.tokens.update((t, len(e.ids)) for t, e in zip(uncounted, encodings, strict=True))
-        if options.dimensions is not None and options.dimensions < vectors.shape[1]:  # the width: as it is
-            vectors = layers.first_components(vectors, options.dimensions, options.normalize)
-        tokens = computed.tokens
-        if count_tokens and texts is not asked:  # counted with the prompt, reported by the texts sent
-            tokens = {a: tokens[t] for a, t in zip(asked, texts, strict=True)}
-        return vectors, timings_of(computed.jobs, computed.tokenization_ms), tokens
+    @staticmethod
+    def _cut(vectors: np.ndarray, options: EmbedOptions) -> np.ndarray:
+        """With ``options.dimensions``, each vector's first components (after the cache, which keeps
+        whole vectors); the width: as it is."""
+        if options.dimensions is not None and options.dimensions < vectors.shape[1]:
+            return layers.first_components(vectors, options.dimensions, options.normalize)
+        return vectors
 
     def _check_dimensions(self, options: EmbedOptions, resolved: Resolved) -> None:
         """``options.dimensions`` against the width of the vectors asked for (layers side by side widen them)."""
@@ -307,6 +439,7 @@ class Embeddings:
                 "input": "token_ids" if token_ids else "text",
                 # The texts carry the prompt; its name keys whether it was pooled (include_prompt).
                 "prompt": options.prompt_name if not token_ids else None,
-                "output": "vector",
+                # A vector and, as its last component, the input's tokens (for OpenAI's usage).
+                "output": "vector+tokens",
             },
         )

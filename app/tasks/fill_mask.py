@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from tokenizers import Encoding
 
 from app.engine.work import Need
 from app.errors import InternalError, Unsupported, ValidationFailed
@@ -15,7 +14,7 @@ from app.tasks.answers import Answer, timed, timings_of
 from app.tasks.core import Core
 from app.tasks.layers import top_k as top_k_of
 from app.tasks.options import Names, listed
-from app.tasks.windows import TOO_LONG_MASKS, check_length
+from app.tasks.prepare import TOO_LONG_MASKS, Prepared, from_encodings
 
 # Each [MASK] holds a probability row over the vocabulary (bert-base-chinese: 21128 floats, 84 kB) until
 # its request is answered, and costs top_k decodes on the event loop; this keeps one request near 10 MB.
@@ -25,21 +24,19 @@ MAX_MASKS_PER_REQUEST = 128
 Candidate = dict[str, Any]
 
 
-def masked(
-    encodings: list[Encoding], mask_id: int, limit: int, names: Names
-) -> tuple[list[np.ndarray], list[tuple[int, ...]]]:
-    """Each input's token ids and the positions of its [MASK] tokens.
+def masked(prepared: Prepared, mask_id: int, names: Names) -> tuple[list[np.ndarray], list[tuple[int, ...]]]:
+    """Each input's token ids and the positions of its [MASK] tokens, checked in input order.
 
     Raises:
-        ValidationFailed: an input over ``limit`` tokens (fill-mask cannot truncate) or without [MASK];
-            more than :data:`MAX_MASKS_PER_REQUEST` masks in all.
+        ValidationFailed: an input over the model's length (fill-mask cannot truncate: ``prepared``'s
+            problem) or without [MASK]; more than :data:`MAX_MASKS_PER_REQUEST` masks in all.
     """
-    sequences: list[np.ndarray] = []
     positions: list[tuple[int, ...]] = []
     masks = 0
-    for i, enc in enumerate(encodings):
-        ids = np.asarray(enc.ids, dtype=np.int64)
-        check_length(names.item(i), len(ids), limit, TOO_LONG_MASKS)
+    for i in range(len(prepared.lengths)):
+        if i in prepared.problems:
+            raise prepared.problems[i]
+        ids = prepared.ids[i]  # every input before it is good: none was left out
         where = tuple(int(p) for p in np.flatnonzero(ids == mask_id))
         if not where:
             raise ValidationFailed(f"{names.item(i)} has no [MASK] token")
@@ -48,9 +45,8 @@ def masked(
             raise ValidationFailed(
                 f"inputs[:{i + 1}] hold {masks} [MASK] tokens; the limit is {MAX_MASKS_PER_REQUEST} per request"
             )
-        sequences.append(ids)
         positions.append(where)
-    return sequences, positions
+    return prepared.ids, positions
 
 
 def check_targets(targets: list[str] | None, max_chars: int) -> None:
@@ -199,7 +195,9 @@ class FillMask:
         mask_id = self.core.model.manifest.tokenizer.mask_id
         with self.core.engine.admit(len(texts)):
             encodings, tokenization_ms = await self.core.tokenize(texts, offsets=False)
-            sequences, positions = masked(encodings, mask_id, self.core.model.tokenizer.max_length, names)
+            # Fill-mask runs an input without tokens to refuse it for having no [MASK].
+            rules = self.core.rules(TOO_LONG_MASKS, refuse_empty=False)
+            sequences, positions = masked(from_encodings(encodings, rules, names.item), mask_id, names)
             needs = [Need(mask_positions=p) for p in positions]
             candidates = None
             if targets is not None:

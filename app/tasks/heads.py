@@ -21,8 +21,8 @@ from app.model.tokenizer import TextInput
 from app.tasks import entities
 from app.tasks.answers import Answer, timed, timings_of
 from app.tasks.core import Core
-from app.tasks.options import Direction, LongText, Names, listed, no_tokens
-from app.tasks.windows import TOO_LONG_HEAD, check_length, truncate_pair, truncated_positions
+from app.tasks.options import Direction, LongText, Names, listed
+from app.tasks.prepare import TOO_LONG_HEAD, from_encodings
 from app.telemetry.timings import Timings
 
 
@@ -116,22 +116,13 @@ class Heads:
         head = self.core.head("/token-classification", "tagger")
         names = listed("inputs", inputs)
         texts = self.core.texts(inputs, names)
-        limit = self.core.model.tokenizer.max_length
+        rules = self.core.rules(TOO_LONG_HEAD, long_text, direction)
         with self.core.engine.admit(len(texts)):
             encodings, tokenization_ms = await self.core.tokenize(texts)
-            kept = []
-            for i, enc in enumerate(encodings):
-                if len(enc.ids) <= 2:
-                    raise no_tokens(names.item(i))
-                if len(enc.ids) > limit and long_text == "error":
-                    check_length(names.item(i), len(enc.ids), limit, TOO_LONG_HEAD)
-                kept.append(
-                    truncated_positions(len(enc.ids), limit, direction)
-                    if len(enc.ids) > limit
-                    else np.arange(len(enc.ids))
-                )
-            ids = [np.asarray(e.ids, dtype=np.int64)[k] for e, k in zip(encodings, kept, strict=True)]
-            job = await self.core.run(ids, Need(head=True))
+            prepared = from_encodings(encodings, rules, names.item)
+            prepared.refuse()
+            kept = [prepared.positions(k) for k in range(len(texts))]
+            job = await self.core.run(prepared.ids, Need(head=True))
         answer = []
         for text, enc, k, states in zip(texts, encodings, kept, job.token_states, strict=True):
             if states is None:
@@ -166,7 +157,8 @@ class Heads:
         keys = [json.dumps(x, ensure_ascii=False) for x in inputs]
         item = dict(zip(keys, inputs, strict=True))
         position = {k: i for i, k in reversed(list(enumerate(keys)))}  # a key's first input, for messages
-        limit = self.core.model.tokenizer.max_length
+        # The head routes run an input the tokenizer leaves nothing of, as transformers' pipelines do.
+        rules = self.core.rules(TOO_LONG_HEAD, long_text, direction, refuse_empty=False)
         jobs: list[Job] = []
         tokenization_ms = 0.0
 
@@ -175,22 +167,10 @@ class Heads:
             todo_inputs = [item[k] for k in todo]
             encodings, took = await self.core.tokenize(todo_inputs, offsets=False)
             tokenization_ms += took
-            ids, types = [], []
-            for k, (x, enc) in enumerate(zip(todo_inputs, encodings, strict=True)):
-                name = f"{field_name}[{position[todo[k]]}]"
-                row = np.asarray(enc.ids, dtype=np.int64)
-                kinds = np.asarray(enc.type_ids, dtype=np.int64)
-                if len(row) > limit:
-                    if long_text == "error":
-                        check_length(name, len(row), limit, TOO_LONG_HEAD)
-                    if isinstance(x, str):
-                        keep = truncated_positions(len(row), limit, direction)
-                        row, kinds = row[keep], kinds[keep]
-                    else:
-                        row, kinds = truncate_pair(row, kinds, limit, direction)
-                ids.append(row)
-                types.append(kinds if not isinstance(x, str) else None)
-            job = await self.core.run(ids, Need(head=True), types)
+            pairs = [not isinstance(x, str) for x in todo_inputs]
+            prepared = from_encodings(encodings, rules, lambda k: f"{field_name}[{position[todo[k]]}]", pairs)
+            prepared.refuse()
+            job = await self.core.run(prepared.ids, Need(head=True), prepared.types)
             jobs.append(job)
             if job.vectors is None:
                 raise InternalError("a /predict job came back without its logits")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from app.engine.pooling import POOLER, Pooling
-from app.errors import EmptyInput, Unsupported, ValidationFailed
+from app.errors import Unsupported, ValidationFailed
 from app.model.manifest import Defaults
 
 __all__ = ["Pooling"]  # declared with its functions in app.engine.pooling; reused from here
@@ -278,52 +278,3 @@ def check_dimensions(dimensions: int | None, width: int, matryoshka: Matryoshka)
         raise ValidationFailed(
             f"dimensions {dimensions} is not one this model was trained for: send one of {choices}"
         )
-
-
-def no_tokens(name: str) -> EmptyInput:
-    """The error for an input the tokenizer leaves nothing of (only control or zero-width characters):
-    the same as for "" and whitespace."""
-    return EmptyInput(f"{name} has no tokens: its characters are all ones the tokenizer drops")
-
-
-def check_count(count: int, max_inputs: int, names: Names) -> None:
-    """A request's number of inputs (texts or token-id lists): at least one, at most ``max_inputs``.
-
-    Raises:
-        EmptyInput: none.
-        ValidationFailed: more than ``max_inputs``.
-    """
-    if not count:
-        raise EmptyInput(f"{names.field} is empty: send at least one input")
-    if count > max_inputs:
-        raise ValidationFailed(
-            f"{count} inputs in one request; the limit is {max_inputs} "
-            "(ZHEMBED_MAX_INPUTS_PER_REQUEST): send them in several requests"
-        )
-
-
-def texts_of(
-    inputs: str | list[str], max_inputs: int, max_chars: int, names: Names | None = None
-) -> list[str]:
-    """The request's inputs as a list, checked against the per-request limits.
-
-    Raises:
-        EmptyInput: no inputs, or one that is empty or only whitespace.
-        ValidationFailed: more than ``max_inputs`` inputs, or one over ``max_chars`` characters.
-    """
-    texts = [inputs] if isinstance(inputs, str) else list(inputs)
-    names = names or listed("inputs", inputs)
-    check_count(len(texts), max_inputs, names)
-    for i, text in enumerate(texts):
-        if len(text) > max_chars:
-            raise ValidationFailed(
-                f"{names.item(i)} has {len(text)} characters; the limit is {max_chars} per input "
-                "(ZHEMBED_MAX_INPUT_CHARS), checked before tokenising, so truncation does not lift it: "
-                f"split the text into parts of at most {max_chars} characters, or raise the server's "
-                "ZHEMBED_MAX_INPUT_CHARS"
-            )
-        if not text:
-            raise EmptyInput(f"{names.item(i)} is empty")
-        if text.isspace():  # like "": nothing a tokenizer keeps (TEI refuses both alike)
-            raise EmptyInput(f"{names.item(i)} is only whitespace: it has no tokens")
-    return texts

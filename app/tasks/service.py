@@ -25,6 +25,7 @@ from app.tasks.embeddings import Embeddings
 from app.tasks.fill_mask import FillMask
 from app.tasks.heads import Heads
 from app.tasks.options import listed
+from app.tasks.prepare import TOO_LONG_EMBED
 from app.tasks.tokenize import Tokens
 from app.telemetry.metrics import Metrics
 from app.telemetry.timings import Timings
@@ -58,13 +59,9 @@ class Service(Core):
         texts = list(_WARMUP_TEXTS)
         # No more at once than the server admits (a warm-up refused with 429 would never mark it ready).
         room = self.settings.max_concurrent_inputs
-        for batch in ([texts[0]], texts[:room], (texts * 3)[:room]):
-            await self.embeddings.vectors(
-                batch,
-                replace(self.defaults, long_text="truncate"),
-                listed("inputs", batch),
-                check_ready=False,
-                use_cache=False,
+        for batch in ([texts[0]], texts[:room], (texts * 3)[:room]):  # past the cache: the model runs
+            await self.embeddings.rows(
+                batch, replace(self.defaults, long_text="truncate"), listed("inputs", batch), TOO_LONG_EMBED
             )
         if self.model.has_mlm_head:
             info = self.model.manifest.tokenizer

@@ -1,4 +1,5 @@
-"""Token-id inputs (OpenAI's API and TEI accept them): checked against the limits and the vocabulary.
+"""Token-id inputs (OpenAI's API and TEI accept them): their forms, and the check against the vocabulary
+(the rest of their checks are every input's: :func:`app.tasks.prepare.given_ids`).
 
 They run as given, as text-embeddings-inference runs them: [CLS] and [SEP] are the sender's to include,
 as ``POST /tokenize`` writes them.
@@ -6,11 +7,12 @@ as ``POST /tokenize`` writes them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
-from app.errors import EmptyInput, ValidationFailed
-from app.tasks.options import Names, check_count, listed
-from app.tasks.windows import TOO_LONG_OPENAI, check_length
+from app.errors import ValidationFailed
+from app.tasks.options import Names, listed
 
 # Ids from another tokenizer are the usual cause of an id out of range; say so.
 FOREIGN_IDS = (
@@ -31,33 +33,19 @@ def token_id_lists(
     return inputs, listed("input", inputs)
 
 
-def token_id_inputs(
-    sequences: list[list[int]], names: Names, max_inputs: int, max_length: int, vocab_size: int
-) -> dict[str, np.ndarray]:
-    """Each sequence of ids as an array, under the key the vector cache files it under: its ids
-    written out (the cache keeps them apart from texts by its options).
-
-    Raises:
-        EmptyInput: no sequences, or an empty one.
-        ValidationFailed: more than ``max_inputs`` sequences, one over ``max_length``, an id outside
-            0..``vocab_size`` - 1.
-    """
-    check_count(len(sequences), max_inputs, names)
-    given: dict[str, np.ndarray] = {}
-    for i, seq in enumerate(sequences):
-        if not seq:
-            raise EmptyInput(f"{names.item(i)} is empty")
-        check_length(names.item(i), len(seq), max_length, TOO_LONG_OPENAI)
-        try:
-            ids = np.asarray(seq, dtype=np.int64)
-            bad = np.flatnonzero((ids < 0) | (ids >= vocab_size))
-        except OverflowError:  # past int64: out of range whatever it is
-            bad = np.array([next(j for j, t in enumerate(seq) if not -(2**63) <= t < 2**63)])
-        if len(bad):
-            j = int(bad[0])
-            raise ValidationFailed(
-                f"{names.item(i)}[{j}] is {seq[j]}, not a token id of this model (0..{vocab_size - 1}); "
-                + FOREIGN_IDS
-            )
-        given[",".join(map(str, seq))] = ids
-    return given
+def out_of_vocabulary(
+    seq: list[int], vocab_size: int, name: Callable[[int], str], i: int
+) -> ValidationFailed | None:
+    """The refusal of token-id input ``i`` (called ``name(i)``) for its first id outside 0..``vocab_size``
+    - 1; None when every id is a token of this model."""
+    try:
+        ids = np.asarray(seq, dtype=np.int64)
+        bad = np.flatnonzero((ids < 0) | (ids >= vocab_size))
+    except OverflowError:  # past int64: out of range whatever it is
+        bad = np.array([next(j for j, t in enumerate(seq) if not -(2**63) <= t < 2**63)])
+    if not len(bad):
+        return None
+    j = int(bad[0])
+    return ValidationFailed(
+        f"{name(i)}[{j}] is {seq[j]}, not a token id of this model (0..{vocab_size - 1}); " + FOREIGN_IDS
+    )

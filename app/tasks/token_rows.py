@@ -1,4 +1,5 @@
-"""/embed_all's token rows: which positions run, which rows come back, and how they are described."""
+"""/embed_all's token rows: which rows come back of the positions that run (:mod:`app.tasks.prepare`),
+and how they are described; /tokenize's table."""
 
 from __future__ import annotations
 
@@ -8,8 +9,7 @@ from tokenizers import Encoding as TokenEncoding
 from app.errors import InternalError, ValidationFailed
 from app.tasks import layers
 from app.tasks.answers import TokenVectors
-from app.tasks.options import Direction, EmbedAllOptions, LayerMix, Names, no_tokens
-from app.tasks.windows import TOO_LONG_TOKENS, check_length, truncated_positions
+from app.tasks.options import EmbedAllOptions, LayerMix
 
 
 def check_long_text(options: EmbedAllOptions) -> None:
@@ -24,27 +24,6 @@ def check_long_text(options: EmbedAllOptions) -> None:
             "sequence around it, so windows embedded apart would not give the text's token vectors; "
             "send long_text 'truncate' (or truncate: true), or split the text yourself"
         )
-
-
-def plan(
-    encodings: list[TokenEncoding], limit: int, options: EmbedAllOptions, names: Names
-) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Per input: the positions of its encoding that run (all, or a truncation to ``limit``) and, of
-    those, the rows that are returned (without [CLS]/[SEP] unless asked for).
-
-    Raises:
-        EmptyInput: an input with no tokens.
-        ValidationFailed: an input over ``limit`` with long_text "error".
-    """
-    kept = []
-    for i, enc in enumerate(encodings):
-        if len(enc.ids) <= 2:
-            raise no_tokens(names.item(i))
-        if options.long_text == "error":
-            check_length(names.item(i), len(enc.ids), limit, TOO_LONG_TOKENS)
-        kept.append(kept_positions(len(enc.ids), limit, options.truncation_direction))
-    rows = [returned_rows(e, k, options.special_tokens) for e, k in zip(encodings, kept, strict=True)]
-    return kept, rows
 
 
 def token_table(encodings: list[TokenEncoding]) -> list[list[dict[str, object]]]:
@@ -77,13 +56,6 @@ def check_token_bound(tokens: int, width: int, limit: int) -> None:
             f"this request would return {total} token vectors{how}; the limit is {limit} per "
             f"request (max_embed_all_tokens): send {fewer}"
         )
-
-
-def kept_positions(length: int, limit: int, direction: Direction) -> np.ndarray:
-    """The positions of an encoding of ``length`` tokens that run: all, or its truncation to ``limit``."""
-    if length <= limit:
-        return np.arange(length)
-    return truncated_positions(length, limit, direction)
 
 
 def returned_rows(enc: TokenEncoding, kept: np.ndarray, special_tokens: bool) -> np.ndarray:

@@ -1,25 +1,11 @@
-"""Long inputs: the windows a tokenised input runs as — itself, its truncation, or its chunks — and what
-each route tells the sender of an input over the model's length."""
+"""Long inputs: the windows a tokenised input runs as — itself, its truncation, or its chunks — and how a
+pair is cut. Which inputs are cut, and which refused, is :mod:`app.tasks.prepare`'s to decide."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import numpy as np
 
-from app.errors import ValidationFailed
-from app.tasks.layers import Windows
-from app.tasks.options import Direction, EmbedOptions, LongText
-
-# What to do about an input over the model's length, by route.
-TOO_LONG_EMBED = "send long_text 'truncate' or 'chunk' (or truncate: true) to embed it anyway"
-TOO_LONG_TOKENS = "send long_text 'truncate' (or truncate: true) for its start; /embed_all cannot chunk"
-TOO_LONG_OPENAI = (
-    "this route does not truncate: shorten it, or use POST /embed with long_text 'truncate' or 'chunk'"
-)
-TOO_LONG_MASKS = "fill-mask cannot truncate: shorten the text around the masks"
-TOO_LONG_HEAD = "send truncate: true to keep its start (truncation_direction left keeps its end)"
+from app.tasks.options import Direction, LongText
 
 
 def truncated_positions(length: int, limit: int, direction: Direction) -> np.ndarray:
@@ -85,50 +71,3 @@ def windows(
     body = ids[1:-1]
     cls, sep = np.array([cls_id], ids.dtype), np.array([sep_id], ids.dtype)
     return [np.concatenate([cls, body[s : s + per_window], sep]) for s in range(0, len(body), per_window)]
-
-
-def check_length(name: str, tokens: int, limit: int, remedy: str) -> None:
-    """Refuse the input called ``name`` (``inputs[2]``) of ``tokens`` tokens when over the model's
-    ``limit``, saying what to do (``remedy``).
-
-    Raises:
-        ValidationFailed: over the limit.
-    """
-    if tokens > limit:
-        raise ValidationFailed(f"{name} has {tokens} tokens, over the model's limit of {limit}; {remedy}")
-
-
-@dataclass
-class Prepared:
-    sequences: list[np.ndarray]  # the ids of each sequence to run: inputs, or their windows
-    windows: Windows | None  # which input each sequence belongs to; None: one sequence per input
-
-
-def prepare(
-    ids: list[np.ndarray],
-    options: EmbedOptions,
-    limit: int,
-    specials: tuple[int, int],
-    name: Callable[[int], str],
-    too_long: str,
-) -> Prepared:
-    """The sequences each input (its token ids) runs as: itself, its truncation, or its windows.
-
-    ``specials`` are the [CLS] and [SEP] ids; ``name(i)`` names input ``i`` as the request did and
-    ``too_long`` is the remedy, for error messages (a function: names are formatted for an error only).
-
-    Raises:
-        ValidationFailed: an input over ``limit`` with long_text "error".
-    """
-    if all(len(x) <= limit for x in ids):  # the common case: one sequence per input, no loop below
-        return Prepared(ids, None)
-    sequences: list[np.ndarray] = []
-    owners: list[int] = []
-    for i, x in enumerate(ids):
-        if len(x) > limit and options.long_text == "error":
-            check_length(name(i), len(x), limit, too_long)
-        cut = windows(x, limit, options.long_text, options.truncation_direction, *specials)
-        sequences.extend(cut)
-        owners.extend([i] * len(cut))
-    tokens = np.array([max(len(w) - 2, 1) for w in sequences], dtype=np.int64)
-    return Prepared(sequences, (np.array(owners, dtype=np.int64), tokens))

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from app.bulk.embedder import TOO_LONG_BULK
+from app.engine.engine import Engine
+from app.engine.work import Job, Plan
 from tests.app.bulk.conftest import TEXTS, errors, run_bulk, shards, vectors, write_jsonl
 from tests.app.conftest import Running
 
@@ -88,6 +90,29 @@ def test_a_bad_row_gets_the_apis_message_and_the_rest_of_its_call_is_embedded(
         else:
             assert entry["error"] == api
     assert len(vectors(tmp_path / "out")) == 20
+
+
+def test_every_bad_row_of_a_call_is_found_in_the_same_engine_call_as_the_good_ones(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+    run_texts = Engine.run_texts
+
+    async def counted(self: Engine, texts: list[str], plan: Plan) -> Job:
+        calls.append(len(texts))
+        return await run_texts(self, texts, plan)
+
+    monkeypatch.setattr(Engine, "run_texts", counted)
+    bad = ["", "\u200b\u200b", LONG[0], "   ", LONG[1], "\u200b"]
+    rows = [{"text": t} for t in [*TEXTS[:10], *bad, *TEXTS[10:20]]]
+    corpus = write_jsonl(tmp_path / "c.jsonl", rows)
+    assert run_bulk(tiny_model_dir, corpus, tmp_path / "out") == 3
+    assert [e["id"] for e in errors(tmp_path / "out")] == [f"c.jsonl:{n}" for n in range(11, 17)]
+    assert sorted(vectors(tmp_path / "out")) == sorted(
+        [f"c.jsonl:{n}" for n in range(1, 11)] + [f"c.jsonl:{n}" for n in range(17, 27)]
+    )
+    # The options' check, then ONE call for the file's 26 rows: bad rows are not retried one by one.
+    assert len(calls) == 2 and calls[0] == 1
 
 
 def test_a_field_of_the_wrong_type_is_worded_as_the_api_words_a_string_field(

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from app.bulk.runner import Job, pieces
+from app.bulk.runner import BulkSpec, pieces
 from app.bulk.sources import Fields, find_inputs
 from tests.app.bulk.conftest import errors, manifest, run_bulk, shards, vectors, write_jsonl
 
@@ -24,7 +24,7 @@ def test_shards_hold_fixed_input_ranges_across_files_and_skip_finished_ones(tmp_
     write_jsonl(tmp_path / "in" / "a.jsonl", [{"text": str(i)} for i in range(7)])
     write_jsonl(tmp_path / "in" / "b.jsonl", [{"text": str(i)} for i in range(5)])
     files = find_inputs(str(tmp_path / "in"), None, Fields())
-    job = Job(files, Fields(), tmp_path / "out", 5, "float", "in", None)
+    job = BulkSpec(files, Fields(), tmp_path / "out", 5, "float", "in", None)
     got = [(shard, rows.ids) for shard, rows in pieces(job, skip=set())]
     assert got == [
         (0, [f"a.jsonl:{n}" for n in range(1, 6)]),

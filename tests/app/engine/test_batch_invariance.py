@@ -18,12 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.engine.inference import Inference
 from app.engine.postprocess import split_batch
-from app.engine.work import Job, Need, Sequence
+from app.engine.work import Job, Need, Seq
 from app.model.runtime import OnnxModel, load_model
 from app.settings import Settings
-from app.telemetry.metrics import Metrics
+from tests.app.engine.test_inference import inference_of
 from tests.app.vectors import assert_same_vectors
 
 TEXTS = ["你好", "今天天气很好", "我们去公园散步吧，顺便买点水果。"]
@@ -58,9 +57,9 @@ def run(model: OnnxModel, ids: list[np.ndarray], rows: list[int], need: Need) ->
         batch, slots = [], {0: 0, 1: 0}
         for row in rows:
             job, which = (mine, 0) if row == 0 else (theirs, 1)
-            batch.append(Sequence(ids[row], need, job, slots[which]))
+            batch.append(Seq(ids[row], need, job, slots[which]))
             slots[which] += 1
-        split_batch(Inference(model, None, Metrics()).run_batch(batch))
+        split_batch(inference_of(model).run_batch(batch))
     finally:
         loop.close()
     if need.tokens:

@@ -16,7 +16,7 @@ import pytest
 from app.engine.batching import Batcher
 from app.engine.costs import CostModel
 from app.engine.planner import Planner
-from app.engine.work import Job, Need, Sequence
+from app.engine.work import Job, Need, Seq
 from app.telemetry.metrics import Metrics
 from tests.app.engine.fake_clock import FakeClock
 
@@ -25,11 +25,11 @@ LOOP = asyncio.new_event_loop()
 CLOCK = FakeClock()
 
 
-def item(length: int, job: Job | None = None, age_s: float = 1.0, urgency: int = 3) -> Sequence:
+def item(length: int, job: Job | None = None, age_s: float = 1.0, urgency: int = 3) -> Seq:
     if job is None:
         job = Job(LOOP, 1)
         job.urgency = urgency
-    return Sequence(
+    return Seq(
         np.zeros(length, dtype=np.int64),
         Need(layers=(1,), pooling="cls"),
         job,
@@ -38,7 +38,7 @@ def item(length: int, job: Job | None = None, age_s: float = 1.0, urgency: int =
     )
 
 
-def submit_each(batcher: Batcher, items: list[Sequence]) -> None:
+def submit_each(batcher: Batcher, items: list[Seq]) -> None:
     """Queue each item as a job of its own (a submit is one job's sequences)."""
     for i in items:
         batcher.submit([i])

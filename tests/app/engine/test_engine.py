@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 
 from app.engine.engine import Engine
-from app.engine.work import Job, Need, Sequence
+from app.engine.work import Job, Need, Seq
 from app.settings import Settings
 from app.telemetry.metrics import Metrics
 from tests.app.conftest import Running
@@ -66,11 +66,11 @@ def test_200_concurrent_requests_equal_each_sent_alone(server: Running) -> None:
     assert after["inputs_in_flight"] == 0
 
 
-def job_of(lengths: list[int]) -> tuple[Job, list[Sequence]]:
+def job_of(lengths: list[int]) -> tuple[Job, list[Seq]]:
     job = Job(asyncio.get_running_loop(), len(lengths))
     need = Need(layers=(3,), pooling="cls")
     ids = [np.array([101] + [791] * (n - 2) + [102], dtype=np.int64) for n in lengths]
-    return job, [Sequence(x, need, job, i) for i, x in enumerate(ids)]
+    return job, [Seq(x, need, job, i) for i, x in enumerate(ids)]
 
 
 def test_cancelled_requests_are_dropped_before_inference(tiny_model: Any, tiny_settings: Settings) -> None:

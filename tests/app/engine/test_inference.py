@@ -8,23 +8,30 @@ from typing import Any
 
 import numpy as np
 
+from app.engine.batching import Batcher
 from app.engine.inference import Inference
 from app.engine.postprocess import split_batch
-from app.engine.work import Job, Need, Sequence
+from app.engine.work import Job, Need, Seq
 from app.model.manifest import POOLER_OUTPUT
 from app.telemetry.metrics import Metrics
 
 
-def _items(loop: asyncio.AbstractEventLoop, needs: list[Need], lengths: list[int]) -> list[Sequence]:
+def _items(loop: asyncio.AbstractEventLoop, needs: list[Need], lengths: list[int]) -> list[Seq]:
     job = Job(loop, len(needs))
     return [
-        Sequence(np.array([101, *range(670, 668 + n), 102], np.int64), need, job, i)
+        Seq(np.array([101, *range(670, 668 + n), 102], np.int64), need, job, i)
         for i, (need, n) in enumerate(zip(needs, lengths, strict=True))
     ]
 
 
+def inference_of(model: Any) -> Inference:
+    """An inference stage whose batches are run by hand (:meth:`Inference.run_batch`); its queue stays empty."""
+    metrics = Metrics()
+    return Inference(model, Batcher(4096, 64, 0.0, 64, metrics), metrics)
+
+
 def test_a_batch_pads_fetches_only_what_is_needed_and_splits_back(tiny_model: Any) -> None:
-    inference = Inference(tiny_model, None, Metrics())
+    inference = inference_of(tiny_model)
     loop = asyncio.new_event_loop()
     try:
         items = _items(loop, [Need(layers=(1,), pooling="cls"), Need(layers=(3,), pooling="pooler")], [3, 6])
@@ -48,7 +55,7 @@ def test_a_batch_pads_fetches_only_what_is_needed_and_splits_back(tiny_model: An
 def test_a_graph_without_pooled_outputs_is_pooled_from_its_token_states(tiny_model: Any) -> None:
     model = copy.copy(tiny_model)
     model.pooled_output = lambda layer, mode: None
-    pooled, fallback = Inference(tiny_model, None, Metrics()), Inference(model, None, Metrics())
+    pooled, fallback = inference_of(tiny_model), inference_of(model)
     loop = asyncio.new_event_loop()
     try:
         needs = [Need(layers=(2, 3), pooling="mean"), Need(layers=(1,), pooling="cls")]
@@ -64,7 +71,7 @@ def test_a_graph_without_pooled_outputs_is_pooled_from_its_token_states(tiny_mod
 
 
 def test_masked_positions_run_the_head_on_the_last_layer(tiny_model: Any) -> None:
-    inference = Inference(tiny_model, None, Metrics())
+    inference = inference_of(tiny_model)
     loop = asyncio.new_event_loop()
     try:
         items = _items(loop, [Need(mask_positions=(1, 2)), Need(layers=(2,), tokens=True)], [4, 3])

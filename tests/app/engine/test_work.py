@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.engine.work import Job, Need, Sequence
+from app.engine.work import Job, Need, Seq
 
 
 def test_a_job_resolves_once_its_last_sequence_is_done() -> None:
@@ -100,7 +100,7 @@ def test_a_sequence_knows_its_job_slot_and_length() -> None:
     loop = asyncio.new_event_loop()
     try:
         job = Job(loop, 2)
-        seq = Sequence(np.arange(5), Need(layers=(1,)), job, 1)
+        seq = Seq(np.arange(5), Need(layers=(1,)), job, 1)
         assert (seq.length, seq.slot, seq.job) == (5, 1, job) and seq.enqueued_at > 0
         assert not job.cancelled
         job.cancel()

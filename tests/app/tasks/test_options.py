@@ -1,4 +1,4 @@
-"""Request options: layer resolution, layer mixes, dimensions and the per-request input limits."""
+"""Request options: layer resolution, layer mixes and dimensions."""
 
 from __future__ import annotations
 
@@ -6,20 +6,17 @@ import re
 
 import pytest
 
-from app.errors import EmptyInput, Unsupported, ValidationFailed
+from app.errors import Unsupported, ValidationFailed
 from app.tasks.options import (
     EmbedAllOptions,
     EmbedOptions,
     LayerCombine,
     Matryoshka,
-    Names,
     check_dimensions,
     layer_mix,
-    listed,
     resolve_embed,
     resolve_embed_all,
     resolve_layers,
-    texts_of,
 )
 
 
@@ -78,38 +75,6 @@ def test_resolution_checks_the_mix_against_the_layers() -> None:
     assert resolved.layers == (1, 2) and resolved.mix.weights == (0.25, 0.75)
     with pytest.raises(ValidationFailed, match="exactly two layers"):
         resolve_embed_all(EmbedAllOptions(layers=(1,), layer_combine="difference"), 3)
-
-
-def test_texts_are_checked_against_the_limits() -> None:
-    assert texts_of("一", 2, 5) == ["一"]
-    assert texts_of(["一", "二"], 2, 5) == ["一", "二"]
-    with pytest.raises(EmptyInput, match="inputs is empty"):
-        texts_of([], 2, 5)
-    with pytest.raises(EmptyInput, match=re.escape("inputs[1] is empty")):
-        texts_of(["一", ""], 2, 5)
-    with pytest.raises(ValidationFailed, match="3 inputs in one request; the limit is 2"):
-        texts_of(["一"] * 3, 2, 5)
-    with pytest.raises(ValidationFailed, match=re.escape("inputs[0] has 6 characters; the limit is 5")):
-        texts_of(["一" * 6], 2, 5)
-
-
-@pytest.mark.parametrize("blank", [" ", "\t\n", "\u3000", "\u00a0 "])
-def test_whitespace_only_is_empty_like_the_empty_string(blank: str) -> None:
-    with pytest.raises(EmptyInput, match=re.escape("inputs[1] is only whitespace")):
-        texts_of(["一", blank], 2, 5)
-    assert texts_of([" 一 "], 2, 5) == [" 一 "]  # spaces around text are text's business
-
-
-def test_messages_name_texts_as_the_request_wrote_them() -> None:
-    with pytest.raises(EmptyInput, match=r"^inputs is empty$"):
-        texts_of("", 2, 5)  # one string: no index
-    pairs = Names("pairs", lambda k: f"pairs[{k // 2}][{k % 2}]")
-    with pytest.raises(EmptyInput, match=re.escape("pairs[1][0] is empty")):
-        texts_of(["a", "b", "", "c"], 4, 5, pairs)
-    with pytest.raises(ValidationFailed, match=re.escape("input[1] has 6 characters")):
-        texts_of(["a", "一" * 6], 2, 5, listed("input", ["a", "b"]))
-    with pytest.raises(ValidationFailed, match="split the text into parts of at most 5 characters"):
-        texts_of("一" * 6, 2, 5)
 
 
 PLAIN = Matryoshka()

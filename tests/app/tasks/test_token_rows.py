@@ -9,12 +9,7 @@ import pytest
 
 from app.errors import InternalError, ValidationFailed
 from app.tasks.options import EmbedAllOptions, LayerMix
-from app.tasks.token_rows import check_token_bound, kept_positions, returned_rows, token_vectors
-
-
-def test_kept_positions_are_all_or_a_truncation() -> None:
-    np.testing.assert_array_equal(kept_positions(4, 8, "right"), [0, 1, 2, 3])
-    np.testing.assert_array_equal(kept_positions(10, 5, "left"), [0, 6, 7, 8, 9])
+from app.tasks.token_rows import check_token_bound, returned_rows, token_vectors
 
 
 def test_rows_leave_out_special_tokens_unless_asked(tiny_model: Any) -> None:

@@ -1,4 +1,4 @@
-"""Long inputs: truncation and chunking windows, and the length check."""
+"""Long inputs: truncation and chunking windows, and how a pair is cut."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.errors import ValidationFailed
-from app.tasks.windows import check_length, truncate_pair, truncated_positions, windows
+from app.tasks.windows import truncate_pair, truncated_positions, windows
 
 CLS, SEP = 101, 102
 
@@ -38,14 +37,6 @@ def test_truncate_and_chunk_windows() -> None:
     np.testing.assert_array_equal(np.concatenate([c[1:-1] for c in chunks]), ids[1:-1])
     with pytest.raises(ValueError):
         windows(ids, 6, "error", "right", CLS, SEP)
-
-
-def test_length_check_names_the_input_and_the_remedy() -> None:
-    check_length("inputs[0]", 512, 512, "shorten it")
-    with pytest.raises(
-        ValidationFailed, match=r"inputs\[3\] has 513 tokens, over the model's limit of 512; shorten it"
-    ):
-        check_length("inputs[3]", 513, 512, "shorten it")
 
 
 @pytest.mark.parametrize("direction", ["right", "left"])

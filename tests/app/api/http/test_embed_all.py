@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from app.engine.engine import Engine
-from app.engine.work import Job, Need, Sequence
+from app.engine.work import Job, Need, Seq
 from app.settings import Settings
 from app.telemetry.metrics import Metrics
 from tests.app.conftest import Running, TorchReference, cosine, serving
@@ -161,7 +161,7 @@ def test_batching_does_not_change_any_token_vector(tiny_model: Any, tiny_setting
 
     async def run(sequences: list[np.ndarray]) -> Job:
         job = Job(asyncio.get_running_loop(), len(sequences))
-        return await engine.run(job, [Sequence(s, need, job, i) for i, s in enumerate(sequences)])
+        return await engine.run(job, [Seq(s, need, job, i) for i, s in enumerate(sequences)])
 
     try:
         alone = asyncio.run(run([short]))
