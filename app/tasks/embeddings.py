@@ -262,7 +262,7 @@ class Embeddings:
         computed = _Computed()
 
         async def compute(todo: list[str]) -> tuple[np.ndarray, np.ndarray]:
-            runs = [ids_of[k] for k in todo] if ids_of is not None else todo
+            runs: list[str] | list[np.ndarray] = [ids_of[k] for k in todo] if ids_of is not None else todo
             vectors, prepared = await self._compute(
                 call, runs, lambda i: names.item(first[todo[i]]), computed
             )
@@ -389,7 +389,7 @@ class Embeddings:
             return Planned(prepared.ids, call.need, prepared)
 
         if inputs and isinstance(inputs[0], np.ndarray):  # token ids, checked: nothing to tokenise
-            prepared = prepare(cast(list[np.ndarray], inputs), call.rules, name)
+            prepared = prepare(inputs, call.rules, name)
             prepared.refuse()
             job = await self.core.run(prepared.ids, call.need)
         else:
