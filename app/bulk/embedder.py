@@ -2,11 +2,11 @@
 
 The same machinery as the server, built the way :mod:`app.serving.factory` builds it: the model, the
 :class:`~app.engine.engine.Engine` (tokenisation thread, batch planner, inference thread) and the
-:class:`~app.tasks.service.Service`, whose ``embeddings.vectors`` is the one way every vector is made
-(prompts, windows of long texts, Dense modules, layer arithmetic, normalisation). The job keeps
-``window`` texts in the engine at once, in calls of :data:`CALL_TEXTS`: the batch planner cuts each
-batch from everything queued, grouped by length, so batches carry almost no padding, and a call's
-answer comes back soon after its texts ran, so results stream out in order.
+:class:`~app.tasks.service.Service`, whose ``embeddings.rows`` makes each vector as the routes'
+``vectors`` does (prompts, windows of long texts, Dense modules, layer arithmetic, normalisation). The
+job keeps ``window`` texts in the engine at once, in calls of :data:`CALL_TEXTS`: the batch planner
+cuts each batch from everything queued, grouped by length, so batches carry almost no padding, and a
+call's answer comes back soon after its texts ran, so results stream out in order.
 
 Bad rows never stop the job: :meth:`~app.tasks.embeddings.Embeddings.rows` prepares a call's texts as a
 request's are prepared (:mod:`app.tasks.prepare`) and answers, in the same engine call, the vectors of
