@@ -39,7 +39,7 @@ from app.bulk.cli import parser as bulk_parser
 from app.bulk.embedder import Embedder
 from app.bulk.output import OutputDir
 from app.bulk.progress import Progress
-from app.bulk.runner import Job, manifest_of, prepare, run_local
+from app.bulk.runner import BulkSpec, manifest_of, prepare, run_local
 from app.bulk.sources import Fields, find_inputs
 from loadtest.corpus import load_corpus, unique_texts
 from loadtest.raw_onnx import ceiling, open_encoder, shape_of
@@ -95,7 +95,7 @@ def job_run(corpus: Path, out: Path, model: Path, variant: str, batch: int) -> d
 
     args = bulk_args(corpus, out, model, variant, batch, [])
     fields = Fields()
-    job = Job(
+    job = BulkSpec(
         find_inputs(str(corpus), None, fields), fields, out, args.shard_rows, "float", str(corpus), None
     )
     embedder = Embedder(flags.settings_of(args, str(model)), {}, "text", args.window)
@@ -128,7 +128,7 @@ def ray_run(corpus: Path, out: Path, model: Path, variant: str, batch: int, core
 
     args = bulk_args(corpus, out, model, variant, batch, ["--ray", "--overwrite"])
     fields = Fields()
-    job = Job(
+    job = BulkSpec(
         find_inputs(str(corpus), None, fields), fields, out, args.shard_rows, "float", str(corpus), None
     )
     settings, manifest, _ = prepare_ray(job, flags.settings_of(args, str(model)), {}, args)
