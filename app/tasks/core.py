@@ -3,7 +3,7 @@ steps each task takes the same way (readiness, the per-request limits, tokenisin
 to the engine, the routes this model serves).
 
 Knows nothing of any one task: what an endpoint means lives in its task's module
-(:mod:`app.tasks.embeddings`, :mod:`app.tasks.fill_mask`, :mod:`app.tasks.heads`, :mod:`app.tasks.tokenize`).
+(:mod:`app.tasks.embeddings`, :mod:`app.tasks.fill_mask`, :mod:`app.tasks.heads`, :mod:`app.tasks.tokens`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Embeddings and similarity: a vector per input (``/embed``, ``POST /``, OpenAI's ``/v1/embeddings``),
-cosines of those vectors (``/similarity``), and the vector of each token (``/embed_all``).
+"""Embeddings and similarity: a vector per input (``/embed``, ``POST /``, OpenAI's ``/v1/embeddings``)
+and cosines of those vectors (``/similarity``).
 
 The way every vector is made: the texts (with the model's prompt), through the vector cache when there
 is one (:mod:`app.cache.vectors`), what it lacks tokenised and prepared into sequences on the tokenisation
@@ -21,11 +21,10 @@ from app.cache import keys as cache_keys
 from app.engine.work import Job, Need, Planned
 from app.errors import EmptyInput, InternalError, ServiceError, ValidationFailed
 from app.model import dense
-from app.tasks import layers, token_rows
-from app.tasks.answers import Answer, TokenVectors, timed, timings_of
+from app.tasks import layers
+from app.tasks.answers import Answer, timed, timings_of
 from app.tasks.core import Core
 from app.tasks.options import (
-    EmbedAllOptions,
     EmbedOptions,
     Names,
     Resolved,
@@ -34,12 +33,10 @@ from app.tasks.options import (
     matryoshka_of,
     prompt_text,
     resolve_embed,
-    resolve_embed_all,
 )
 from app.tasks.prepare import (
     TOO_LONG_EMBED,
     TOO_LONG_OPENAI,
-    TOO_LONG_TOKENS,
     GivenIds,
     Name,
     Prepared,
@@ -114,50 +111,6 @@ class Embeddings:
         self.core.check_ready()
         got = await self.vectors(texts, options, names)
         return Answer(got.vectors, got.timings)
-
-    @timed
-    async def embed_all(
-        self, inputs: str | list[str], options: EmbedAllOptions
-    ) -> Answer[list[TokenVectors]]:
-        """Per input, the vector of each of its tokens, in order; never a padding position.
-
-        A token's vector is its layers' states combined by ``layer_combine``, then (``normalize``)
-        scaled to unit length; ``norms`` are taken before that. Spans index the original text in
-        characters (code points, like Python's ``str``). Not cached: one input's token matrix weighs as
-        much as a hundred sentence vectors in the byte-bounded cache and is rarely asked for twice.
-
-        Returns:
-            Per input its token vectors, and the tokens and norms if asked for.
-
-        Raises:
-            ValidationFailed: long_text "chunk"; an input over the model's length with long_text
-                "error"; more tokens than ``max_embed_all_tokens``; layers or weights that do not fit.
-        """
-        self.core.check_ready()
-        token_rows.check_long_text(options)
-        names = listed("inputs", inputs)
-        texts = self.core.texts(inputs, names)
-        resolved = resolve_embed_all(options, self.core.model.num_layers)
-        rules = self.core.rules(TOO_LONG_TOKENS, options.long_text, options.truncation_direction)
-        with self.core.engine.admit(len(texts)):
-            encodings, tokenization_ms = await self.core.tokenize(texts)
-            prepared = from_encodings(encodings, rules, names.item)
-            prepared.refuse()
-            kept = [prepared.positions(k) for k in range(len(texts))]
-            rows = [
-                token_rows.returned_rows(e, k, options.special_tokens)
-                for e, k in zip(encodings, kept, strict=True)
-            ]
-            width = len(resolved.layers) if resolved.mix.how == "concat" else 1
-            token_rows.check_token_bound(
-                sum(len(r) for r in rows), width, self.core.settings.max_embed_all_tokens
-            )
-            job = await self.core.run(prepared.ids, Need(layers=resolved.layers, tokens=True))
-        answer = [
-            token_rows.token_vectors(enc, k, r, states, resolved.mix, options)
-            for enc, k, r, states in zip(encodings, kept, rows, job.token_states, strict=True)
-        ]
-        return Answer(answer, timings_of([job], tokenization_ms))
 
     @timed
     async def openai(

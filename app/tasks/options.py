@@ -88,7 +88,7 @@ class EmbedAllOptions:
     layers: tuple[int, ...] | None = None
     layer_combine: LayerCombine = "concat"
     layer_weights: tuple[float, ...] | None = None
-    long_text: LongText = "error"  # "chunk" is refused (see Service.embed_all)
+    long_text: LongText = "error"  # "chunk" is refused (see Tokens.embed_all)
     truncation_direction: Direction = "right"
     normalize: bool = False  # each token's vector to unit length
     special_tokens: bool = False  # also return [CLS] and [SEP]

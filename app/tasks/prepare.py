@@ -102,11 +102,20 @@ class Prepared:
     def refuse(self) -> None:
         """Raise the first input's problem, if any input has one: how a request is refused.
 
+        The problem leaves ``problems`` as it is raised, and this frame lets go of it: its traceback holds
+        this frame, which holds the preparation, and the frames of the plan and the job above it; a
+        preparation still holding it would be a cycle, kept (with the job) until a full collection.
+
         Raises:
             EmptyInput, ValidationFailed: the first bad input's, in input order.
         """
-        if self.problems:
-            raise self.problems[min(self.problems)]
+        if not self.problems:
+            return
+        problem = self.problems.pop(min(self.problems))
+        try:
+            raise problem
+        finally:
+            del problem
 
 
 def too_long(name: str, tokens: int, limit: int, remedy: str) -> ValidationFailed:

@@ -2,8 +2,8 @@
 
 ``Service`` is the :class:`~app.tasks.core.Core` (the model, engine, cache, metrics, readiness and the
 shared steps) with a room per task: ``embeddings`` (``/embed``, ``/``, ``/v1/embeddings``,
-``/similarity``, ``/embed_all``), ``fill_mask``, ``heads`` (``/predict``, ``/rerank``,
-``/token-classification``) and ``tokens`` (``/tokenize``). It knows nothing of HTTP or gRPC: the tasks
+``/similarity``), ``fill_mask``, ``heads`` (``/predict``, ``/rerank``, ``/token-classification``) and
+``tokens`` (``/tokenize``, ``/embed_all``). It knows nothing of HTTP or gRPC: the tasks
 raise the typed errors of :mod:`app.errors` and return arrays and plain data with their timings; wire
 encodings and header names belong to :mod:`app.api`.
 """
@@ -26,7 +26,7 @@ from app.tasks.fill_mask import FillMask
 from app.tasks.heads import Heads
 from app.tasks.options import listed
 from app.tasks.prepare import TOO_LONG_EMBED
-from app.tasks.tokenize import Tokens
+from app.tasks.tokens import Tokens
 from app.telemetry.metrics import Metrics
 from app.telemetry.timings import Timings
 

@@ -167,7 +167,7 @@ async def root(body: RootRequest, request: Request, service: ServiceDep) -> Resp
 async def embed_all(body: EmbedAllRequest, request: Request, service: ServiceDep) -> Response:
     """Per input, the vector of each of its tokens, in order (optionally with the tokens and norms)."""
     answer = await unless_disconnected(
-        request, service.embeddings.embed_all(body.inputs, body.options(service.defaults.long_text))
+        request, service.tokens.embed_all(body.inputs, body.options(service.defaults.long_text))
     )
     return json_response([token_vectors_payload(a, body.encoding) for a in answer.value], answer.timings)
 

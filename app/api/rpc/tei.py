@@ -118,7 +118,7 @@ class Embed(rpc.EmbedServicer):
                 "truncation_direction": _direction(request.truncation_direction),
             },
         )
-        answer = await service.embeddings.embed_all(body.inputs, body.options(service.defaults.long_text))
+        answer = await service.tokens.embed_all(body.inputs, body.options(service.defaults.long_text))
         rows = answer.value[0].vectors
         return pb.EmbedAllResponse(
             token_embeddings=[pb.TokenEmbedding(embeddings=row.tolist()) for row in rows],

@@ -51,7 +51,7 @@ def test_refusals_come_before_any_permit_is_taken(service: Service) -> None:
         (service.embeddings.embed(["一"] * 5, EmbedOptions()), ValidationFailed),
         (service.embeddings.embed([""], EmbedOptions()), EmptyInput),
         (service.embeddings.embed("一", EmbedOptions(layers=(9,))), ValidationFailed),
-        (service.embeddings.embed_all("一", EmbedAllOptions(long_text="chunk")), ValidationFailed),
+        (service.tokens.embed_all("一", EmbedAllOptions(long_text="chunk")), ValidationFailed),
         (
             service.fill_mask.fill("我[MASK]你", 5, ["字" * (service.settings.max_input_chars + 1)]),
             ValidationFailed,

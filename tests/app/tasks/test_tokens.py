@@ -1,4 +1,4 @@
-"""/embed_all's token rows: positions, returned rows, the answer bound, token descriptions."""
+"""/embed_all's token rows (app.tasks.tokens): positions, returned rows, the answer bound, token descriptions."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from app.errors import InternalError, ValidationFailed
 from app.tasks.options import EmbedAllOptions, LayerMix
-from app.tasks.token_rows import check_token_bound, returned_rows, token_vectors
+from app.tasks.tokens import check_token_bound, returned_rows, token_vectors
 
 
 def test_rows_leave_out_special_tokens_unless_asked(tiny_model: Any) -> None:

@@ -1,15 +1,77 @@
-"""/embed_all's token rows: which rows come back of the positions that run (:mod:`app.tasks.prepare`),
-and how they are described; /tokenize's table."""
+"""The per-token tasks: each input's tokens with their ids, text and character offsets (``/tokenize``,
+TEI's ``Tokenize``), and the vector of each token (``/embed_all``): which rows come back of the positions
+that run (:mod:`app.tasks.prepare`), how they are combined and described."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 from tokenizers import Encoding as TokenEncoding
 
+from app.engine.work import Need
 from app.errors import InternalError, ValidationFailed
 from app.tasks import layers
-from app.tasks.answers import TokenVectors
-from app.tasks.options import EmbedAllOptions, LayerMix
+from app.tasks.answers import Answer, TokenVectors, timed, timings_of
+from app.tasks.core import Core
+from app.tasks.options import EmbedAllOptions, LayerMix, listed, resolve_embed_all
+from app.tasks.prepare import TOO_LONG_TOKENS, from_encodings
+from app.telemetry.timings import Timings
+
+
+class Tokens:
+    """The per-token tasks over the shared :class:`~app.tasks.core.Core`."""
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+
+    @timed
+    async def tokenize(self, inputs: str | list[str], add_special_tokens: bool) -> Answer[list[Any]]:
+        """Tokens with ids, text and character offsets, per input."""
+        self.core.check_ready()
+        texts = self.core.texts(inputs, listed("inputs", inputs))
+        with self.core.engine.admit(len(texts)):
+            encodings, tokenization_ms = await self.core.tokenize(texts, add_special_tokens)
+        return Answer(token_table(encodings), Timings(tokenization_ms=tokenization_ms))
+
+    @timed
+    async def embed_all(
+        self, inputs: str | list[str], options: EmbedAllOptions
+    ) -> Answer[list[TokenVectors]]:
+        """/embed_all: per input, the vector of each of its tokens, in order; never a padding position.
+
+        A token's vector is its layers' states combined by ``layer_combine``, then (``normalize``)
+        scaled to unit length; ``norms`` are taken before that. Spans index the original text in
+        characters (code points, like Python's ``str``). Not cached: one input's token matrix weighs as
+        much as a hundred sentence vectors in the byte-bounded cache and is rarely asked for twice.
+
+        Returns:
+            Per input its token vectors, and the tokens and norms if asked for.
+
+        Raises:
+            ValidationFailed: long_text "chunk"; an input over the model's length with long_text
+                "error"; more tokens than ``max_embed_all_tokens``; layers or weights that do not fit.
+        """
+        self.core.check_ready()
+        check_long_text(options)
+        names = listed("inputs", inputs)
+        texts = self.core.texts(inputs, names)
+        resolved = resolve_embed_all(options, self.core.model.num_layers)
+        rules = self.core.rules(TOO_LONG_TOKENS, options.long_text, options.truncation_direction)
+        with self.core.engine.admit(len(texts)):
+            encodings, tokenization_ms = await self.core.tokenize(texts)
+            prepared = from_encodings(encodings, rules, names.item)
+            prepared.refuse()
+            kept = [prepared.positions(k) for k in range(len(texts))]
+            rows = [returned_rows(e, k, options.special_tokens) for e, k in zip(encodings, kept, strict=True)]
+            width = len(resolved.layers) if resolved.mix.how == "concat" else 1
+            check_token_bound(sum(len(r) for r in rows), width, self.core.settings.max_embed_all_tokens)
+            job = await self.core.run(prepared.ids, Need(layers=resolved.layers, tokens=True))
+        answer = [
+            token_vectors(enc, k, r, states, resolved.mix, options)
+            for enc, k, r, states in zip(encodings, kept, rows, job.token_states, strict=True)
+        ]
+        return Answer(answer, timings_of([job], tokenization_ms))
 
 
 def check_long_text(options: EmbedAllOptions) -> None:
