@@ -5,7 +5,10 @@ hashed and compared with the hash of every configured key by ``hmac.compare_dige
 early exit), so timing reveals neither which key nor how much of one matched. Keys are never logged or
 echoed. A key may carry a default urgency for its requests (``key:u=7`` in the setting: background work);
 it is looked up by the presented key's digest once the key is known to be valid, and applies where the
-request's ``Priority`` header sets none (:mod:`app.api.priority`).
+request's ``Priority`` header sets none (:mod:`app.api.urgency`).
+
+:meth:`ApiKeys.check` is the whole check, called by the HTTP gates (:mod:`app.api.http.gates`, for the data
+path and every other route) and by gRPC calls (:mod:`app.api.rpc.calls`).
 """
 
 from __future__ import annotations
@@ -13,13 +16,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Mapping
-
-from starlette.types import ASGIApp, Receive, Scope, Send
-
-from app.api.errors import send_error
-from app.api.priority import SCOPE_HEADER_URGENCY, SCOPE_URGENCY, header_urgency, joined
-from app.engine.priority import URGENCY
-from app.errors import Unauthorized
 
 # Operational routes and the API docs: open unless auth_ops_routes is set.
 OPS_PATHS = frozenset(
@@ -32,8 +28,7 @@ def _digest(key: str | bytes) -> bytes:
 
 
 class ApiKeys:
-    """The configured keys, as digests; :meth:`check` is the whole check, for the middleware, the data
-    path (:mod:`app.api.http.fast`) and gRPC alike.
+    """The configured keys, as digests; :meth:`check` is the whole check.
 
     Args:
         keys: the keys.
@@ -51,18 +46,11 @@ class ApiKeys:
         """From :meth:`app.settings.Settings.api_key_entries`: each key with its urgency or None."""
         return cls(tuple(k for k, _ in entries), {k: u for k, u in entries if u is not None})
 
-    def valid(self, presented: bytes) -> bool:
-        return self._matches(_digest(presented))
-
     def _matches(self, digest: bytes) -> bool:
         ok = False
         for known in self._digests:  # every key, always: no early exit on a match
             ok |= hmac.compare_digest(digest, known)
         return ok
-
-    def problem(self, authorization: bytes | None) -> str | None:
-        """What is wrong with the request's ``Authorization`` header (its first), or None: it may pass."""
-        return self.check(authorization)[0]
 
     def check(self, authorization: bytes | None) -> tuple[str | None, int | None]:
         """What is wrong with the ``Authorization`` header (None: it may pass), and the valid key's default
@@ -76,42 +64,3 @@ class ApiKeys:
         if not self._matches(digest):
             return "unknown API key", None
         return None, self._urgencies.get(digest)
-
-
-class ApiKeyMiddleware:
-    def __init__(
-        self,
-        app: ASGIApp,
-        keys: tuple[str, ...],
-        open_paths: frozenset[str],
-        urgencies: Mapping[str, int] | None = None,
-    ) -> None:
-        if not keys:
-            raise ValueError("ApiKeyMiddleware needs at least one key")
-        self.app = app
-        self.open_paths = open_paths
-        self.keys = ApiKeys(keys, urgencies)
-
-    def valid(self, presented: bytes) -> bool:
-        return self.keys.valid(presented)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("path") in self.open_paths:
-            await self.app(scope, receive, send)
-            return
-        headers = scope.get("headers", ())
-        authorization = next((v for k, v in headers if k == b"authorization"), None)
-        problem, default = self.keys.check(authorization)
-        if problem is not None:
-            await send_error(Unauthorized(problem), scope, send)
-            return
-        if default is not None:  # the key's urgency, where the Priority header set none
-            if SCOPE_HEADER_URGENCY in scope:
-                from_header = scope[SCOPE_HEADER_URGENCY]
-            else:
-                field = joined([v for k, v in headers if k == b"priority"])
-                from_header = header_urgency(field) if field is not None else None
-            if from_header is None:
-                scope[SCOPE_URGENCY] = default
-                URGENCY.set(default)
-        await self.app(scope, receive, send)

@@ -20,13 +20,17 @@ A worker that retires (:meth:`Drain.retire`: the supervisor replaced it, :mod:`a
 refuses nothing: its listener is closed (the other workers accept on the shared socket), and every
 response it still sends carries ``Connection: close``, so each client's next request opens a connection
 that another worker accepts.
+
+The HTTP gates (:mod:`app.api.http.gates`) read :class:`Drain` on every request: :attr:`Drain.draining`
+before anything else (then :func:`refuse`), :attr:`Drain.closing` on every answer (then :func:`with_close`).
+gRPC calls refuse with :func:`shutting_down` (UNAVAILABLE).
 """
 
 from __future__ import annotations
 
 import time
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from app.api.errors import send_error
 from app.errors import NotReady
@@ -71,8 +75,8 @@ def with_close(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
 
 async def refuse(scope: Scope, receive: Receive, send: Send, limit: int) -> int:
     """Answer a request that comes in while draining: 503 (``unhealthy``) with ``connection: close``,
-    after reading what is left of its body (up to ``limit`` bytes; the middleware and the data path call
-    this alike). Returns the status.
+    after reading what is left of its body (up to ``limit`` bytes). The HTTP gates call it for the data
+    path and every other route alike (:mod:`app.api.http.gates`). Returns the status.
 
     Why read a body only to drop it: a socket closed with bytes still unread makes the kernel send the
     client a reset instead of a close, and a client that gets the reset before it has read the answer
@@ -92,27 +96,3 @@ async def refuse(scope: Scope, receive: Receive, send: Send, limit: int) -> int:
 def shutting_down() -> NotReady:
     """What a request that comes in while draining is answered (503; gRPC: UNAVAILABLE)."""
     return NotReady("the service is shutting down; retry on another replica")
-
-
-class DrainMiddleware:
-    def __init__(self, app: ASGIApp, drain: Drain, max_body_bytes: int) -> None:
-        self.app = app
-        self.drain = drain
-        self.max_body_bytes = max_body_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        if self.drain.draining and scope.get("path") not in LIVE_PATHS:
-            await refuse(scope, receive, send, self.max_body_bytes)
-            return
-
-        async def closing_send(message: Message) -> None:
-            # A request accepted before the signal (or the retirement) that answers after it: its
-            # connection closes too.
-            if message["type"] == "http.response.start" and self.drain.closing:
-                message = {**message, "headers": with_close(list(message.get("headers", [])))}
-            await send(message)
-
-        await self.app(scope, receive, closing_send)

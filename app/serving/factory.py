@@ -6,9 +6,10 @@ costs: :mod:`app.engine.costs`): a single process in the background, /health ans
 the data routes once warm-up is done; a worker of several before it accepts any connection on the
 listening socket it shares, since a client cannot choose which worker accepts it.
 
-POST on a data route is served whole by one ASGI function in front of everything (:mod:`app.api.http.fast`).
-Every other request passes the middleware, outermost first: request metrics → draining (after SIGTERM:
-503, see :mod:`app.api.drain`) → API keys (before the body is read) → body-size limit → FastAPI.
+Every HTTP request passes one chain of gates (:mod:`app.api.http.gates`): draining (after SIGTERM: 503,
+see :mod:`app.api.drain`) → API keys (before the body is read) → urgency → body-size limit, and is counted.
+POST on a data route runs it in one ASGI function in front of everything (:mod:`app.api.http.fast`), every
+other request in one middleware in front of FastAPI.
 """
 
 from __future__ import annotations
@@ -26,13 +27,12 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
 from app import __version__
-from app.api.auth import OPS_PATHS, ApiKeyMiddleware, ApiKeys
-from app.api.drain import Drain, DrainMiddleware
+from app.api.auth import OPS_PATHS, ApiKeys
+from app.api.drain import Drain
 from app.api.errors import install_error_handlers
-from app.api.http.body_limit import BodyLimitMiddleware
 from app.api.http.fast import DataPath, fast_routes
+from app.api.http.gates import GateMiddleware, Gates
 from app.api.http.openai_routes import router as openai_router
-from app.api.http.request_metrics import RequestMetricsMiddleware
 from app.api.http.routes import router
 from app.cache.memory import MemoryLRU
 from app.cache.vectors import VectorCache
@@ -66,8 +66,7 @@ def create_app(
     settings = settings or Settings()
     metrics = Metrics(cluster.shared.metrics_dir if cluster is not None else None)
     entries = settings.api_key_entries()
-    keys = tuple(key for key, _ in entries)
-    key_urgencies = {key: u for key, u in entries if u is not None}
+    keys = ApiKeys.from_entries(entries) if entries else None
     try:  # the standard OTEL_* variables: off unless they name a collector
         tracing = from_environment(os.environ)
     except ValueError as exc:
@@ -100,7 +99,7 @@ def create_app(
                 lambda: service,
                 metrics,
                 drain,
-                ApiKeys.from_entries(entries) if keys else None,
+                keys,
                 observer,
             )
             await rpc.start()
@@ -139,32 +138,23 @@ def create_app(
     app.state.metrics = metrics
     app.state.cluster = cluster
     app.state.tracing = tracing
-    # Begun by `python -m app` on SIGTERM; the middleware reads it on every request.
+    # Begun by `python -m app` on SIGTERM; the gates read it on every request.
     app.state.drain = drain = Drain()
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(openai_router)
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)  # innermost
-    if keys:
-        open_paths = frozenset() if settings.auth_ops_routes else OPS_PATHS
-        app.add_middleware(ApiKeyMiddleware, keys=keys, open_paths=open_paths, urgencies=key_urgencies)
-    app.add_middleware(DrainMiddleware, drain=drain, max_body_bytes=settings.max_body_bytes)
-    routes = frozenset(r.path for rt in (router, openai_router) for r in rt.routes if isinstance(r, APIRoute))
-    app.add_middleware(
-        RequestMetricsMiddleware, metrics=metrics, routes=routes | OPS_PATHS, observer=observer
+    gates = Gates(
+        metrics=metrics, drain=drain, keys=keys, max_body_bytes=settings.max_body_bytes, observer=observer
     )
-    # POST on a data route: one function in front of all of it, Starlette's error middleware included
-    # (app.api.http.fast). Built now, so Starlette refuses any middleware added later (it could not be in
-    # front); the stack above serves every other request, and on its own would serve these the same.
+    routes = frozenset(r.path for rt in (router, openai_router) for r in rt.routes if isinstance(r, APIRoute))
+    open_paths = frozenset() if settings.auth_ops_routes else OPS_PATHS
+    app.add_middleware(GateMiddleware, gates=gates, routes=routes | OPS_PATHS, open_paths=open_paths)
+    # POST on a data route: the same gates in one function in front of all of it, Starlette's error
+    # middleware included (app.api.http.fast). Built now, so Starlette refuses any middleware added later
+    # (it could not be in front); the stack above serves every other request, and on its own would serve
+    # these the same.
     app.middleware_stack = DataPath(
-        app.build_middleware_stack(),
-        fast_routes(router, openai_router),
-        state=app.state,
-        metrics=metrics,
-        drain=drain,
-        keys=ApiKeys.from_entries(entries) if keys else None,
-        max_body_bytes=settings.max_body_bytes,
-        observer=observer,
+        app.build_middleware_stack(), fast_routes(router, openai_router), state=app.state, gates=gates
     )
     return app
 
@@ -172,9 +162,9 @@ def create_app(
 def _without_native_telemetry() -> dict[str, Any]:
     """FastAPI's own OpenTelemetry hooks, off where this FastAPI has them (its ``telemetry`` argument).
 
-    When on, every request asks OpenTelemetry's global providers whether anyone listens: 13% of the event
-    loop's time on a cache hit (py-spy, ``python -m loadtest.pyspy --cache-hits``). zhembed's telemetry
-    is its Prometheus ``/metrics``.
+    When on, they ask OpenTelemetry's global providers on every request whether anyone listens, a cost
+    per request on the event loop (docs/performance.md). zhembed's telemetry is its Prometheus
+    ``/metrics`` and :mod:`app.telemetry`.
     """
     if "telemetry" not in inspect.signature(FastAPI.__init__).parameters:
         return {}
@@ -218,17 +208,15 @@ def _own_memory() -> float:
 
 
 # Allocations between young-generation collections (CPython's default is 700). A request allocates a few
-# hundred objects, almost all freed by reference counting; at 700 the collector ran every request or two.
-# Measured at 32 clients x 1 text (tiny model, 2 cores): server CPU per request 997 -> 830 µs, 1493 ->
-# 1750 requests/s; no change at 8 x 32.
+# hundred objects, almost all freed by reference counting; at 700 the collector would run every request
+# or two (docs/performance.md has the measurement).
 GC_YOUNG_THRESHOLD = 50_000
 
 
 def _quiet_gc() -> None:
     """Move what start-up built (the model, the app, their modules) out of the collector's sight and
-    collect the young generation less often: py-spy put the cyclic collector at ~10% of the event loop at
-    32 clients x 1 text, scanning long-lived objects that never become garbage. Per process: each
-    worker calls it once it is warm."""
+    collect the young generation less often, so the cyclic collector does not scan long-lived objects
+    that never become garbage. Per process: each worker calls it once it is warm."""
     gc.collect()
     gc.freeze()
     _, older, oldest = gc.get_threshold()

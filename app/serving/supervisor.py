@@ -9,8 +9,8 @@ HTTP workers feeding one inference process: the work a GPU waits on is the Pytho
 (HTTP, validation, tokenising, pooling, JSON), and that only runs in parallel in separate processes;
 handing tokens and pooled vectors between processes would add a copy and a hop per request, while one
 more session costs only its weights on the device (the fp16 graph is 204 MB; an H200 has 139 GiB) and
-ONNX Runtime runs sessions of several processes on one GPU concurrently. Measured before this change on
-an H200: 1 / 2 / 4 separate processes served 2,560 / 4,333 / 7,136 sentences/s (issue 13).
+ONNX Runtime runs sessions of several processes on one GPU concurrently (docs/performance.md has what
+1, 2 and 4 processes serve).
 
 What the supervisor keeps, with N > 1 as with one process:
 

@@ -1,8 +1,10 @@
-"""Refuse bodies over ``max_body_bytes`` without reading them: 413 from the error table.
+"""Bodies over ``max_body_bytes`` are refused without being read: 413 from the error table.
 
-A declared ``Content-Length`` over the limit is refused before the app runs. A body without one
-(chunked) is counted while it streams; once over, the app is told the client left (so it stops
-reading) and whatever it answers is replaced by the 413.
+A declared ``Content-Length`` over the limit is refused before the body is read (:func:`declared_length`,
+checked by :meth:`app.api.http.gates.Gates.admit`). A body without one (chunked) is counted as it
+streams: the data path reads it with :func:`read_body`, every other route is run :func:`limited`, which
+tells the app the client left once the count passes the limit (so it stops reading) and replaces whatever
+it answers with the 413. Either way the rest goes unread, so the 413 closes the connection.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api.drain import CLOSE
 from app.api.errors import send_error
-from app.errors import PayloadTooLarge
+from app.errors import ClientGone, PayloadTooLarge
 
 
 def too_large(max_body_bytes: int) -> PayloadTooLarge:
@@ -28,52 +30,67 @@ def declared_length(value: bytes) -> int:
         return 0
 
 
-class BodyLimitMiddleware:
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
-        self.app = app
-        self.max_body_bytes = max_body_bytes
+async def read_body(receive: Receive, max_body_bytes: int) -> bytes:
+    """The request body, counted against the limit as it comes.
 
-    async def _send_413(self, scope: Scope, send: Send) -> None:
-        await send_error(too_large(self.max_body_bytes), scope, send, [CLOSE])
+    Raises:
+        PayloadTooLarge: over the limit (the rest is not read).
+        ClientGone: the client left before the end of it.
+    """
+    message = await receive()
+    if message["type"] == "http.request" and not message.get("more_body", False):
+        body: bytes = message.get("body", b"")  # the whole body in one message: the common case
+        if len(body) > max_body_bytes:
+            raise too_large(max_body_bytes)
+        return body
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        if message["type"] == "http.request":
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > max_body_bytes:
+                raise too_large(max_body_bytes)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+        elif message["type"] == "http.disconnect":
+            raise ClientGone("client disconnected")
+        message = await receive()
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        for name, value in scope.get("headers", ()):
-            if name == b"content-length" and declared_length(value) > self.max_body_bytes:
-                await self._send_413(scope, send)
-                return
 
-        received = 0
-        over = False
-        answered = False
+async def limited(app: ASGIApp, scope: Scope, receive: Receive, send: Send, max_body_bytes: int) -> None:
+    """Run ``app`` on the request with its body counted against the limit as the app reads it; past the
+    limit the app is told the client left, and the request is answered 413 whatever the app answers."""
+    received = 0
+    over = False
+    answered = False
 
-        async def limited_receive() -> Message:
-            nonlocal received, over
-            if over:
+    async def limited_receive() -> Message:
+        nonlocal received, over
+        if over:
+            return {"type": "http.disconnect"}
+        message = await receive()
+        if message["type"] == "http.request":
+            received += len(message.get("body", b""))
+            if received > max_body_bytes:
+                over = True
                 return {"type": "http.disconnect"}
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_body_bytes:
-                    over = True
-                    return {"type": "http.disconnect"}
-            return message
+        return message
 
-        async def guarded_send(message: Message) -> None:
-            nonlocal answered
-            if not over:
-                await send(message)
-            elif not answered:
-                answered = True
-                await self._send_413(scope, send)
+    async def guarded_send(message: Message) -> None:
+        nonlocal answered
+        if not over:
+            await send(message)
+        elif not answered:
+            answered = True
+            await send_error(too_large(max_body_bytes), scope, send, [CLOSE])
 
-        try:
-            await self.app(scope, limited_receive, guarded_send)
-        except Exception:
-            # The app may raise on the disconnect we simulated; that is the 413, not a fault.
-            if not over:
-                raise
-        if over and not answered:
-            await self._send_413(scope, send)
+    try:
+        await app(scope, limited_receive, guarded_send)
+    except Exception:
+        # The app may raise on the disconnect we simulated; that is the 413, not a fault.
+        if not over:
+            raise
+    if over and not answered:
+        await send_error(too_large(max_body_bytes), scope, send, [CLOSE])

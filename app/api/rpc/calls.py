@@ -6,8 +6,10 @@ key (UNAUTHENTICATED); the service's typed errors become status codes by the one
 message is validated by the HTTP route's own schema, so the same mistake gets the same words. Each call is
 counted as an HTTP request is, with ``protocol="grpc"``, its method as the route and its status code's
 name as the status. The metadata ``priority`` carries what HTTP's ``Priority`` header does (RFC 9218:
-``u=0`` … ``u=7``), read the same way (:mod:`app.api.priority`), with the API key's default urgency where it
-sets none; the call runs at that urgency (:data:`app.engine.priority.URGENCY`).
+``u=0`` … ``u=7``), read by the same function (:func:`app.api.urgency.urgency`), with the API key's
+default urgency where it sets none; the call runs at that urgency (:data:`app.engine.priority.URGENCY`).
+Of the HTTP gates (:mod:`app.api.http.gates`) a call runs the ones that apply: draining
+(:func:`app.api.drain.shutting_down`), the key (:meth:`app.api.auth.ApiKeys.check`) and the urgency.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pydantic import BaseModel, ValidationError
 from app.api.auth import ApiKeys
 from app.api.drain import Drain, shutting_down
 from app.api.errors import row_for, server_fault, validation_message
-from app.api.priority import urgency
+from app.api.urgency import urgency
 from app.engine.priority import URGENCY
 from app.errors import NotReady, ServiceError, Unauthorized, ValidationFailed
 from app.tasks.service import Service

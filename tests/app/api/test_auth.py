@@ -10,7 +10,7 @@ import openai
 import pytest
 from pydantic import SecretStr
 
-from app.api.auth import ApiKeyMiddleware
+from app.api.auth import ApiKeys
 from app.settings import Settings
 from tests.app.conftest import Running, metric, serving
 
@@ -77,9 +77,31 @@ def test_keys_from_a_file_and_ops_routes_locked(tiny_settings: Settings, tmp_pat
 
 
 def test_every_key_is_compared() -> None:
-    middleware = ApiKeyMiddleware(app=None, keys=KEYS, open_paths=frozenset())  # type: ignore[arg-type]
-    assert middleware.valid(KEYS[0].encode()) and middleware.valid(KEYS[1].encode())
-    assert not middleware.valid(b"") and not middleware.valid(KEYS[0][:-1].encode())
+    keys = ApiKeys(KEYS)
+    assert keys.check(f"Bearer {KEYS[0]}".encode()) == (None, None)
+    assert keys.check(f"Bearer {KEYS[1]}".encode()) == (None, None)
+    assert keys.check(b"Bearer ")[0] is not None
+    assert keys.check(f"Bearer {KEYS[0][:-1]}".encode())[0] == "unknown API key"
+
+
+def test_the_check_says_what_is_missing_or_wrong() -> None:
+    keys = ApiKeys(KEYS)
+    assert keys.check(None) == ("no API key: send the header Authorization: Bearer <key>", None)
+    for malformed in (b"Basic abc", b"Bearer", b"Bearer   ", KEYS[0].encode()):
+        problem, _ = keys.check(malformed)
+        assert problem == "malformed Authorization header: send Authorization: Bearer <key>", malformed
+    assert keys.check(b"Bearer wrong-key") == ("unknown API key", None)
+    assert keys.check(f"bearer  {KEYS[0]} ".encode()) == (
+        None,
+        None,
+    )  # the scheme in any case, spaces trimmed
+
+
+def test_a_valid_key_gives_its_default_urgency_and_only_a_valid_one() -> None:
+    keys = ApiKeys.from_entries((("bulk-key", 7), ("live-key", None)))
+    assert keys.check(b"Bearer bulk-key") == (None, 7)
+    assert keys.check(b"Bearer live-key") == (None, None)
+    assert keys.check(b"Bearer bulk-ke") == ("unknown API key", None)
 
 
 def test_a_keys_default_urgency_applies_where_the_request_sets_none(tiny_settings: Settings) -> None:

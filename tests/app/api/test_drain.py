@@ -1,5 +1,6 @@
-"""The drain middleware: after the signal, 503 for new work, and every response closes its connection;
-while a worker retires, every response closes its connection and nothing is refused."""
+"""The drain, as the gates apply it to every route but the data path's (which ``http/test_fast.py`` tests):
+after the signal, 503 for new work, and every response closes its connection; while a worker retires,
+every response closes its connection and nothing is refused."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import json
 
 from starlette.types import Message, Receive, Scope, Send
 
-from app.api.drain import Drain, DrainMiddleware
+from app.api.drain import Drain
+from app.api.http.gates import GateMiddleware, Gates
+from app.telemetry.metrics import Metrics
 
 
 def call(drain: Drain, path: str, begin_during_request: bool = False) -> tuple[int, dict[bytes, bytes], dict]:
@@ -34,7 +37,9 @@ def call(drain: Drain, path: str, begin_during_request: bool = False) -> tuple[i
         sent.append(message)
 
     scope = {"type": "http", "method": "POST", "path": path, "headers": [], "query_string": b""}
-    asyncio.run(DrainMiddleware(app, drain, max_body_bytes=1 << 20)(scope, receive, send))
+    gates = Gates(metrics=Metrics(), drain=drain, keys=None, max_body_bytes=1 << 20)
+    middleware = GateMiddleware(app, gates, routes=frozenset(), open_paths=frozenset())
+    asyncio.run(middleware(scope, receive, send))
     start = next(m for m in sent if m["type"] == "http.response.start")
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     return start["status"], dict(start["headers"]), json.loads(body)

@@ -1,4 +1,6 @@
-"""413 for bodies over the limit, without reading them all."""
+"""413 for bodies over the limit, without reading them all: a declared length as the gates check it, a
+streamed body as :func:`~app.api.http.body_limit.limited` counts it for every route but the data path's
+(whose :func:`~app.api.http.body_limit.read_body` ``test_fast.py`` tests)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import Message, Receive, Scope, Send
 
-from app.api.http.body_limit import BodyLimitMiddleware
+from app.api.drain import Drain
+from app.api.http.body_limit import declared_length
+from app.api.http.gates import GateMiddleware, Gates
+from app.telemetry.metrics import Metrics
 
 
 async def echo_length(scope: Scope, receive: Receive, send: Send) -> None:
@@ -32,7 +37,8 @@ def call(headers: list[tuple[bytes, bytes]], chunks: list[bytes], limit: int) ->
         sent.append(message)
 
     scope = {"type": "http", "method": "POST", "path": "/", "headers": headers, "query_string": b""}
-    asyncio.run(BodyLimitMiddleware(echo_length, max_body_bytes=limit)(scope, receive, send))
+    gates = Gates(metrics=Metrics(), drain=Drain(), keys=None, max_body_bytes=limit)
+    asyncio.run(GateMiddleware(echo_length, gates, frozenset(), frozenset())(scope, receive, send))
     start = next(m for m in sent if m["type"] == "http.response.start")
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     return start["status"], json.loads(body), pulled
@@ -53,3 +59,10 @@ def test_streamed_body_is_cut_off_once_over_the_limit() -> None:
 def test_bodies_within_the_limit_pass() -> None:
     status, body, _ = call([(b"content-length", b"800")], [b"x" * 400] * 2, limit=1000)
     assert status == 200 and body == {"length": 800}
+
+
+def test_a_malformed_declared_length_is_left_to_the_stream_count() -> None:
+    assert declared_length(b"800") == 800
+    assert declared_length(b"8e2") == 0 and declared_length(b"") == 0
+    status, body, pulled = call([(b"content-length", b"lots")], [b"x" * 400] * 10, limit=1000)
+    assert status == 413 and body["error_type"] == "payload_too_large" and pulled == 3

@@ -172,8 +172,8 @@ def both(
 
 
 DEEP = b"[" * 600 + b"]" * 600
-# (name, path, body, headers): each answered the same both ways. Bodies where orjson and json.loads
-# disagree are here on purpose: the stdlib's reading must win.
+# (name, path, body, headers): each read the same both ways, by the data path and by FastAPI. Bodies where
+# orjson and json.loads disagree are here on purpose: the stdlib's reading must win.
 SAME = [
     ("valid", "/embed", b'{"inputs": ["a", "b"]}', JSON),
     ("valid, OpenAI", "/v1/embeddings", b'{"input": "a"}', JSON),
@@ -210,7 +210,6 @@ SAME = [
     ("a number where text belongs", "/embed", b'{"inputs": 3}', JSON),
     ("unknown encoding", "/embed", b'{"inputs": "a", "encoding": "fp16"}', JSON),
     ("missing inputs", "/embed", b"{}", JSON),
-    ("over the limit", "/embed", b'{"inputs": "' + b"a" * LIMIT + b'"}', JSON),
 ]
 
 
@@ -236,6 +235,44 @@ def test_a_body_nested_too_deep_for_the_stdlib_is_refused_as_too_deep(body: byte
     assert answered.status == 400 and "nests" in answered.json()["error"]
     assert answered.json()["error_type"] == "malformed"
     assert service.calls == 0
+
+
+# (name, API keys, draining, headers, body, status): a gate's refusal, the same both ways (both run the
+# one chain of app.api.http.gates).
+GATE_FAILURES = [
+    ("draining", None, True, JSON, b'{"inputs": "a"}', 503),
+    ("draining, before the key", "k", True, JSON, b'{"inputs": "a"}', 503),
+    ("no key", "k", False, JSON, b'{"inputs": "a"}', 401),
+    ("unknown key", "k", False, [*JSON, (b"authorization", b"Bearer nope")], b'{"inputs": "a"}', 401),
+    ("over the limit", None, False, JSON, b'{"inputs": "' + b"a" * LIMIT + b'"}', 413),
+    (
+        "over the limit, with a key",
+        "k",
+        False,
+        [*JSON, (b"authorization", b"Bearer k")],
+        b"x" * (LIMIT + 1),
+        413,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "keys", "draining", "headers", "body", "status"),
+    GATE_FAILURES,
+    ids=[r[0] for r in GATE_FAILURES],
+)
+def test_a_gate_refuses_the_same_on_the_data_path_as_on_the_middleware(
+    name: str, keys: str | None, draining: bool, headers: list[tuple[bytes, bytes]], body: bytes, status: int
+) -> None:
+    app, service = stub_app(api_keys=SecretStr(keys) if keys else None)
+    if draining:
+        app.state.drain.begin()
+    fast, slow = both(app, "/embed", body, headers)
+    assert fast.status == status
+    assert (fast.status, fast.headers, fast.body) == (slow.status, slow.headers, slow.body), fast.body[:300]
+    assert service.calls == 0
+    metrics = app.state.metrics
+    assert metrics.requests.labels("/embed", str(status), "http", "3")._value.get() == 2  # once each way
 
 
 def test_errors_carry_the_same_headers_both_ways() -> None:

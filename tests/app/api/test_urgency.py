@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.api.priority import header_urgency, joined, urgency
+from app.api.urgency import header_urgency, urgency
 
 # (field value, the urgency it sets or None)
 CASES = [
@@ -56,9 +56,3 @@ def test_where_the_field_sets_none_the_keys_default_then_three() -> None:
     assert urgency(b"u=1", 7) == 1  # the request's own urgency wins
     assert urgency("u=2") == 2  # gRPC metadata is a str
     assert urgency("u=2\u00e9") == 3
-
-
-def test_several_field_lines_are_one_field() -> None:
-    assert joined([]) is None
-    assert header_urgency(joined([b"i", b"u=6"]) or b"") == 6
-    assert header_urgency(joined([b"u=1", b"U=2"]) or b"") is None  # one bad line spoils the field

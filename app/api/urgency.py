@@ -14,8 +14,10 @@ How the header is read, as the RFCs say:
   own parameters (``a=1;u=0`` sets no urgency). A key given twice: the last one counts (RFC 8941 §4.2.2).
 - Where that leaves no urgency, the API key's default applies, and without one RFC 9218's default, 3.
 
-The engine reads the urgency from :data:`app.engine.priority.URGENCY`, which the entry points (the data
-path, the request-metrics middleware, gRPC calls) set in the request's task.
+:func:`header_urgency` is the one parser of the field; :func:`urgency` adds the key's default. The HTTP
+gates (:meth:`app.api.http.gates.Gates.admit`) and gRPC calls (:mod:`app.api.rpc.calls`) call :func:`urgency`
+once per request and set the result in the request's task as :data:`app.engine.priority.URGENCY`, which the engine
+reads and the request counters count by.
 """
 
 from __future__ import annotations
@@ -24,10 +26,6 @@ import string
 from functools import lru_cache
 
 from app.engine.priority import DEFAULT_URGENCY
-
-# Where the HTTP entry points leave what they found, for the layers below and the request counters.
-SCOPE_URGENCY = "zhembed.urgency"  # the request's urgency (int)
-SCOPE_HEADER_URGENCY = "zhembed.header_urgency"  # the Priority header's u, or None: a key's default may apply
 
 
 class _Invalid(ValueError):
@@ -228,10 +226,3 @@ def urgency(priority: bytes | str | None, key_default: int | None = None) -> int
     if found is not None:
         return found
     return key_default if key_default is not None else DEFAULT_URGENCY
-
-
-def joined(values: list[bytes]) -> bytes | None:
-    """Several field lines of one header as the one field they make (RFC 9110 §5.3), or None for none."""
-    if not values:
-        return None
-    return values[0] if len(values) == 1 else b", ".join(values)
