@@ -35,19 +35,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 import uvloop
 
 from loadtest import loadgen
-from loadtest.corpus import load_corpus, request_bodies, token_ids, unique_texts
+from loadtest.corpus import HIT_SET, load_corpus, request_bodies, token_ids
 from loadtest.flops import BertShape, gemm_peak
+from loadtest.harness.cell import Cell, distinct_bodies
+from loadtest.harness.measure import measure
+from loadtest.harness.report import RESULTS, Row, write_json
+from loadtest.harness.service import service_env
 from loadtest.quick_model import quick_model
 from loadtest.raw_onnx import CeilingResult, ceiling, open_encoder, shape_of, variants_in
 from loadtest.server import HOST, ServiceProcess
-from loadtest.table import HEADER, Row, format_row, http_row, link_naive, na_row, naive_flops, summary
-
-RESULTS = Path(__file__).parent / "results"
-HIT_SET = 64
+from loadtest.table import HEADER, format_row, link_naive, naive_flops, summary
 
 
 @dataclass
@@ -122,18 +122,20 @@ def _looks_like_vectors(payload: bytes, _texts: int) -> bool:
     return payload[:2] == b"[[" or payload[:1] == b"["
 
 
-def _cell(
-    svc: ServiceProcess, path: str, make: loadgen.BodyFactory, concurrency: int, opts: Options
-) -> tuple[loadgen.CellResult, float]:
-    """One load cell; returns the result and the server's CPU cores used over the whole cell."""
-    cpu0, t0 = svc.cpu_seconds(), time.perf_counter()
-    result = uvloop.run(
-        loadgen.run_cell(
-            HOST, svc.port, path, make, concurrency, opts.duration, opts.warmup, check=_looks_like_vectors
-        )
-    )
-    cores = (svc.cpu_seconds() - cpu0) / (time.perf_counter() - t0)
-    return result, cores
+def _row(
+    kind: str,
+    label: str,
+    svc: ServiceProcess,
+    make: loadgen.BodyFactory,
+    c: Cell,
+    opts: Options,
+    note: str = "",
+) -> Row:
+    """One load cell's row; the server's CPU cores are over the whole cell."""
+    m = measure(svc, c, make, opts.duration, opts.warmup, _looks_like_vectors, metrics=False)
+    row = Row.of(m, kind, note=note)
+    row.label = label
+    return row
 
 
 def _padding(before: dict[str, Any], after: dict[str, Any]) -> float | None:
@@ -144,13 +146,7 @@ def _padding(before: dict[str, Any], after: dict[str, Any]) -> float | None:
 
 def _service_env(opts: Options, cache_bytes: int) -> dict[str, str]:
     peak_inputs = max(opts.concurrency) * max(opts.texts_per_request)
-    return {
-        "ZHEMBED_MODEL": str(opts.model),
-        "ZHEMBED_VARIANT": opts.service_variant,
-        "ZHEMBED_LOG_LEVEL": "warning",
-        "ZHEMBED_CACHE_BYTES": str(cache_bytes),
-        "ZHEMBED_MAX_CONCURRENT_INPUTS": str(max(512, peak_inputs)),
-    }
+    return service_env(opts.model, opts.service_variant, peak_inputs, cache_bytes=cache_bytes)
 
 
 def service_rows(
@@ -171,7 +167,7 @@ def service_rows(
             for c in opts.concurrency:
                 before_raw = bracket() if bracket and c == 32 and per_request == 1 else None
                 before = svc.engine_stats()
-                result, server_cores = _cell(svc, "/embed", make, c, opts)
+                row = _row("service", f"service c={c} x{per_request}", svc, make, Cell(c, per_request), opts)
                 after = svc.engine_stats()
                 after_raw = bracket() if bracket and before_raw is not None else None
                 padding = _padding(before, after)
@@ -180,14 +176,15 @@ def service_rows(
                 note = f"padding {padding:.1%}" if padding is not None else ""
                 if batches:
                     note += f"; mean batch {items / batches:.1f}"
-                row = http_row("service", f"service c={c} x{per_request}", result, server_cores, note)
-                row.useful_gflops = result.sentences_per_s * flops_per_sentence / 1e9
+                row.note = "; ".join(x for x in (note, row.note) if x)
+                rate = row.sentences_per_s or 0.0
+                row.useful_gflops = rate * flops_per_sentence / 1e9
                 row.extra.update(padding_share=padding, engine_before=before, engine_after=after)
                 if raw_best is not None:
-                    row.vs_raw = result.sentences_per_s / raw_best.sentences_per_s
+                    row.vs_raw = rate / raw_best.sentences_per_s
                     if after_raw is not None and before_raw is not None:
                         adjacent = (before_raw + after_raw) / 2
-                        row.vs_raw = result.sentences_per_s / adjacent
+                        row.vs_raw = rate / adjacent
                         row.extra["raw_adjacent_sentences_per_s"] = [before_raw, after_raw]
                         row.note += f"; vs raw pass adjacent ({before_raw:.1f}/{after_raw:.1f} s/s)"
                 rows.append(row)
@@ -209,8 +206,7 @@ def naive_rows(opts: Options, corpus: list[str]) -> list[Row]:
         for per_request in opts.texts_per_request:
             make = loadgen.cycle(request_bodies(corpus, per_request), per_request)
             for c in (c for c in opts.concurrency if c <= opts.naive_max_concurrency):
-                result, server_cores = _cell(svc, "/embed", make, c, opts)
-                row = http_row("naive", f"naive c={c} x{per_request}", result, server_cores)
+                row = _row("naive", f"naive c={c} x{per_request}", svc, make, Cell(c, per_request), opts)
                 rows.append(row)
                 print(format_row(row), flush=True)
     return rows
@@ -234,28 +230,23 @@ def cache_rows(opts: Options, corpus: list[str]) -> tuple[list[Row], dict[str, A
     facts: dict[str, Any] = {"cache_bytes": opts.cache_bytes}
     with ServiceProcess("app", _service_env(opts, opts.cache_bytes), opts.logs / "service-cache.log") as svc:
         if _cache_counts(svc) is None:
-            return [
-                na_row("cache", label, "n/a (no cache): /metrics has no zhembed_cache_* counters")
-                for label in labels
-            ], facts
+            why = "n/a (no cache): /metrics has no zhembed_cache_* counters"
+            return [Row(label, "cache", note=why) for label in labels], facts
         hot = request_bodies(corpus[:HIT_SET], 1)
         for body in hot:  # fill the cache with the hit set
             uvloop.run(loadgen.post(HOST, svc.port, "/embed", body))
         shuffled = corpus[:]
         random.Random(1).shuffle(shuffled)
-
-        def unique(n: int) -> tuple[bytes, int]:
-            return orjson.dumps({"inputs": unique_texts(shuffled, n, 1)[0]}), 1
-
+        unique = distinct_bodies(shuffled, 1, 0)
         rows: list[Row] = []
         for label, make in ((labels[0], loadgen.cycle(hot, 1)), (labels[1], unique)):
             before = _cache_counts(svc) or {}
-            result, server_cores = _cell(svc, "/embed", make, c, opts)
+            row = _row("cache", label, svc, make, Cell(c, 1), opts)
             after = _cache_counts(svc) or {}
             hits = after.get("hits", 0) - before.get("hits", 0)
             misses = after.get("misses", 0) - before.get("misses", 0)
             ratio = hits / (hits + misses) if hits + misses else float("nan")
-            row = http_row("cache", label, result, server_cores, f"measured hit ratio {ratio:.1%}")
+            row.note = "; ".join(x for x in (f"measured hit ratio {ratio:.1%}", row.note) if x)
             rows.append(row)
             print(format_row(row), flush=True)
         facts["memory_steady"] = svc.processes().as_json()
@@ -355,14 +346,11 @@ def run(args: argparse.Namespace, model: Path, naive_source: Path | None, naive_
         "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()},
         "seconds": seconds,
         "facts": facts,
-        "rows": [asdict(r) for r in rows],
+        "rows": [r.as_json() for r in rows],
     }
     for text in summary(rows, facts, peaks, shape, opts.service_variant, opts.cache_bytes, seconds):
         print(text)
-    out = args.out or RESULTS / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1, default=float))
-    print(f"JSON: {out}")
+    write_json(report, args.out, "bench")
     return report
 
 

@@ -31,9 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import orjson
-from tokenizers import Tokenizer
 
 from app.bulk.cli import parser as bulk_parser
 from app.bulk.embedder import Embedder
@@ -41,7 +39,8 @@ from app.bulk.output import OutputDir
 from app.bulk.progress import Progress
 from app.bulk.runner import BulkSpec, manifest_of, prepare, run_local
 from app.bulk.sources import Fields, find_inputs
-from loadtest.corpus import load_corpus, unique_texts
+from loadtest.corpus import encode, load_corpus, tokenizer_of, unique_texts
+from loadtest.quick_model import export_tiny
 from loadtest.raw_onnx import ceiling, open_encoder, shape_of
 
 DEFAULT_MODEL = Path("models/bert-base-chinese-twin")
@@ -57,22 +56,12 @@ def write_corpus(path: Path, texts: list[str]) -> Path:
 def raw(model: Path, variant: str, texts: list[str], batch: int) -> dict[str, float]:
     """Sentences/s of the raw session on ``texts``: tokenising (one thread, no offsets, 256 a call as
     the engine's tokenisation thread) plus one whole pass of length-sorted batches of ``batch``."""
-    tokenizer = Tokenizer.from_file(str(model / "tokenizer.json"))
-    tokenizer.no_padding()
-    tokenizer.no_truncation()
-    started = time.perf_counter()
-    ids = [
-        np.asarray(e.ids, dtype=np.int64)
-        for i in range(0, len(texts), 256)
-        for e in tokenizer.encode_batch_fast(texts[i : i + 256], add_special_tokens=True)
-    ]
-    tokenize_s = time.perf_counter() - started
+    tokenizer = tokenizer_of(model, None)
     session = open_encoder(model, variant)
-    result = ceiling(session, variant, ids, batch, shape_of(model), 0.0)
-    seconds = tokenize_s + len(texts) / result.sentences_per_s
+    result = ceiling(session, variant, [], batch, shape_of(model), 0.0, lambda: encode(tokenizer, texts))
     return {
-        "sentences_per_s": len(texts) / seconds,
-        "tokenize_s": tokenize_s,
+        "sentences_per_s": result.sentences_per_s,
+        "tokenize_s": result.tokenize_s,
         "padding": result.padding_share,
     }
 
@@ -232,8 +221,6 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         tiny: Path | None = None
         if args.quick:
-            from loadtest.quick_model import export_tiny
-
             tiny, _ = export_tiny(work / "source", work / "tiny", variants=("fp32", "int8"))
             args.model, args.texts = tiny, 300
             args.memory_rows = "2000,20000" if args.memory_rows is None else args.memory_rows
@@ -249,8 +236,6 @@ def main(argv: list[str] | None = None) -> int:
             memory_model = args.memory_model
             if memory_model is None:
                 if tiny is None:
-                    from loadtest.quick_model import export_tiny
-
                     tiny, _ = export_tiny(work / "source", work / "tiny", variants=("fp32", "int8"))
                 memory_model = tiny
             name = "tiny model" if memory_model == tiny else memory_model.name

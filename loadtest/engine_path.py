@@ -16,26 +16,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import uvloop
 
-from app.cache.vectors import VectorCache
-from app.engine.engine import Engine
-from app.model.runtime import load_model
 from app.settings import Settings
 from app.tasks.options import EmbedOptions
 from app.tasks.service import Service
 from app.telemetry.metrics import Metrics
 from loadtest.corpus import load_corpus, unique_texts
-from loadtest.overhead import GPU_LIKE, LAYERS, parse_cells
-from loadtest.quick_model import export_tiny
+from loadtest.harness.cell import STRIDE, parse_cells
+from loadtest.harness.service import GPU_LIKE, fields, in_process
+from loadtest.quick_model import tiny_model
 
 
 def thread_cpu() -> dict[str, float]:
@@ -97,41 +91,20 @@ async def cell(
     )
 
 
-@contextmanager
-def _model(folder: Path | None) -> Iterator[Path]:
-    if folder is not None and (folder / "manifest.json").is_file():
-        yield folder
-        return
-    with tempfile.TemporaryDirectory(prefix="zhembed-engine-path-") as tmp:
-        out = folder if folder is not None else Path(tmp) / "model"
-        yield export_tiny(Path(tmp) / "source", out, ("fp32",), LAYERS)[0]
-
-
 async def run(args: argparse.Namespace, model: Path) -> None:
-    fields: dict[str, Any] = {
-        "model": str(model),
-        "variant": "fp32",
-        "cache_bytes": 0,
-        "intra_op_threads": 1,
-        "max_concurrent_inputs": 100_000,
-    }
-    if args.gpu_like:
-        fields.update({k.removeprefix("ZHEMBED_").lower(): int(v) for k, v in GPU_LIKE.items()})
-    settings = Settings(**fields)
-    metrics = Metrics()
-    engine = Engine(load_model(settings), settings, metrics)
-    engine.start()
-    await engine.wait_calibrated()  # the batch cost model, measured (or read) before the first batch
-    service = Service(settings, engine.model, engine, VectorCache(None, None, metrics), metrics)
-    service.ready = True
+    settings = Settings(
+        **fields(model, "fp32", 100_000, intra_op_threads=1, **(GPU_LIKE if args.gpu_like else {}))
+    )
+    service, engine = await in_process(settings)
     print(f"engine path: {model}, {'GPU-like' if args.gpu_like else 'CPU default'} batches, cache off")
     print(
         f"{'cell':<14}{'sent/s':>9}{'batch':>7}{'us/sent':>9}{'in run':>8}{'outside':>9}  us/sent by thread"
     )
     try:
-        for k, (clients, texts) in enumerate(parse_cells(args.cells)):
+        for k, c in enumerate(parse_cells(args.cells)):
             print(
-                await cell(service, metrics, clients, texts, args.seconds, 10_000_000 * (k + 1)), flush=True
+                await cell(service, engine.metrics, c.clients, c.texts, args.seconds, STRIDE * (k + 1)),
+                flush=True,
             )
     finally:
         engine.stop()
@@ -144,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=4.0, help="measured seconds per cell")
     p.add_argument("--gpu-like", action="store_true", help="the batch settings a GPU gets")
     args = p.parse_args(argv)
-    with _model(args.model) as model:
+    with tiny_model(args.model) as model:
         uvloop.run(run(args, model))
     return 0
 

@@ -13,7 +13,7 @@ One run, on a folder exported with fp32 and fp16 (``gpu_check.sh`` exports the t
    (``loadtest.flops.BertShape.flops``) against ``--peak-tflops`` (H200 dense fp16: 989). The row at
    batch 256, sequence 32 is the raw ceiling the issue's targets are ratios to;
 3. the service, ``python -m app`` with ``ZHEMBED_VARIANT=fp16`` on ``--provider``, cache off, GPU-sized
-   batches (``SERVICE_ENV``) and admission above the largest cell (no 429s), driven by closed-loop
+   batches (``loadtest.harness.service.GPU_LIKE``) and admission above the largest cell (no 429s), driven by closed-loop
    clients (``loadtest.loadgen``, in this process) sending distinct texts: corpus sentences with a
    running number in front (13-116 characters; ``loadtest.corpus.unique_texts``), so neither
    de-duplication nor a cache serves one from another. Cells, CLIENTS from ``--clients`` (256):
@@ -23,7 +23,7 @@ One run, on a folder exported with fp32 and fp16 (``gpu_check.sh`` exports the t
    row already measured).
 
 Per cell: sentences/s, requests/s, p50/p99 (client side, measured window), errors; from the deltas of
-``/metrics`` over the whole cell (warm-up, window and drain; ``loadtest.overhead``'s helpers):
+``/metrics`` over the whole cell (warm-up, window and drain; ``loadtest.harness.measure``):
 
 - ``batch``: mean batch size, ``zhembed_batch_size_sum`` / ``_count``;
 - ``busy``: the inference thread's busy share, the ``zhembed_inference_duration_seconds_sum`` delta over
@@ -51,160 +51,131 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
-import orjson
-import uvloop
 
 from app.serving.cluster import AUTO_CUDA_WORKERS
-from loadtest import loadgen
-from loadtest.corpus import load_corpus, unique_texts
-from loadtest.flops import BertShape, session_options, synthetic_feed
-from loadtest.gpu_check_table import HEADER, WORKERS_READY, Cell, format_cell, targets
-from loadtest.overhead import BATCH_COUNT, BATCH_SUM, INFERENCE_SUM, answered_vectors, delta, scrape
-from loadtest.raw_onnx import service_output
-from loadtest.server import HOST, ServiceProcess
-from loadtest.table import reliability_warning
+from loadtest.corpus import load_corpus
+from loadtest.flops import synthetic_feed
+from loadtest.harness.cell import STRIDE, Cell, distinct_bodies
+from loadtest.harness.measure import WORKERS_READY, measure
+from loadtest.harness.report import RESULTS, Row, cell, target, write_json
+from loadtest.harness.service import GPU_LIKE, described, service_env
+from loadtest.raw_onnx import ceiling, open_encoder, service_output, shape_of
+from loadtest.server import ServiceProcess
 
 CUDA = "CUDAExecutionProvider"
-RESULTS = Path(__file__).parent / "results"
 # (sequence, batches) of the raw grid; CEILING is the (batch, sequence) the targets are ratios to.
 RAW_GRID = ((32, (32, 128, 256)), (128, (256,)))
 CEILING = (256, 32)
-# GPU-sized batching: a GPU batch costs little per token, so favour full batches over tight length
-# groups (settings.py); the CPU mode runs the same settings so that its test covers the same path.
-SERVICE_ENV = {
-    "ZHEMBED_VARIANT": "fp16",
-    "ZHEMBED_CACHE_BYTES": "0",
-    "ZHEMBED_MAX_BATCH_SIZE": "256",
-    "ZHEMBED_MAX_BATCH_TOKENS": "32768",
-    "ZHEMBED_BATCH_OVERHEAD_TOKENS": "1024",
-    "ZHEMBED_MAX_INPUTS_PER_REQUEST": "64",
-    "ZHEMBED_LOG_LEVEL": "warning",
-    "ZHEMBED_SHUTDOWN_DRAIN_S": "0",  # each service stop would otherwise wait out the 2 s drain
-}
+# The issue's GPU targets.
+MIN_SENTENCES_X32 = 20_000.0
+MIN_RAW_SHARE_X32 = 0.5
+MAX_P99_MS_X32 = 2000.0
+MIN_REQUESTS_X1 = 5_000.0
+MAX_P50_MS_1X1 = 4.0
+MAX_P99_MS_1X1 = 10.0
+# A client at this many cores or more may be what limits its cell.
+CLIENT_BOUND_CORES = 0.9
+HEADER = (
+    f"{'cell':<16}{'wrk':>4}{'sent/s':>9}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'err':>5}{'batch':>7}"
+    f"{'busy':>6}{'srv cpu':>8}{'cli cpu':>8}  note"
+)
 
 
-@dataclass(frozen=True)
-class Spec:
-    """What a cell sends: ``clients`` closed-loop clients, ``texts`` per request, in ``encoding``."""
-
-    clients: int
-    texts: int
-    encoding: str = "float"
-
-    @property
-    def label(self) -> str:
-        return f"{self.clients}x{self.texts}" + ("" if self.encoding == "float" else f" {self.encoding}")
-
-
-def bodies(corpus: list[str], spec: Spec, start: int) -> loadgen.BodyFactory:
-    """The n-th request carries texts ``start + n·texts`` … of :func:`unique_texts`: never one twice."""
-    extra = {} if spec.encoding == "float" else {"encoding": spec.encoding}
-
-    def make(n: int) -> tuple[bytes, int]:
-        batch = unique_texts(corpus, start + n * spec.texts, spec.texts)
-        return orjson.dumps({"inputs": batch[0] if spec.texts == 1 else batch, **extra}), spec.texts
-
-    return make
-
-
-def measure(
-    svc: ServiceProcess,
-    corpus: list[str],
-    spec: Spec,
-    workers: int,
-    start: int,
-    seconds: float,
-    warmup: float,
-) -> Cell:
-    """One cell; the service's counters and CPU time are read right before and right after it."""
-    before = scrape(svc)
-    cpu0, t0 = svc.cpu_seconds(), time.perf_counter()
-    result = uvloop.run(
-        loadgen.run_cell(
-            HOST,
-            svc.port,
-            "/embed",
-            bodies(corpus, spec, start),
-            spec.clients,
-            seconds,
-            warmup,
-            check=answered_vectors,
-        )
-    )
-    cpu1, t1 = svc.cpu_seconds(), time.perf_counter()
-    after = scrape(svc)
-    wall = t1 - t0
-    batches = delta(after, before, BATCH_COUNT)
-    return Cell(
-        label=spec.label,
-        clients=spec.clients,
-        texts=spec.texts,
-        encoding=spec.encoding,
-        workers=workers,
-        workers_ready=after.get(WORKERS_READY, float("nan")),
-        sentences_per_s=result.sentences_per_s,
-        requests_per_s=result.requests_per_s,
-        p50_ms=result.percentile(50),
-        p99_ms=result.percentile(99),
-        errors=result.errors,
-        requests=result.requests,
-        first_error=result.first_error,
-        status_counts={str(k): v for k, v in result.status_counts.items()},
-        mean_batch=delta(after, before, BATCH_SUM) / batches if batches else float("nan"),
-        busy=delta(after, before, INFERENCE_SUM) / wall / workers,
-        server_cores=(cpu1 - cpu0) / wall,
-        client_cores=result.client_cores,
-        wall_s=wall,
-        note=reliability_warning(result) or "",
+def format_cell(c: Row) -> str:
+    return (
+        f"{c.label:<16}{cell(c.workers, 'd', 4)}{cell(c.sentences_per_s, '.0f', 9)}"
+        f"{cell(c.requests_per_s, '.0f', 9)}{cell(c.p50_ms, '.1f', 9)}{cell(c.p99_ms, '.1f', 9)}"
+        f"{cell(c.errors, 'd', 5)}{cell(c.mean_batch, '.1f', 7)}{cell(c.busy, '.2f', 6)}"
+        f"{cell(c.server_cores, '.2f', 8)}{cell(c.client_cores, '.2f', 8)}  "
+        + c.notes("" if c.workers_ready == c.workers else f"{WORKERS_READY} {c.workers_ready:g}")
     )
 
 
-def _session(path: Path, provider: str) -> ort.InferenceSession:
-    session = ort.InferenceSession(str(path), session_options(provider=provider), providers=[provider])
-    if session.get_providers()[0] != provider:
-        raise SystemExit(f"the session fell back to {session.get_providers()} instead of {provider}")
-    return session
+def targets(main: dict[str, Row], clients: int, ceiling: float) -> list[str]:
+    """The issue's GPU targets, each with its measured value; ``main`` holds the main cells by label (a
+    missing one, from a service that did not start, makes its targets n/a)."""
+    out: list[str] = []
+
+    def say(name: str, label: str, test: Callable[[Any], tuple[bool, str]]) -> None:
+        c = main.get(label)
+        if c is None:
+            out.append(target(name, None, "not measured"))
+            return
+        ok, detail = test(c)
+        if (c.client_cores or 0) >= CLIENT_BOUND_CORES:
+            detail += f" (client at {c.client_cores:.2f} cores: it may be the limit)"
+        out.append(target(name, ok, detail))
+
+    many, single = f"{clients}x32", f"{clients}x1"
+    say(
+        f"{many} >= {MIN_SENTENCES_X32:,.0f} sentences/s",
+        many,
+        lambda c: (c.sentences_per_s >= MIN_SENTENCES_X32, f"{c.sentences_per_s:,.0f}"),
+    )
+    say(
+        f"{many} >= {MIN_RAW_SHARE_X32} x raw ceiling",
+        many,
+        lambda c: (
+            c.sentences_per_s >= MIN_RAW_SHARE_X32 * ceiling,
+            f"{c.sentences_per_s / ceiling:.2f} ({c.sentences_per_s:,.0f} / {ceiling:,.0f})",
+        ),
+    )
+    say(
+        f"{many} p99 <= {MAX_P99_MS_X32:.0f} ms",
+        many,
+        lambda c: (c.p99_ms <= MAX_P99_MS_X32, f"{c.p99_ms:.0f} ms"),
+    )
+    say(
+        f"{single} >= {MIN_REQUESTS_X1:,.0f} requests/s",
+        single,
+        lambda c: (c.requests_per_s >= MIN_REQUESTS_X1, f"{c.requests_per_s:,.0f}"),
+    )
+    say(
+        f"1x1 p50 <= {MAX_P50_MS_1X1:g} ms",
+        "1x1",
+        lambda c: (c.p50_ms <= MAX_P50_MS_1X1, f"{c.p50_ms:.2f} ms"),
+    )
+    say(
+        f"1x1 p99 <= {MAX_P99_MS_1X1:g} ms",
+        "1x1",
+        lambda c: (c.p99_ms <= MAX_P99_MS_1X1, f"{c.p99_ms:.2f} ms"),
+    )
+    return out
 
 
-def parity(model: Path, manifest: dict, provider: str) -> float:
+def parity(model: Path, provider: str) -> float:
     """The least pooled cosine between fp16 on ``provider`` and fp32 on the CPU, on the same inputs."""
-    fp16 = _session(model / manifest["graphs"]["encoder"]["fp16"]["file"], provider)
-    fp32 = _session(model / manifest["graphs"]["encoder"]["fp32"]["file"], "CPUExecutionProvider")
     feed = synthetic_feed(16, 48)
-    a = fp16.run(["last_hidden_state"], feed)[0].mean(1)
-    b = fp32.run(["last_hidden_state"], feed)[0].mean(1)
+    a = open_encoder(model, "fp16", provider=provider).run(["last_hidden_state"], feed)[0].mean(1)
+    b = open_encoder(model, "fp32").run(["last_hidden_state"], feed)[0].mean(1)
     cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
     return float(cos.min())
 
 
-def raw(
-    model: Path, manifest: dict, shape: BertShape, peak: float, seconds: float, provider: str
-) -> dict[tuple[int, int], float]:
+def raw(model: Path, peak: float, seconds: float, provider: str) -> dict[tuple[int, int], float]:
     """Sentences/s of the fp16 encoder at each (batch, sequence) of ``RAW_GRID``, printed as a table."""
-    session = _session(model / manifest["graphs"]["encoder"]["fp16"]["file"], provider)
-    # What a default /embed fetches: the pooled [batch, hidden] mean, not [batch, seq, hidden] states.
-    fetch = [service_output(session)]
-    print(f"raw fp16 encoder on {provider}, numpy feeds, fetching {fetch[0]}, {seconds:g} s a row")
+    session, shape = open_encoder(model, "fp16", provider=provider), shape_of(model)
+    print(
+        f"raw fp16 encoder on {provider}, numpy feeds, fetching {service_output(session)}, {seconds:g} s a row"
+    )
     print(f"{'seq':>5}{'batch':>7}{'sentences/s':>13}{'TFLOP/s':>10}{'% peak':>8}")
     rates: dict[tuple[int, int], float] = {}
     for seq, batches in RAW_GRID:
         for batch in batches:
-            feed = synthetic_feed(batch, seq)
-            session.run(fetch, feed)  # first run of a shape: allocations, kernel choice
-            count, start = 0, time.perf_counter()
-            while count == 0 or time.perf_counter() - start < seconds:
-                session.run(fetch, feed)
-                count += 1
-            rate = count * batch / (time.perf_counter() - start)
-            rates[batch, seq] = rate
-            tflops = rate * shape.flops(seq) / 1e12
-            print(f"{seq:>5}{batch:>7}{rate:>13.0f}{tflops:>10.2f}{100 * tflops / peak:>8.2f}", flush=True)
+            ids = list(synthetic_feed(batch, seq)["input_ids"])
+            got = ceiling(session, "fp16", ids, batch, shape, seconds)
+            rates[batch, seq], tflops = got.sentences_per_s, got.useful_flops_per_s / 1e12
+            print(
+                f"{seq:>5}{batch:>7}{got.sentences_per_s:>13.0f}{tflops:>10.2f}{100 * tflops / peak:>8.2f}",
+                flush=True,
+            )
     return rates
 
 
@@ -213,9 +184,9 @@ class Measured:
     """What the service cells gave: every cell in the order run, the main ones by label, the CLIENTS × 32
     cell by worker count, and the worker counts whose service did not start."""
 
-    cells: list[Cell] = field(default_factory=list)
-    main: dict[str, Cell] = field(default_factory=dict)
-    by_workers: dict[int, Cell] = field(default_factory=dict)
+    cells: list[Row] = field(default_factory=list)
+    main: dict[str, Row] = field(default_factory=dict)
+    by_workers: dict[int, Row] = field(default_factory=dict)
     not_started: list[int] = field(default_factory=list)
 
 
@@ -235,22 +206,22 @@ def _started(svc: ServiceProcess, workers: int) -> bool:
     return True
 
 
-def service_cells(args: argparse.Namespace, model: Path) -> Measured:
+def settings_env(args: argparse.Namespace) -> dict[str, str]:
+    """The service's settings: fp16 on the provider, cache off, GPU-like batches, and one admission budget
+    across workers (app.serving.cluster) of twice the most inputs any cell has in flight."""
+    more = {"providers": args.provider, "shutdown_drain_s": 0}  # each stop would wait out the 2 s drain
+    return service_env(args.model, "fp16", 2 * args.clients * 32, **more, **GPU_LIKE)
+
+
+def service_cells(args: argparse.Namespace) -> Measured:
     """Every service cell, one service start per worker count, the main count first. A service that does
     not start is reported with its log's end, and the run goes on to the next count."""
     corpus = load_corpus()
-    many = Spec(args.clients, 32)
-    main_specs = [many, Spec(args.clients, 32, "base64"), Spec(args.clients, 1), Spec(1, 1)]
-    env = {
-        **SERVICE_ENV,
-        "ZHEMBED_MODEL": str(model),
-        "ZHEMBED_PROVIDERS": args.provider,
-        # one budget across workers (app.serving.cluster): twice the most inputs any cell has in flight
-        "ZHEMBED_MAX_CONCURRENT_INPUTS": str(max(512, 2 * args.clients * 32)),
-    }
+    many = Cell(args.clients, 32)
+    main_cells = [many, Cell(args.clients, 32, "base64"), Cell(args.clients, 1), Cell(1, 1)]
+    env = settings_env(args)
     print(
-        f"service: python -m app, {' '.join(f'{k}={v}' for k, v in env.items() if k != 'ZHEMBED_MODEL')}; "
-        f"distinct corpus texts; cells {args.seconds:g} s (+{args.warmup:g} s warm-up)"
+        f"service: python -m app, {described(env)}; distinct corpus texts; cells {args.seconds:g} s (+{args.warmup:g} s warm-up)"
     )
     print(HEADER, flush=True)
     got = Measured()
@@ -262,9 +233,10 @@ def service_cells(args: argparse.Namespace, model: Path) -> Measured:
             got.not_started.append(workers)
             continue
         try:
-            for spec in main_specs if workers == args.main_workers else [many]:
-                c = measure(svc, corpus, spec, workers, start, args.seconds, args.warmup)
-                start += 10_000_000  # each cell's texts are new to the service too
+            for spec in main_cells if workers == args.main_workers else [many]:
+                bodies = distinct_bodies(corpus, spec.texts, start, spec.encoding)
+                c = Row.of(measure(svc, spec, bodies, args.seconds, args.warmup), workers=workers)
+                start += STRIDE
                 got.cells.append(c)
                 print(format_cell(c), flush=True)
                 if workers == args.main_workers:
@@ -280,22 +252,20 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
     """The whole check; the JSON report, and True when every service started and every cell answered
     without errors on the number of workers asked for."""
     started = time.perf_counter()
-    manifest = json.loads((args.model / "manifest.json").read_text())
-    config = manifest["config"]
-    shape = BertShape(config["num_layers"], config["hidden_size"], config["intermediate_size"])
+    config = json.loads((args.model / "manifest.json").read_text())["config"]
     print(
         f"zhembed gpu_check: {args.model} ({config['num_layers']} layers, hidden {config['hidden_size']}); "
         f"onnxruntime {ort.__version__}, {args.provider}"
     )
-    cosine = parity(args.model, manifest, args.provider)
+    cosine = parity(args.model, args.provider)
     print(f"fp16 on {args.provider} vs fp32 on CPU, pooled cosine min: {cosine:.6f}")
-    rates = raw(args.model, manifest, shape, args.peak_tflops, args.raw_seconds, args.provider)
-    ceiling = rates[CEILING]
-    got = service_cells(args, args.model)
+    rates = raw(args.model, args.peak_tflops, args.raw_seconds, args.provider)
+    top = rates[CEILING]
+    got = service_cells(args)
     scaling = ", ".join(f"{w}: {c.sentences_per_s:,.0f}" for w, c in sorted(got.by_workers.items()))
     print(f"{args.clients}x32 sentences/s by workers: {scaling or 'none'}")
-    print(f"raw ceiling (batch {CEILING[0]}, sequence {CEILING[1]}): {ceiling:,.0f} sentences/s")
-    verdicts = targets(got.main, args.clients, ceiling)
+    print(f"raw ceiling (batch {CEILING[0]}, sequence {CEILING[1]}): {top:,.0f} sentences/s")
+    verdicts = targets(got.main, args.clients, top)
     target_note = "" if args.provider == CUDA else f"; on {args.provider} they mean nothing"
     print(f"Targets (issue 13, GPU: an H200{target_note}):", *verdicts, sep="\n")
     total = time.perf_counter() - started
@@ -306,19 +276,16 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
         "onnxruntime": ort.__version__,
         "parity_cosine_min": cosine,
         "raw": [{"batch": b, "seq": s, "sentences_per_s": r} for (b, s), r in rates.items()],
-        "raw_ceiling": {"batch": CEILING[0], "seq": CEILING[1], "sentences_per_s": ceiling},
-        "service_env": SERVICE_ENV,
+        "raw_ceiling": {"batch": CEILING[0], "seq": CEILING[1], "sentences_per_s": top},
+        "service_env": {k: v for k, v in settings_env(args).items() if k != "ZHEMBED_MODEL"},
         "seconds": args.seconds,
         "warmup_s": args.warmup,
-        "cells": [asdict(c) for c in got.cells],
+        "cells": [c.as_json() for c in got.cells],
         "not_started": got.not_started,
         "targets": verdicts,
         "total_s": total,
     }
-    out = args.out or RESULTS / f"gpu-check-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1, default=float))
-    print(f"JSON: {out}")
+    write_json(report, args.out, "gpu-check")
     bad = [f"{c.label} ({c.workers} workers)" for c in got.cells if c.failed]
     bad += [f"the service with {w} workers did not start" for w in got.not_started]
     if bad:

@@ -22,41 +22,30 @@ import itertools
 import os
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import numpy as np
-import orjson
-import uvloop
 
-from loadtest import loadgen
 from loadtest.corpus import load_corpus, unique_texts
-from loadtest.quick_model import export_tiny
+from loadtest.harness.cell import STRIDE, Cell, distinct_bodies
+from loadtest.harness.measure import Measured, measure
+from loadtest.harness.service import service_env
+from loadtest.loadgen import CellResult
+from loadtest.quick_model import tiny_model
 from loadtest.server import HOST, ServiceProcess, free_port
 
-LAYERS = 4
-
-
-@dataclass
-class Row:
-    protocol: str
-    sentences_per_s: float
-    p50_ms: float
-    server_us_per_sentence: float
-    client_cores: float
-    errors: int
+PROTOCOLS = ("http", "grpc", "grpc tei")
 
 
 async def _grpc_cell(
     call: Callable[[int], Awaitable[int]], clients: int, duration_s: float, warmup_s: float
-) -> tuple[float, list[float], int, int, float]:
-    """Closed-loop ``call(n)`` (returns the sentences answered) on ``clients`` tasks; (wall, latencies,
-    sentences, errors, client CPU s) over the measured window."""
+) -> CellResult:
+    """Closed-loop ``call(n)`` (returns the sentences answered) on ``clients`` tasks, measured as
+    :func:`loadtest.loadgen.run_cell` measures HTTP."""
     counter = itertools.count()
     latencies: list[float] = []
-    totals = {"sentences": 0, "errors": 0}
+    totals = {"requests": 0, "sentences": 0, "errors": 0}
     start = time.perf_counter()
     measure_from, deadline = start + warmup_s, start + warmup_s + duration_s
     cpu: list[float] = []
@@ -70,6 +59,7 @@ async def _grpc_cell(
                 continue
             if now >= measure_from:
                 latencies.append((time.perf_counter() - now) * 1000)
+                totals["requests"] += 1
                 totals["sentences"] += answered
 
     async def mark() -> None:
@@ -79,31 +69,35 @@ async def _grpc_cell(
     marker = asyncio.create_task(mark())
     await asyncio.gather(*(client() for _ in range(clients)))
     await marker
-    return duration_s, latencies, totals["sentences"], totals["errors"], time.process_time() - cpu[0]
+    client_cpu = time.process_time() - cpu[0]
+    return CellResult(
+        clients,
+        duration_s,
+        totals["requests"],
+        totals["sentences"],
+        totals["errors"],
+        latencies,
+        client_cpu,
+        {},
+    )
 
 
-def run_grpc(
-    port: int,
-    corpus: list[str],
-    clients: int,
-    texts: int,
-    start: int,
-    duration: float,
-    warmup: float,
-    tei: bool,
-) -> tuple[float, list[float], int, int, float]:
+def grpc_drive(
+    port: int, corpus: list[str], c: Cell, start: int, duration: float, warmup: float
+) -> Callable[[], Awaitable[CellResult]]:
+    """The load of ``c`` over gRPC: ``zhembed.v1`` Embed, or TEI's EmbedStream (``grpc tei``)."""
     import grpc
 
     from app.api.rpc.proto import tei_pb2, tei_pb2_grpc, zhembed_pb2, zhembed_pb2_grpc
 
-    async def main() -> tuple[float, list[float], int, int, float]:
+    async def drive() -> CellResult:
         async with grpc.aio.insecure_channel(f"{HOST}:{port}") as channel:
             ours = zhembed_pb2_grpc.ZhembedStub(channel)
             theirs = tei_pb2_grpc.EmbedStub(channel)
 
             async def call(n: int) -> int:
-                batch = unique_texts(corpus, start + n * texts, texts)
-                if tei:
+                batch = unique_texts(corpus, start + n * c.texts, c.texts)
+                if c.protocol == "grpc tei":
                     stream = theirs.EmbedStream(
                         iter([tei_pb2.EmbedRequest(inputs=t, normalize=True) for t in batch])
                     )
@@ -111,68 +105,16 @@ def run_grpc(
                 answer = await ours.Embed(zhembed_pb2.EmbedRequest(inputs=batch))
                 return len(answer.vectors)
 
-            return await _grpc_cell(call, clients, duration, warmup)
+            return await _grpc_cell(call, c.clients, duration, warmup)
 
-    return uvloop.run(main())
-
-
-def run_http(
-    port: int, corpus: list[str], clients: int, texts: int, start: int, duration: float, warmup: float
-) -> tuple[float, list[float], int, int, float]:
-    def make(n: int) -> tuple[bytes, int]:
-        return orjson.dumps({"inputs": unique_texts(corpus, start + n * texts, texts)}), texts
-
-    result = uvloop.run(loadgen.run_cell(HOST, port, "/embed", make, clients, duration, warmup))
-    return result.wall_s, result.latencies_ms, result.sentences, result.errors, result.client_cpu_s
+    return drive
 
 
-def measure(
-    svc: ServiceProcess,
-    protocol: str,
-    grpc_port: int,
-    corpus: list[str],
-    args: argparse.Namespace,
-    start: int,
-) -> Row:
-    cpu0, t0 = svc.cpu_seconds(), time.perf_counter()
-    if protocol == "http":
-        wall, latencies, sentences, errors, client_cpu = run_http(
-            svc.port, corpus, args.clients, args.texts, start, args.duration, args.warmup
-        )
-    else:
-        wall, latencies, sentences, errors, client_cpu = run_grpc(
-            grpc_port,
-            corpus,
-            args.clients,
-            args.texts,
-            start,
-            args.duration,
-            args.warmup,
-            protocol == "grpc tei",
-        )
-    cpu = svc.cpu_seconds() - cpu0
-    elapsed = time.perf_counter() - t0
-    # Server CPU over the whole cell (warm-up and drain included) per sentence answered in it, estimated
-    # from the measured rate times the cell's length.
-    rate = sentences / wall if wall else 0.0
-    answered = rate * elapsed
-    return Row(
-        protocol=protocol,
-        sentences_per_s=rate,
-        p50_ms=float(np.percentile(latencies, 50)) if latencies else float("nan"),
-        server_us_per_sentence=cpu / answered * 1e6 if answered else float("nan"),
-        client_cores=client_cpu / wall if wall else 0.0,
-        errors=errors,
-    )
-
-
-@contextmanager
-def _model(folder: Path | None) -> Iterator[Path]:
-    if folder is not None:
-        yield folder
-        return
-    with tempfile.TemporaryDirectory(prefix="zhembed-grpc-") as tmp:
-        yield export_tiny(Path(tmp) / "source", Path(tmp) / "model", ("fp32",), LAYERS)[0]
+def server_us(m: Measured) -> float:
+    """Server CPU over the whole cell (warm-up and drain included) per sentence answered in it, estimated
+    from the measured rate times the cell's length."""
+    answered = m.load.sentences_per_s * m.wall_s
+    return m.server_cpu_s / answered * 1e6 if answered else float("nan")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,45 +132,41 @@ def main(argv: list[str] | None = None) -> int:
     corpus = load_corpus()
     grpc_port = free_port()
     cores = len(os.sched_getaffinity(0))
-    with _model(args.model) as model:
-        env = {
-            "ZHEMBED_MODEL": str(model),
-            "ZHEMBED_VARIANT": "fp32",
-            "ZHEMBED_LOG_LEVEL": "warning",
-            "ZHEMBED_CACHE_BYTES": "0",
-            "ZHEMBED_INTRA_OP_THREADS": "1",
-            "ZHEMBED_GRPC_PORT": str(grpc_port),
-            "ZHEMBED_MAX_CONCURRENT_INPUTS": str(max(512, 2 * args.clients * args.texts)),
-            "ZHEMBED_MAX_INPUTS_PER_REQUEST": str(max(64, args.texts)),
-        }
+    with tiny_model(args.model) as model:
+        inputs = args.clients * args.texts
+        more = {"intra_op_threads": 1, "grpc_port": grpc_port, "max_inputs_per_request": max(64, args.texts)}
+        env = service_env(model, "fp32", 2 * inputs, **more)
         print(
             f"zhembed gRPC vs HTTP: {model}; {args.clients} clients × {args.texts} texts, {args.duration:g} s "
             f"cells (+{args.warmup:g} s warm-up), {args.rounds} round(s); {cores} cores shared by client and server"
         )
-        rows: list[Row] = []
+        rows: list[Measured] = []
         with ServiceProcess("app", env, Path(tempfile.gettempdir()) / "zhembed-grpc-http.log") as svc:
-            start = 0
-            for _ in range(args.rounds):
-                for protocol in ("http", "grpc", "grpc tei"):
-                    rows.append(measure(svc, protocol, grpc_port, corpus, args, start))
-                    start += 10_000_000
+            for k, protocol in enumerate(PROTOCOLS * args.rounds):
+                c, start = Cell(args.clients, args.texts, protocol=protocol), k * STRIDE
+                drive = (
+                    None
+                    if protocol == "http"
+                    else grpc_drive(grpc_port, corpus, c, start, args.duration, args.warmup)
+                )
+                bodies = distinct_bodies(corpus, c.texts, start)
+                rows.append(measure(svc, c, bodies, args.duration, args.warmup, None, False, drive))
         print(
             f"{'protocol':<10} {'sentences/s':>12} {'p50 ms':>8} {'server µs/sentence':>19} {'client cores':>13} {'errors':>7}"
         )
         for r in rows:
             print(
-                f"{r.protocol:<10} {r.sentences_per_s:>12.0f} {r.p50_ms:>8.1f} {r.server_us_per_sentence:>19.0f} "
-                f"{r.client_cores:>13.2f} {r.errors:>7}"
+                f"{r.cell.protocol:<10} {r.load.sentences_per_s:>12.0f} {r.load.percentile(50):>8.1f} "
+                f"{server_us(r):>19.0f} {r.load.client_cores:>13.2f} {r.load.errors:>7}"
             )
-        for protocol in ("grpc", "grpc tei"):
-            ours = [r for r in rows if r.protocol == protocol]
-            http = [r for r in rows if r.protocol == "http"]
-            ratio = np.mean([o.sentences_per_s / h.sentences_per_s for o, h in zip(ours, http, strict=True)])
-            cpu = np.mean(
-                [o.server_us_per_sentence / h.server_us_per_sentence for o, h in zip(ours, http, strict=True)]
-            )
+        http = [r for r in rows if r.cell.protocol == "http"]
+        for protocol in PROTOCOLS[1:]:
+            ours = [r for r in rows if r.cell.protocol == protocol]
+            pairs = list(zip(ours, http, strict=True))
+            ratio = np.mean([o.load.sentences_per_s / h.load.sentences_per_s for o, h in pairs])
+            cpu = np.mean([server_us(o) / server_us(h) for o, h in pairs])
             print(f"{protocol} / http: sentences/s {ratio:.2f}x, server CPU per sentence {cpu:.2f}x")
-    return 1 if any(r.errors or not r.sentences_per_s for r in rows) else 0
+    return 1 if any(r.load.errors or not r.load.sentences_per_s for r in rows) else 0
 
 
 if __name__ == "__main__":

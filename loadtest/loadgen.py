@@ -94,6 +94,7 @@ class _Connection:
         self.retried = 0
         self.last_retried = False
         self.received = False
+        self.head = b""  # the latest answer's status line and headers
 
     async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         if self.reader is not None and self.reader.at_eof():  # closed by the server while idle
@@ -148,6 +149,7 @@ class _Connection:
             self.received = bool(exc.partial)
             raise
         self.received = True
+        self.head = raw
         lines = raw.split(b"\r\n")
         status = int(lines[0].split(b" ", 2)[1])
         length: int | None = None
@@ -218,6 +220,7 @@ async def run_cell(
     drain_s: float = 30.0,
     check: Callable[[bytes, int], bool] | None = None,
     headers: dict[str, str] | None = None,
+    answered: Callable[[bytes], None] | None = None,
 ) -> CellResult:
     """Drive ``concurrency`` closed-loop connections at ``path`` for ``warmup_s + duration_s``.
 
@@ -225,6 +228,7 @@ async def run_cell(
         make_body: the n-th request's body and its number of texts (n counts across connections).
         check: validates a 200 answer (payload, texts); a False counts as an error.
         headers: extra request headers (e.g. ``{"Priority": "u=7"}``).
+        answered: called with the head (status line and headers) of each answer counted.
     """
     extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
     counter: Iterator[int] = itertools.count()
@@ -272,6 +276,8 @@ async def run_cell(
                     done["requests"] += 1
                     done["sentences"] += texts
                     latencies.append((ended - sent) * 1000.0)
+                    if answered is not None:
+                        answered(conn.head)
         finally:
             conn.close()
 

@@ -81,15 +81,11 @@ def uss_by_kind() -> dict[str, float]:
 
 async def child(args: argparse.Namespace) -> dict[str, Any]:
     """One variant in this process: the readings as a dict."""
-    from app.cache.vectors import VectorCache
-    from app.engine.engine import Engine
     from app.model import runtime
-    from app.model.runtime import load_model
     from app.settings import Settings
     from app.tasks.options import EmbedOptions
-    from app.tasks.service import Service
-    from app.telemetry.metrics import Metrics
     from loadtest.corpus import load_corpus, unique_texts
+    from loadtest.harness.service import fields, in_process
 
     if os.environ.get("LAB_ARENA_OFF"):
         plain = runtime.session_options
@@ -116,19 +112,8 @@ async def child(args: argparse.Namespace) -> dict[str, Any]:
             return list(self._encoder.run(outputs, feed, shrink if next(runs) % every == 0 else None))
 
         runtime.OnnxModel.encode = encode  # type: ignore[method-assign,assignment]
-    settings = Settings(
-        model=str(args.model),
-        variant=args.variant,
-        cache_bytes=0,
-        intra_op_threads=args.threads,
-        max_concurrent_inputs=100_000,
-    )
-    metrics = Metrics()
-    engine = Engine(load_model(settings), settings, metrics)
-    engine.start()
-    await engine.wait_calibrated()
-    service = Service(settings, engine.model, engine, VectorCache(None, None, metrics), metrics)
-    service.ready = True
+    settings = Settings(**fields(args.model, args.variant, 100_000, intra_op_threads=args.threads))
+    service, engine = await in_process(settings)
     corpus = load_corpus()
     rng = random.Random(args.seed)
     counter = iter(range(10_000_000))

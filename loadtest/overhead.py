@@ -27,8 +27,8 @@ the model costs. Per cell:
   work no design can skip, tokenising it and writing its vector (the model's hidden size) into the JSON
   answer; and ``machinery = outside − floor``: HTTP layers, validation, threads, batching, pooling.
 
-``--gpu-like`` runs the service with the batch settings a GPU gets (``ZHEMBED_MAX_BATCH_SIZE=256``,
-``ZHEMBED_MAX_BATCH_TOKENS=16384``): large batches, so what is per batch is amortised and what is per
+``--gpu-like`` runs the service with the batch settings a GPU gets (``loadtest.harness.service.GPU_LIKE``,
+gpu_check's: batches of 256 and 32,768 tokens, a batch's cost 1,024 tokens): large batches, so what is per batch is amortised and what is per
 text shows. The issue's machinery targets at 64x32 and 256x32 are for this mode, the one at 8x32 for the
 CPU defaults.
 
@@ -47,117 +47,72 @@ nothing; a MISS is a finding, not a failure.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import orjson
-import uvloop
-
 from app.settings import Settings
-from loadtest import loadgen
 from loadtest.corpus import load_corpus, token_ids, unique_texts
 from loadtest.floor import floor
-from loadtest.overhead_table import HEADER, Cell, format_cell, targets
-from loadtest.quick_model import export_tiny
+from loadtest.harness.cell import STRIDE, Cell, distinct_bodies, parse_cells
+from loadtest.harness.measure import measure
+from loadtest.harness.report import RESULTS, Row, cell, target, write_json
+from loadtest.harness.service import GPU_LIKE, PREFIX, service_env
+from loadtest.quick_model import tiny_model
 from loadtest.raw_onnx import ceiling, open_encoder, shape_of
-from loadtest.server import HOST, ServiceProcess
-from loadtest.table import reliability_warning
+from loadtest.server import ServiceProcess
 
-RESULTS = Path(__file__).parent / "results"
 CELLS = "8x32,64x32,256x32,32x1,256x1"
 QUICK_CELLS = "8x32,32x1"
 LAYERS = 4
-# The batch settings a GPU gets (gpu_check's): --gpu-like.
-GPU_LIKE = {"ZHEMBED_MAX_BATCH_SIZE": "256", "ZHEMBED_MAX_BATCH_TOKENS": "16384"}
-INFERENCE_SUM = "zhembed_inference_duration_seconds_sum"
-# CPU of the inference thread inside Session.run: the split's "in run" (the duration also counts the wait
-# for the interpreter lock after each run, which is not CPU and would shrink "outside").
-INFERENCE_CPU = "zhembed_inference_cpu_seconds_total"
-BATCH_SUM = "zhembed_batch_size_sum"
-BATCH_COUNT = "zhembed_batch_size_count"
+# Issue 19's targets (CPU, tiny model, 2 cores): machinery per sentence at 64x32 and 256x32 with GPU-like
+# batches, and at 8x32 with the CPU defaults; CPU outside Session.run per single-text request.
+MACHINERY_US_GPU_LIKE = {"64x32": 25.0, "256x32": 25.0}
+MACHINERY_US_CPU = {"8x32": 60.0}
+OUTSIDE_US_PER_REQUEST_X1 = 250.0
+SCALING_256_VS_8 = 0.9
+HEADER = (
+    f"{'clients x texts':<16}{'sent/s':>9}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'err':>5}{'batch':>7}"
+    f"{'srv cpu':>8}{'cli cpu':>8}{'us/sent':>9}{'in run':>8}{'outside':>8}{'floor':>7}{'machin.':>8}  note"
+)
 
 
-def parse_cells(text: str) -> list[tuple[int, int]]:
-    """``"8x32,32x1"`` → ``[(8, 32), (32, 1)]`` (clients, texts per request)."""
+def format_cell(c: Row) -> str:
+    return (
+        f"{c.label:<16}{cell(c.sentences_per_s, '.0f', 9)}{cell(c.requests_per_s, '.0f', 9)}"
+        f"{cell(c.p50_ms, '.1f', 9)}{cell(c.p99_ms, '.1f', 9)}{cell(c.errors, 'd', 5)}"
+        f"{cell(c.mean_batch, '.1f', 7)}{cell(c.server_cores, '.2f', 8)}{cell(c.client_cores, '.2f', 8)}"
+        f"{cell(c.cpu_us, '.0f', 9)}{cell(c.run_us, '.0f', 8)}{cell(c.outside_us, '.0f', 8)}"
+        f"{cell(c.floor_us, '.0f', 7)}{cell(c.machinery_us, '.0f', 8)}  {c.notes()}"
+    )
+
+
+def targets(cells: list[Row], gpu_like: bool) -> list[str]:
+    """The issue's CPU targets that apply to this run's batch settings, each with its measured value."""
+    mode, other = ("--gpu-like", "CPU defaults") if gpu_like else ("CPU defaults", "--gpu-like")
+    machinery, others = (MACHINERY_US_GPU_LIKE, MACHINERY_US_CPU)[:: 1 if gpu_like else -1]
+    by = {c.label: c for c in cells}
     out = []
-    for part in text.split(","):
-        clients, _, texts = part.strip().partition("x")
-        out.append((int(clients), int(texts)))
-    return out
-
-
-def distinct_bodies(corpus: list[str], texts: int, start: int) -> loadgen.BodyFactory:
-    """The n-th request carries texts ``start + n·texts`` … of :func:`unique_texts`: never one twice."""
-
-    def make(n: int) -> tuple[bytes, int]:
-        batch = unique_texts(corpus, start + n * texts, texts)
-        return orjson.dumps({"inputs": batch[0] if texts == 1 else batch}), texts
-
-    return make
-
-
-def answered_vectors(payload: bytes, _texts: int) -> bool:
-    return payload[:1] == b"["  # cheap: the client shares the cores with the server
-
-
-def delta(after: dict[str, float], before: dict[str, float], name: str) -> float:
-    return after.get(name, 0.0) - before.get(name, 0.0)
-
-
-def scrape(svc: ServiceProcess) -> dict[str, float]:
-    series = svc.metrics()
-    if series is None or INFERENCE_SUM not in series or BATCH_SUM not in series:
-        raise RuntimeError(f"/metrics has no {INFERENCE_SUM} / {BATCH_SUM}")
-    return series
-
-
-def measure_cell(
-    svc: ServiceProcess,
-    corpus: list[str],
-    clients: int,
-    texts: int,
-    start: int,
-    duration: float,
-    warmup: float,
-) -> Cell:
-    """One cell; server CPU and the service's counters are read right before and right after it."""
-    before = scrape(svc)
-    cpu0, t0 = svc.cpu_seconds(), time.perf_counter()
-    make = distinct_bodies(corpus, texts, start)
-    result = uvloop.run(
-        loadgen.run_cell(HOST, svc.port, "/embed", make, clients, duration, warmup, check=answered_vectors)
-    )
-    cpu1, t1 = svc.cpu_seconds(), time.perf_counter()
-    after = scrape(svc)
-    batches = delta(after, before, BATCH_COUNT)
-    computed = delta(after, before, BATCH_SUM)
-    return Cell(
-        clients=clients,
-        texts=texts,
-        sentences_per_s=result.sentences_per_s,
-        requests_per_s=result.requests_per_s,
-        p50_ms=result.percentile(50),
-        p99_ms=result.percentile(99),
-        errors=result.errors,
-        requests=result.requests,
-        first_error=result.first_error,
-        status_counts={str(k): v for k, v in result.status_counts.items()},
-        mean_batch=computed / batches if batches else float("nan"),
-        computed=computed,
-        server_cpu_s=cpu1 - cpu0,
-        session_run_s=delta(after, before, INFERENCE_CPU if INFERENCE_CPU in after else INFERENCE_SUM),
-        wall_s=t1 - t0,
-        client_cores=result.client_cores,
-        note=reliability_warning(result) or "",
-    )
+    for label, bound in machinery.items():
+        c = by.get(label)
+        ok, detail = (None, "not run") if c is None else (c.machinery_us <= bound, f"{c.machinery_us:.0f} us")
+        out.append(target(f"machinery <= {bound:.0f} us/sentence at {label} ({mode})", ok, detail))
+    for label, bound in others.items():
+        out.append(
+            target(f"machinery <= {bound:.0f} us/sentence at {label} ({other})", None, f"run with {other}")
+        )
+    for c in (c for c in cells if c.texts == 1):
+        name = f"CPU outside Session.run <= {OUTSIDE_US_PER_REQUEST_X1:.0f} us/request at {c.label}"
+        out.append(target(name, c.outside_us <= OUTSIDE_US_PER_REQUEST_X1, f"{c.outside_us:.0f} us"))
+    name = f"256x32 sentences/s >= {SCALING_256_VS_8} x 8x32"
+    small, large = by.get("8x32"), by.get("256x32")
+    if small is None or large is None or not small.sentences_per_s or large.sentences_per_s is None:
+        return [*out, target(name, None, "needs both cells")]
+    ratio = large.sentences_per_s / small.sentences_per_s
+    detail = f"{ratio:.2f} ({large.sentences_per_s:.0f} / {small.sentences_per_s:.0f})"
+    return [*out, target(name, ratio >= SCALING_256_VS_8, detail)]
 
 
 def raw_rate(model: Path, variant: str, corpus: list[str], batch_size: int, seconds: float) -> float:
@@ -173,75 +128,59 @@ def cpu_model() -> str:
     return next((x.split(":", 1)[1].strip() for x in lines if x.startswith("model name")), "unknown CPU")
 
 
-@contextmanager
-def _model(folder: Path | None, variant: str) -> Iterator[Path]:
-    """The tiny model: an export already in ``folder``, else exported there (or into a temp dir)."""
-    if folder is not None and (folder / "manifest.json").is_file():
-        yield folder
-        return
-    with tempfile.TemporaryDirectory(prefix="zhembed-overhead-") as tmp:
-        out = folder if folder is not None else Path(tmp) / "model"
-        variants = ("fp32",) if variant == "fp32" else ("fp32", variant)
-        yield export_tiny(Path(tmp) / "source", out, variants, LAYERS)[0]  # type: ignore[arg-type]
+def measure_cell(
+    svc: ServiceProcess, corpus: list[str], c: Cell, start: int, args: argparse.Namespace
+) -> Row:
+    """One cell, rerun with a window long enough for its latency when the first was short (report.py
+    says why); each run's texts are new to the service."""
+    row = Row.of(measure(svc, c, distinct_bodies(corpus, c.texts, start), args.duration, args.warmup))
+    if not row.note:
+        return row
+    # Closed loop: once the queue is as deep as it gets, a request waits for everything in flight
+    # (Little's law), which can be longer than the short first window's p50.
+    steady = c.inputs / row.sentences_per_s if row.sentences_per_s else 0.0
+    p50 = max((row.p50_ms or 0) / 1000 if row.requests else args.duration + args.warmup, steady)
+    duration = min(args.max_cell_s, max(args.duration, 4 * p50))
+    warmup = max(args.warmup, min(p50, duration / 4))  # until the queue is as deep as it gets
+    row = Row.of(measure(svc, c, distinct_bodies(corpus, c.texts, start + STRIDE), duration, warmup))
+    row.note = "; ".join(x for x in (f"rerun: {duration:.0f} s window", row.note) if x)
+    return row
 
 
 def run(args: argparse.Namespace, model: Path) -> dict[str, Any]:
     corpus = load_corpus()
     cells = parse_cells(args.cells)
-    batch_size = (
-        int(GPU_LIKE["ZHEMBED_MAX_BATCH_SIZE"])
-        if args.gpu_like
-        else int(Settings.model_fields["max_batch_size"].default)
-    )
+    batch = GPU_LIKE if args.gpu_like else {}
+    batch_size = int(batch.get("max_batch_size", Settings.model_fields["max_batch_size"].default))
     cores = len(os.sched_getaffinity(0))
+    peak = max(c.inputs for c in cells)
+    env = service_env(
+        model, args.variant, 2 * peak * args.workers, intra_op_threads=1, workers=args.workers, **batch
+    )
+    gpu = ", ".join(f"{PREFIX}{k.upper()}={v}" for k, v in batch.items())
     print(
         f"zhembed overhead: {model} ({LAYERS} layers, hidden 64, {args.variant}); {cores} cores "
         f"({cpu_model()}) shared by the client, the server and the raw pass; server: cache off, "
         f"ZHEMBED_INTRA_OP_THREADS=1, ZHEMBED_WORKERS={args.workers}; "
-        f"{'GPU-like batches (' + ', '.join(f'{k}={v}' for k, v in GPU_LIKE.items()) + ')' if args.gpu_like else 'CPU default batches'}; cells {args.duration:g} s "
-        f"(+{args.warmup:g} s warm-up)",
+        f"{f'GPU-like batches ({gpu})' if args.gpu_like else 'CPU default batches'}; "
+        f"cells {args.duration:g} s (+{args.warmup:g} s warm-up)",
         flush=True,
     )
     started = time.time()
     raw = [raw_rate(model, args.variant, corpus, batch_size, args.raw_seconds)]  # before the service
-    peak = max(c * t for c, t in cells)
-    env = {
-        "ZHEMBED_MODEL": str(model),
-        "ZHEMBED_VARIANT": args.variant,
-        "ZHEMBED_LOG_LEVEL": "warning",
-        "ZHEMBED_CACHE_BYTES": "0",
-        "ZHEMBED_MAX_CONCURRENT_INPUTS": str(max(512, 2 * peak * args.workers)),
-        "ZHEMBED_INTRA_OP_THREADS": "1",
-        "ZHEMBED_WORKERS": str(args.workers),
-        **(GPU_LIKE if args.gpu_like else {}),
-    }
-    measured: list[Cell] = []
+    measured: list[Row] = []
     print(HEADER, flush=True)
     with ServiceProcess("app", env, RESULTS / "logs" / "overhead-service.log") as svc:
-        start = 0
-        for clients, texts in cells:
-            first = start
-            c = measure_cell(svc, corpus, clients, texts, start, args.duration, args.warmup)
-            start += 10_000_000  # each cell's texts are new to the service too
-            if c.note:  # the window was short for the latency: once more, long enough (table.py says why)
-                # Closed loop: once the queue is as deep as it gets, a request waits for everything in
-                # flight (Little's law), which can be longer than the short first window's p50.
-                steady = clients * texts / c.sentences_per_s if c.sentences_per_s else 0.0
-                p50 = max(c.p50_ms / 1000 if c.requests else args.duration + args.warmup, steady)
-                duration = min(args.max_cell_s, max(args.duration, 4 * p50))
-                warmup = max(args.warmup, min(p50, duration / 4))  # until the queue is as deep as it gets
-                c = measure_cell(svc, corpus, clients, texts, start, duration, warmup)
-                start += 10_000_000
-                c.note = "; ".join(x for x in (f"rerun: {duration:.0f} s window", c.note) if x)
-            # The floor on this cell's texts, in its own process, while the service idles.
-            f = floor(model, texts, first)
-            c.tokenize_us, c.write_us = f.tokenize_us, f.write_us
-            measured.append(c)
-            print(format_cell(c), flush=True)
+        for k, c in enumerate(cells):
+            row = measure_cell(svc, corpus, c, 2 * k * STRIDE, args)
+            f = floor(model, c.texts, 2 * k * STRIDE)  # on the cell's texts, in its own process
+            row.tokenize_us, row.write_us = f.tokenize_us, f.write_us
+            measured.append(row)
+            print(format_cell(row), flush=True)
     raw.append(raw_rate(model, args.variant, corpus, batch_size, args.raw_seconds))  # and after it
     raw_us = 2e6 / sum(raw)
     verdicts = targets(measured, args.gpu_like)
-    lines = [
+    print(
         f"raw session (in-process, service options, 1 intra-op thread, length-sorted batches of "
         f"{batch_size}): {raw[0]:.0f} / {raw[1]:.0f} sentences/s "
         f"(before / after the service), {raw_us:.0f} us of Session.run per sentence",
@@ -250,9 +189,8 @@ def run(args: argparse.Namespace, model: Path) -> dict[str, Any]:
         "sentence and writing its vector, in a process of its own (loadtest.floor); machin.: outside - floor",
         f"Targets (issue 19, set for 2 cores; {cores} here):",
         *verdicts,
-    ]
-    for text in lines:
-        print(text)
+        sep="\n",
+    )
     report = {
         "model": str(model),
         "variant": args.variant,
@@ -265,25 +203,10 @@ def run(args: argparse.Namespace, model: Path) -> dict[str, Any]:
         "warmup_s": args.warmup,
         "seconds": time.time() - started,
         "raw": {"batch_size": batch_size, "sentences_per_s": raw, "session_run_us_per_sentence": raw_us},
-        "cells": [
-            {
-                **asdict(c),
-                "label": c.label,
-                "cpu_us_per_sentence": c.cpu_us,
-                "session_run_us_per_sentence": c.run_us,
-                "outside_us_per_sentence": c.outside_us,
-                "floor_us_per_sentence": c.floor_us,
-                "machinery_us_per_sentence": c.machinery_us,
-                "server_cores": c.server_cores,
-            }
-            for c in measured
-        ],
+        "cells": [c.as_json() for c in measured],
         "targets": verdicts,
     }
-    out = args.out or RESULTS / f"overhead-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1, default=float))
-    print(f"JSON: {out}")
+    write_json(report, args.out, "overhead")
     return report
 
 
@@ -320,7 +243,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    with _model(args.model, args.variant) as model:
+    variants = ("fp32",) if args.variant == "fp32" else ("fp32", args.variant)
+    with tiny_model(args.model, variants, LAYERS) as model:  # type: ignore[arg-type]
         report = run(args, model)
     bad = [c["label"] for c in report["cells"] if c["errors"] or not c["requests"]]
     if bad:

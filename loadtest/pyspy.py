@@ -29,8 +29,9 @@ from pathlib import Path
 import uvloop
 
 from loadtest import loadgen
-from loadtest.bench import HIT_SET, RESULTS
-from loadtest.corpus import load_corpus, request_bodies
+from loadtest.corpus import HIT_SET, load_corpus, request_bodies
+from loadtest.harness.report import RESULTS
+from loadtest.harness.service import service_env
 from loadtest.server import HOST, ServiceProcess
 
 
@@ -113,10 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     if pyspy is None:
         print("pyspy: py-spy is not installed (pip install py-spy)", file=sys.stderr)
         return 2
-    cache_bytes = 64 * 2**20 if args.cache_hits else 0
-    env = {"ZHEMBED_MODEL": str(args.model), "ZHEMBED_VARIANT": args.variant}
-    env["ZHEMBED_CACHE_BYTES"] = str(cache_bytes)
-    env["ZHEMBED_LOG_LEVEL"] = "warning"
+    admit = 2 * args.concurrency * args.texts
+    env = service_env(args.model, args.variant, admit, cache_bytes=64 * 2**20 if args.cache_hits else 0)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     stacks = RESULTS / f"pyspy-{stamp}.txt"
     corpus = load_corpus()[:HIT_SET] if args.cache_hits else load_corpus()

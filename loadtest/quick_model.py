@@ -61,3 +61,15 @@ def quick_model(
     """:func:`export_tiny` into a temp dir that lives as long as the context: (model dir, HF source)."""
     with tempfile.TemporaryDirectory(prefix="zhembed-quick-") as tmp:
         yield export_tiny(Path(tmp) / "source", Path(tmp) / "model", variants, layers)
+
+
+@contextmanager
+def tiny_model(
+    folder: Path | None, variants: Sequence[Variant] = ("fp32",), layers: int = 4
+) -> Iterator[Path]:
+    """The tiny model: an export already in ``folder``, else exported there (or into a temp dir)."""
+    if folder is not None and (folder / "manifest.json").is_file():
+        yield folder
+        return
+    with tempfile.TemporaryDirectory(prefix="zhembed-tiny-") as tmp:
+        yield export_tiny(Path(tmp) / "source", folder or Path(tmp) / "model", variants, layers)[0]

@@ -6,7 +6,7 @@ On one model (default: the bert-base-chinese shape twin, int8), cache off, close
 (:mod:`loadtest.loadgen`) sending distinct texts (the corpus with a number in front), it measures:
 
 - the **raw ceiling** of the same int8 graph, in-process with the service's session options: the texts
-  tokenised (``encode_batch``, 256 a call) and run sorted by length in batches of 8 and of 32, whole
+  tokenised (``encode_batch_fast``, 256 a call, as the engine does) and run sorted by length in batches of 8 and of 32, whole
   passes, at the start and at the end of the run; the best batch size, the mean of the two passes;
 - **this tree's service** (``python -m app``, which measures its batch cost model afresh: the model's files
   are linked into a folder of the run's own, where the model is cached) at 32 × 1 and 8 × 16 (against the ceiling), at 8 × 1 (p99 /
@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import random
 import sys
@@ -40,17 +39,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 import uvloop
 
 from loadtest import loadgen
-from loadtest.corpus import load_corpus, unique_texts
-from loadtest.raw_onnx import DEFAULT_MODEL, feed, open_encoder, service_output
-from loadtest.scheduler_report import DISTURBED, Cell, engine_speed, print_model, print_summary, summarise
+from loadtest.corpus import encode, load_corpus, tokenizer_of, unique_texts
+from loadtest.harness.cell import STRIDE, Cell, distinct_bodies
+from loadtest.harness.report import RESULTS, Row, mark, write_json
+from loadtest.harness.service import service_env
+from loadtest.quick_model import quick_model
+from loadtest.raw_onnx import DEFAULT_MODEL, ceiling, open_encoder, shape_of
 from loadtest.server import HOST, ServiceProcess, parse_exposition
 
-RESULTS = Path(__file__).parent / "results"
 QUEUED = "zhembed_queue_duration_seconds_count"
+# A cell whose engine ran the model at under this share of the run's median speed is reported as disturbed.
+DISTURBED = 0.8
 
 
 @dataclass
@@ -68,40 +70,21 @@ class Options:
     cost_cache: Path
 
 
-# --------------------------------------------------------------------------------------------- raw
-
-
 def raw_ceiling(opts: Options, texts: list[str], batch_sizes: tuple[int, ...]) -> dict[int, float]:
     """Sentences/s of the bare session on ``texts`` at each batch size, tokenising included (see module)."""
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(opts.model / "tokenizer.json"))
-    tokenizer.no_padding()
-    tokenizer.enable_truncation(512)
-    session = open_encoder(opts.model, opts.variant)
-    fetch = [service_output(session)]
+    tokenizer, session, shape = (
+        tokenizer_of(opts.model),
+        open_encoder(opts.model, opts.variant),
+        shape_of(opts.model),
+    )
     out: dict[int, float] = {}
     for size in batch_sizes:
-        session.run(fetch, feed([np.array([101, 102])] * size))  # the first run of a session allocates
-        elapsed, passes = 0.0, 0
-        while passes == 0 or elapsed < opts.raw_seconds:
-            started = time.perf_counter()
-            ids = [
-                np.asarray(e.ids, dtype=np.int64)
-                for i in range(0, len(texts), 256)
-                for e in tokenizer.encode_batch(texts[i : i + 256])
-            ]
-            ordered = sorted(ids, key=len)
-            for i in range(0, len(ordered), size):
-                session.run(fetch, feed(ordered[i : i + size]))
-            elapsed += time.perf_counter() - started
-            passes += 1
-        out[size] = passes * len(texts) / elapsed
-        print(f"  raw b={size}: {out[size]:.1f} sentences/s ({passes} pass(es))", flush=True)
+        got = ceiling(
+            session, opts.variant, [], size, shape, opts.raw_seconds, lambda: encode(tokenizer, texts)
+        )
+        out[size] = got.sentences_per_s
+        print(f"  raw b={size}: {out[size]:.1f} sentences/s ({got.passes} pass(es))", flush=True)
     return out
-
-
-# ------------------------------------------------------------------------------------------- cells
 
 
 class Bodies:
@@ -113,14 +96,8 @@ class Bodies:
         self.next_range = 0
 
     def maker(self, texts: int) -> loadgen.BodyFactory:
-        start = self.next_range
-        self.next_range += 10_000_000
-
-        def make(n: int) -> tuple[bytes, int]:
-            batch = unique_texts(self.corpus, start + n * texts, texts)
-            return orjson.dumps({"inputs": batch[0] if texts == 1 else batch}), texts
-
-        return make
+        self.next_range += STRIDE
+        return distinct_bodies(self.corpus, texts, self.next_range - STRIDE)
 
 
 async def _scrape_async(port: int) -> dict[str, float]:
@@ -138,15 +115,11 @@ def _queued_by_urgency(series: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def _stats(svc: ServiceProcess) -> dict[str, Any]:
-    return svc.engine_stats()
-
-
 def wait_idle(svc: ServiceProcess, timeout_s: float = 120.0) -> None:
     """Until the server has nothing in flight (what a previous cell left is cancelled or done)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        stats = _stats(svc)
+        stats = svc.engine_stats()
         if stats.get("inputs_in_flight", 1) == 0 and stats.get("queue_depth", 1) == 0:
             return
         time.sleep(0.5)
@@ -154,14 +127,11 @@ def wait_idle(svc: ServiceProcess, timeout_s: float = 120.0) -> None:
 
 
 def run_cells(
-    svc: ServiceProcess,
-    groups: list[tuple[str, int, int, dict[str, str], str]],
-    opts: Options,
-    bodies: Bodies,
-) -> list[Cell]:
-    """One cell: every group's clients at once. A group: (name, clients, texts, headers, urgency label)."""
+    svc: ServiceProcess, groups: list[tuple[str, Cell]], opts: Options, bodies: Bodies
+) -> list[Row]:
+    """One cell: every group's clients at once. A group: (name, what its clients send)."""
     wait_idle(svc)
-    before_stats = _stats(svc)
+    before_stats = svc.engine_stats()
 
     async def main() -> tuple[list[loadgen.CellResult], dict[str, float], dict[str, float]]:
         tasks = [
@@ -169,16 +139,16 @@ def run_cells(
                 loadgen.run_cell(
                     HOST,
                     svc.port,
-                    "/embed",
-                    bodies.maker(texts),
-                    clients,
+                    c.route,
+                    bodies.maker(c.texts),
+                    c.clients,
                     opts.duration,
                     opts.warmup,
-                    drain_s=2.0 if texts > 1 else 30.0,
-                    headers=headers,
+                    drain_s=2.0 if c.texts > 1 else 30.0,
+                    headers=c.headers,
                 )
             )
-            for _, clients, texts, headers, _ in groups
+            for _, c in groups
         ]
         await asyncio.sleep(opts.warmup)
         first = _queued_by_urgency(await _scrape_async(svc.port))
@@ -187,52 +157,38 @@ def run_cells(
         return list(await asyncio.gather(*tasks)), first, last
 
     results, first, last = uvloop.run(main())
-    after_stats = _stats(svc)
+    after_stats = svc.engine_stats()
     moved = {
         k: after_stats[k] - before_stats.get(k, 0)
         for k in after_stats
         if isinstance(after_stats[k], int | float) and not isinstance(after_stats[k], bool)
     }
     cells = []
-    for (name, clients, texts, _, label), result in zip(groups, results, strict=True):
-        key = label if label in last else "all"
-        cell = Cell(
+    for (name, c), result in zip(groups, results, strict=True):
+        key = str(c.urgency or 3) if str(c.urgency or 3) in last else "all"
+        cell = Row(
             name,
-            clients,
-            texts,
-            sentences_per_s=(last.get(key, 0.0) - first.get(key, 0.0)) / opts.duration,
-            client_sentences_per_s=result.sentences_per_s,
+            clients=c.clients,
+            texts=c.texts,
+            sentences_per_s=(last.get(key, 0.0) - first.get(key, 0.0))
+            / opts.duration,  # counted by the server
             p50_ms=result.percentile(50),
             p99_ms=result.percentile(99),
             requests=result.requests,
             errors=result.errors,
-            statuses=result.status_counts,
-            engine=moved,
+            status_counts={str(k): v for k, v in result.status_counts.items()},
+            extra={"client_sentences_per_s": result.sentences_per_s, "engine": moved},
         )
         batches = moved.get("batches", 0)
         mean_batch = moved.get("batched_items", 0) / batches if batches else float("nan")
         print(
-            f"  {name:<34} {cell.sentences_per_s:7.1f} sentences/s (client {cell.client_sentences_per_s:.1f})"
+            f"  {name:<34} {cell.sentences_per_s:7.1f} sentences/s (client {result.sentences_per_s:.1f})"
             f"  p50 {cell.p50_ms:7.0f} ms  p99 {cell.p99_ms:7.0f} ms  {cell.requests} answers, "
             f"{cell.errors} errors; mean batch {mean_batch:.1f}; engine {engine_speed(cell):.0f} tokens/s",
             flush=True,
         )
         cells.append(cell)
     return cells
-
-
-def service_env(opts: Options, peak_inputs: int) -> dict[str, str]:
-    return {
-        "ZHEMBED_MODEL": str(opts.model),
-        "ZHEMBED_VARIANT": opts.variant,
-        "ZHEMBED_LOG_LEVEL": "warning",
-        "ZHEMBED_CACHE_BYTES": "0",
-        # Room for every client group at once: these cells measure scheduling, not refusals.
-        "ZHEMBED_MAX_CONCURRENT_INPUTS": str(max(512, 2 * peak_inputs)),
-        # Where the batch cost model goes if the model folder is read-only (the run links the model's files
-        # into a folder of its own, so it is measured afresh in each run).
-        "ZHEMBED_CACHE_DIR": str(opts.cost_cache),
-    }
 
 
 def linked(model: Path, into: Path) -> Path:
@@ -247,7 +203,9 @@ def linked(model: Path, into: Path) -> Path:
 
 @contextlib.contextmanager
 def servers(opts: Options, peak_inputs: int) -> Iterator[tuple[ServiceProcess, ServiceProcess | None]]:
-    env = service_env(opts, peak_inputs)
+    # Room for every client group at once: these cells measure scheduling, not refusals. The batch cost
+    # model goes under the run's own folder if the model folder is read-only.
+    env = service_env(opts.model, opts.variant, 2 * peak_inputs, cache_dir=opts.cost_cache)
     ours = ServiceProcess("app", env, opts.logs / "scheduler-ours.log", cwd=Path(__file__).parents[1])
     today = None
     if opts.today is not None:
@@ -259,9 +217,6 @@ def servers(opts: Options, peak_inputs: int) -> Iterator[tuple[ServiceProcess, S
         else:
             with today:
                 yield ours, today
-
-
-# -------------------------------------------------------------------------------------------- main
 
 
 def run(opts: Options) -> dict[str, Any]:
@@ -278,7 +233,7 @@ def run(opts: Options) -> dict[str, Any]:
     bodies = Bodies(corpus)
     bg_clients, bg_texts = opts.background
     out: dict[str, Any] = {"raw_start": raw_start, "cells": {}}
-    cells: dict[str, Cell] = {}
+    cells: dict[str, Row] = {}
     with servers(opts, bg_clients * bg_texts + 64) as (ours, today):
         status, info = asyncio.run(loadgen.get_json(HOST, ours.port, "/info"))
         out["cost_model"] = info["batching"] if status == 200 and isinstance(info, dict) else None
@@ -286,7 +241,7 @@ def run(opts: Options) -> dict[str, Any]:
             print_model("cost model at start", out["cost_model"])
 
         def one(svc: ServiceProcess, key: str, clients: int, texts: int) -> None:
-            (cells[key],) = run_cells(svc, [(key, clients, texts, {}, "3")], opts, bodies)
+            (cells[key],) = run_cells(svc, [(key, Cell(clients, texts))], opts, bodies)
 
         print("cells", flush=True)
         one(ours, "ours 8x1 (1)", 8, 1)
@@ -297,9 +252,9 @@ def run(opts: Options) -> dict[str, Any]:
         if today is not None and opts.today_all:
             one(today, "today 32x1", 32, 1)
             one(today, "today 8x16", 8, 16)
-        background = ("background", bg_clients, bg_texts, {"Priority": "u=7"}, "7")
+        background = ("background", Cell(bg_clients, bg_texts, urgency=7))
         (cells["background alone"],) = run_cells(ours, [background], opts, bodies)
-        mixed = run_cells(ours, [background, ("interactive", 8, 1, {}, "3")], opts, bodies)
+        mixed = run_cells(ours, [background, ("interactive", Cell(8, 1))], opts, bodies)
         cells["background mixed"], cells["interactive mixed"] = mixed
         one(ours, "ours 8x1 (2)", 8, 1)
         if today is not None:
@@ -311,12 +266,97 @@ def run(opts: Options) -> dict[str, Any]:
     print("raw ceiling (end)", flush=True)
     raw_end = raw_ceiling(opts, raw_texts, (8, 32))
     out["raw_end"] = raw_end
-    out["cells"] = {k: vars(c) for k, c in cells.items()}
+    out["cells"] = {k: c.as_json() for k, c in cells.items()}
     out["summary"] = summarise(cells, raw_start, raw_end, today is not None)
     speeds = {k: engine_speed(c) for k, c in cells.items()}
     median = float(np.nanmedian(list(speeds.values())))
     out["disturbed"] = [k for k, v in speeds.items() if v < DISTURBED * median]
     return out
+
+
+def engine_speed(cell: Row) -> float:
+    """Tokens computed (padding included) per second inside ``Session.run`` over the cell: how fast the
+    machine ran the model then. A cell far below the run's others had the cores shared with other work."""
+    engine = cell.extra.get("engine", {})
+    busy = engine.get("inference_busy_s", 0.0)
+    return engine.get("padded_tokens", 0) / busy if busy else float("nan")
+
+
+def print_model(title: str, batching: dict[str, Any]) -> None:
+    m = batching["cost_model"]
+    print(
+        f"{title} ({m['source']}; refitted from {m.get('refitted_from_served_batches', 0)} served batches, "
+        f"their error {m.get('served_error')}): {m['a']:.3f} + B x ({m['b']:.4f} + {m['c']:.4f} S + "
+        f"{m['d']:.2e} S^2) {m['unit']}; grid fit error max {m['max_error']} mean {m['mean_error']}; "
+        f"queue-delay budget {batching['queue_delay_budget_ms']} ms",
+        flush=True,
+    )
+
+
+def _mean(*values: float) -> float:
+    return float(np.mean(values))
+
+
+def summarise(
+    cells: dict[str, Row], raw_start: dict[int, float], raw_end: dict[int, float], have_today: bool
+) -> list[dict[str, Any]]:
+    """The issue's targets, each as (measured, ratio, target, PASS/MISS)."""
+    raw = max(_mean(raw_start[b], raw_end[b]) for b in raw_start)
+    best = max(raw_start, key=lambda b: _mean(raw_start[b], raw_end[b]))
+    ours_8x1 = [cells["ours 8x1 (1)"], cells["ours 8x1 (2)"]]
+    idle_p99 = _mean(*(c.p99_ms for c in ours_8x1))
+    rows: list[dict[str, Any]] = []
+
+    def row(
+        what: str, ours: float, against: float | None, ratio: float | None, target: str, ok: bool | None
+    ) -> None:
+        rows.append(
+            {"what": what, "ours": ours, "against": against, "ratio": ratio, "target": target, "ok": ok}
+        )
+
+    for key in ("ours 32x1", "ours 8x16"):
+        ratio = cells[key].sentences_per_s / raw
+        row(
+            f"{key[5:]} sentences/s vs raw b={best}",
+            cells[key].sentences_per_s,
+            raw,
+            ratio,
+            ">= 0.95",
+            ratio >= 0.95,
+        )
+    spread = [c.p99_ms / c.p50_ms for c in ours_8x1]
+    row("8x1 p99 / p50 (rounds 1, 2)", _mean(*spread), None, _mean(*spread), "<= 1.6", _mean(*spread) <= 1.6)
+    if have_today:
+        today = [cells["today 8x1 (1)"], cells["today 8x1 (2)"]]
+        ours_rate = _mean(*(c.sentences_per_s for c in ours_8x1))
+        today_rate = _mean(*(c.sentences_per_s for c in today))
+        ratio = ours_rate / today_rate
+        row("8x1 sentences/s vs today's", ours_rate, today_rate, ratio, ">= 1.05", ratio >= 1.05)
+        today_spread = _mean(*(c.p99_ms / c.p50_ms for c in today))
+        row("today's 8x1 p99 / p50 (for reference)", today_spread, None, today_spread, "", None)
+        for key in ("today 32x1", "today 8x16"):
+            if key in cells:
+                r = cells[key].sentences_per_s / raw
+                row(f"{key} sentences/s vs raw (for reference)", cells[key].sentences_per_s, raw, r, "", None)
+    mixed_p99 = cells["interactive mixed"].p99_ms
+    ratio = mixed_p99 / idle_p99
+    row("interactive 8x1 p99 beside background vs idle", mixed_p99, idle_p99, ratio, "<= 1.5", ratio <= 1.5)
+    alone, beside = cells["background alone"].sentences_per_s, cells["background mixed"].sentences_per_s
+    ratio = beside / alone if alone else float("nan")
+    row("background sentences/s beside interactive vs alone", beside, alone, ratio, ">= 0.7", ratio >= 0.7)
+    return rows
+
+
+def print_summary(rows: list[dict[str, Any]]) -> None:
+    print()
+    print(f"| {'target':<52} | {'this branch':>11} | {'against':>9} | {'ratio':>6} | {'goal':>7} | |")
+    print(f"|{'-' * 54}|{'-' * 13}|{'-' * 11}|{'-' * 8}|{'-' * 9}|---|")
+    for r in rows:
+        against = f"{r['against']:.1f}" if r["against"] is not None else ""
+        verdict = "" if r["ok"] is None else mark(r["ok"])
+        print(
+            f"| {r['what']:<52} | {r['ours']:>11.2f} | {against:>9} | {r['ratio']:>6.2f} | {r['target']:>7} | {verdict} |"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -351,8 +391,6 @@ def main(argv: list[str] | None = None) -> int:
         if not args.quick:  # measured afresh in every run, and written only under the run's own folder
             opts = Options(**{**vars(opts), "model": linked(args.model, Path(tmp) / "model")})
         if args.quick:
-            from loadtest.quick_model import quick_model
-
             with quick_model(("int8",)) as (model, _):
                 quick = {"model": model, "duration": 1.5, "warmup": 0.5, "raw_texts": 64, "raw_seconds": 0.2}
                 result = run(Options(**{**vars(opts), **quick, "background": (8, 4)}))
@@ -364,10 +402,8 @@ def main(argv: list[str] | None = None) -> int:
             f"\nDISTURBED (the engine ran under {DISTURBED:.0%} of the run's median tokens/s: other work on the "
             f"cores): {', '.join(result['disturbed'])}"
         )
-    out = args.out or RESULTS / f"scheduler-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1, default=str))
-    print(f"\nwritten to {out}")
+    print()
+    write_json(result, args.out, "scheduler")
     return 0
 
 

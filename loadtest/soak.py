@@ -56,11 +56,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-import orjson
 
 from loadtest import faults, loadgen, procs
-from loadtest.corpus import load_corpus, request_bodies, unique_texts
+from loadtest.corpus import load_corpus, request_bodies
 from loadtest.faults import Fault, FaultEvent, FaultSpecError, Request, Slots
+from loadtest.harness.cell import distinct_bodies
+from loadtest.harness.service import service_env
 from loadtest.quick_model import quick_model
 from loadtest.server import HOST, ServiceProcess, parse_exposition
 
@@ -241,16 +242,15 @@ class Bodies:
     def __init__(self, corpus: list[str], texts: int, seed: int, unique: bool) -> None:
         self.texts = texts
         self.cycle = request_bodies(corpus, texts, seed)
-        self.shuffled = corpus[:]
-        random.Random(seed).shuffle(self.shuffled)
-        self.unique = unique
+        shuffled = corpus[:]
+        random.Random(seed).shuffle(shuffled)
+        self.distinct = distinct_bodies(shuffled, texts, 0) if unique else None
         self._next = itertools.count()  # shared by the capacity run and the soak: never the same text
 
     def __call__(self, n: int) -> tuple[bytes, int]:
-        if not self.unique:
+        if self.distinct is None:
             return self.cycle[n % len(self.cycle)], self.texts
-        first = next(self._next) * self.texts
-        return orjson.dumps({"inputs": unique_texts(self.shuffled, first, self.texts)}), self.texts
+        return self.distinct(next(self._next))
 
 
 def measure_capacity(svc: ServiceProcess, bodies: Bodies, concurrency: int, seconds: float) -> float:
@@ -615,13 +615,7 @@ def run(args: argparse.Namespace, model: Path) -> SoakReport:
         print(notes[-1], file=sys.stderr)
     redis_needed = bool(schedule)
     bodies = Bodies(load_corpus(), args.texts, args.seed, unique=redis_needed)
-    env = {
-        "ZHEMBED_MODEL": str(model),
-        "ZHEMBED_VARIANT": args.variant,
-        "ZHEMBED_LOG_LEVEL": "warning",
-        "ZHEMBED_CACHE_BYTES": str(args.cache_bytes),
-        "ZHEMBED_MAX_CONCURRENT_INPUTS": str(max(512, args.pool * args.texts)),
-    }
+    env = service_env(model, args.variant, args.pool * args.texts, cache_bytes=args.cache_bytes)
     if any(f.kind == faults.BOUND for f in schedule):
         env[BOUND_VARIABLE] = str(args.worker_max_memory_mb)
     redis = faults.RedisServer(args.redis_server, args.redis_max_memory_mb) if redis_needed else None

@@ -5,44 +5,33 @@
 Starts ``python -m app`` on the model (cache off, so every request is computed), sends one corpus
 sentence per ``/embed`` request from N concurrent clients, and prints p50 / p90 of ``x-queue-time``,
 ``x-tokenization-time``, ``x-inference-time`` and ``x-total-time`` (ms) per concurrency, plus the
-client-side latency (which adds HTTP and JSON).
+client-side latency (which adds HTTP and JSON), from :mod:`loadtest.loadgen`'s closed-loop clients after 2 s of
+warm-up.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import itertools
+import functools
 import statistics
-import time
 from pathlib import Path
 
-import httpx
+import uvloop
 
-from loadtest.corpus import load_corpus
+from loadtest import loadgen
+from loadtest.corpus import load_corpus, request_bodies
+from loadtest.harness.service import service_env
 from loadtest.server import HOST, ServiceProcess
 
 HEADERS = ("x-queue-time", "x-tokenization-time", "x-inference-time", "x-total-time")
 
 
-async def _drive(url: str, texts: list[str], concurrency: int, seconds: float) -> dict[str, list[float]]:
-    samples: dict[str, list[float]] = {h: [] for h in (*HEADERS, "client")}
-    cycle = itertools.cycle(texts)
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as client:
-        deadline = time.perf_counter() + seconds
-
-        async def worker() -> None:
-            while time.perf_counter() < deadline:
-                start = time.perf_counter()
-                response = await client.post("/embed", json={"inputs": next(cycle)})
-                response.raise_for_status()
-                samples["client"].append((time.perf_counter() - start) * 1000)
-                for h in HEADERS:
-                    samples[h].append(float(response.headers[h]))
-
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return samples
+def _record(samples: dict[str, list[float]], head: bytes) -> None:
+    """The stage times of one answer's headers, into ``samples``."""
+    for line in head.decode("latin-1").split("\r\n")[1:]:
+        name, _, value = line.partition(":")
+        if name.strip().lower() in samples:
+            samples[name.strip().lower()].append(float(value))
 
 
 def _pct(values: list[float], q: int) -> float:
@@ -55,8 +44,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", default="1,32")
     parser.add_argument("--seconds", type=float, default=10.0)
     args = parser.parse_args(argv)
-    env = {"ZHEMBED_MODEL": str(args.model), "ZHEMBED_CACHE_BYTES": "0"}
-    texts = load_corpus()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    env = service_env(args.model, "auto", max(levels))
+    make = loadgen.cycle(request_bodies(load_corpus(), 1), 1)
     print(f"p50 / p90 ms per stage, one sentence per request, {args.model}")
     print(
         f"{'concurrency':>11} {'requests':>9}"
@@ -64,10 +54,13 @@ def main(argv: list[str] | None = None) -> None:
         + f"{'client':>16}"
     )
     with ServiceProcess("app", env, Path("/tmp/zhembed-stages.log")) as service:
-        url = f"http://{HOST}:{service.port}"
-        for concurrency in (int(c) for c in args.concurrency.split(",")):
-            asyncio.run(_drive(url, texts, concurrency, 2.0))  # warm the connections and the batches
-            samples = asyncio.run(_drive(url, texts, concurrency, args.seconds))
+        for concurrency in levels:
+            samples: dict[str, list[float]] = {h: [] for h in HEADERS}
+            record = functools.partial(_record, samples)
+            load = loadgen.run_cell(
+                HOST, service.port, "/embed", make, concurrency, args.seconds, 2.0, answered=record
+            )
+            samples["client"] = uvloop.run(load).latencies_ms
             cells = "".join(
                 f"{_pct(samples[h], 50):>14.2f} / {_pct(samples[h], 90):>5.1f}" for h in (*HEADERS, "client")
             )

@@ -1,91 +1,19 @@
-"""The rows of ``loadtest.bench``'s table: what a row holds, how it prints, the columns derived from other
-rows (vs naive, % of peak), the issue's targets, and the closing summary."""
+"""``loadtest.bench``'s table of :class:`loadtest.harness.report.Row`: how a row prints, the columns
+derived from other rows (vs naive, % of peak), the issue's targets, and the closing summary."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from loadtest.flops import BertShape
-from loadtest.loadgen import CellResult
-
-
-@dataclass
-class Row:
-    """One line of the table."""
-
-    kind: str  # raw | service | naive | cache
-    label: str
-    sentences_per_s: float | None
-    requests_per_s: float | None
-    p50_ms: float | None
-    p90_ms: float | None
-    p99_ms: float | None
-    errors: int | None
-    useful_gflops: float | None = None
-    peak_share: float | None = None
-    vs_raw: float | None = None
-    vs_naive: float | None = None
-    client_cores: float | None = None
-    server_cores: float | None = None
-    note: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-# A closed-loop cell counts the requests that end in its window. When a request takes a good part of the
-# window, which ones end inside it depends on phase (length-grouped batches finish many requests at once),
-# so the rate is noise; such rows say so rather than report it as a measurement.
-MIN_WINDOW_PER_P50 = 3.0
-
-
-def reliability_warning(r: CellResult) -> str | None:
-    """Why the cell's rate is not a measurement, or None when it is."""
-    if not r.latencies_ms and not r.errors:
-        return "UNRELIABLE rate: no request ended in the window (longer --duration)"
-    if r.latencies_ms and r.percentile(50) * MIN_WINDOW_PER_P50 > r.wall_s * 1000:
-        return f"UNRELIABLE rate: window {r.wall_s:.0f} s < {MIN_WINDOW_PER_P50:.0f}x p50 (longer --duration)"
-    return None
-
-
-def http_row(kind: str, label: str, r: CellResult, server_cores: float, note: str = "") -> Row:
-    """The row of one HTTP load cell; its note names the first error and says when the rate is noise."""
-    if r.first_error:
-        note = (note + "; " if note else "") + f"first error: {r.first_error[:120]}"
-    warning = reliability_warning(r)
-    if warning:
-        note = (note + "; " if note else "") + warning
-    return Row(
-        kind=kind,
-        label=label,
-        sentences_per_s=r.sentences_per_s,
-        requests_per_s=r.requests_per_s,
-        p50_ms=r.percentile(50),
-        p90_ms=r.percentile(90),
-        p99_ms=r.percentile(99),
-        errors=r.errors,
-        client_cores=r.client_cores,
-        server_cores=server_cores,
-        note=note,
-        extra={"status_counts": {str(k): v for k, v in r.status_counts.items()}},
-    )
-
-
-def na_row(kind: str, label: str, why: str) -> Row:
-    """A row that could not be measured, and why."""
-    return Row(kind, label, None, None, None, None, None, None, note=why)
-
+from loadtest.harness.report import Row, cell, target
 
 HEADER = (
     f"{'row':<28} {'sent/s':>9} {'req/s':>9} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'err':>5} "
     f"{'GFLOP/s':>8} {'%peak':>6} {'svc/raw':>7} {'svc/nv':>7} {'cli cpu':>7} {'srv cpu':>7}  note"
 )
-
-
-def cell(value: float | None, fmt: str, width: int) -> str:
-    """``value`` formatted to ``width``, or a right-aligned dash when it is None or NaN."""
-    return f"{value:{width}{fmt}}" if value is not None and value == value else f"{'-':>{width}}"
 
 
 def format_row(r: Row) -> str:
@@ -98,7 +26,7 @@ def format_row(r: Row) -> str:
         f"{cell(r.errors, 'd', 5)} {cell(r.useful_gflops, '.1f', 8)} "
         f"{cell(None if r.peak_share is None else r.peak_share * 100, '.0f', 6)} "
         f"{cell(r.vs_raw, '.2f', 7)} {cell(r.vs_naive, '.1f', 7)} {cell(r.client_cores, '.2f', 7)} "
-        f"{cell(r.server_cores, '.2f', 7)}  {r.note}"
+        f"{cell(r.server_cores, '.2f', 7)}  {r.notes()}"
     )
 
 
@@ -129,8 +57,7 @@ def targets(rows: list[Row], facts: dict[str, Any], variant: str) -> list[str]:
     out: list[str] = []
 
     def say(name: str, ok: bool | None, detail: str) -> None:
-        mark = "n/a " if ok is None else ("PASS" if ok else "MISS")
-        out.append(f"  [{mark}] {name}: {detail}")
+        out.append(target(name, ok, detail))
 
     svc32 = by.get("service c=32 x1")
     if svc32 and svc32.vs_raw is not None:

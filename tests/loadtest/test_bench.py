@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from loadtest.flops import BertShape
-from loadtest.loadgen import CellResult
-from loadtest.table import http_row, summary
+from loadtest.table import summary
 from tests.loadtest.conftest import run_module
 
 EXPECTED = [
@@ -45,27 +44,6 @@ def test_quick_bench_measures_every_row_without_errors(tmp_path: Path) -> None:
     printed = stdout
     for prefix in EXPECTED:
         assert prefix in printed
-
-
-def _cell(latency_ms: float, wall_s: float, requests: int = 10) -> CellResult:
-    return CellResult(
-        concurrency=8,
-        wall_s=wall_s,
-        requests=requests,
-        sentences=16 * requests,
-        errors=0,
-        latencies_ms=[latency_ms] * requests,
-        client_cpu_s=0.1,
-        status_counts={200: requests} if requests else {},
-    )
-
-
-def test_a_row_whose_requests_outlast_a_third_of_the_window_is_marked_unreliable() -> None:
-    slow = http_row("service", "service c=8 x16", _cell(latency_ms=4000, wall_s=10), 1.0)
-    fast = http_row("service", "service c=8 x1", _cell(latency_ms=200, wall_s=10), 1.0)
-    none = http_row("naive", "naive c=32 x16", _cell(latency_ms=0, wall_s=10, requests=0), 1.0)
-    assert "UNRELIABLE" in slow.note and "UNRELIABLE" not in fast.note
-    assert "no request ended" in none.note
 
 
 def test_the_summary_gives_the_memory_of_the_whole_tree_and_each_process() -> None:

@@ -7,11 +7,10 @@ import json
 import re
 from pathlib import Path
 
-import orjson
 import pytest
 
-from loadtest.corpus import load_corpus
-from loadtest.gpu_check import Spec, bodies
+from loadtest.gpu_check import format_cell, targets
+from loadtest.harness.report import Row
 from tests.loadtest.conftest import run_module
 
 
@@ -50,19 +49,29 @@ def test_gpu_check_runs_every_cell_on_the_cpu_provider(tiny_model_dir: Path, tmp
     assert re.search(r"^total: \d+ s$", stdout, re.MULTILINE)
 
 
-def test_each_cell_sends_distinct_texts_in_its_encoding() -> None:
-    corpus = load_corpus()
-    seen: set[str] = set()
-    sent = 0
-    for spec, start in ((Spec(4, 32, "base64"), 0), (Spec(4, 1), 10_000_000)):
-        make = bodies(corpus, spec, start)
-        for n in range(2 * len(corpus) // spec.texts + 3):  # past the corpus's end, twice
-            body, count = make(n)
-            payload = orjson.loads(body)
-            inputs = payload["inputs"] if spec.texts > 1 else [payload["inputs"]]
-            assert count == len(inputs) == spec.texts
-            assert payload.get("encoding", "float") == spec.encoding
-            assert all(5 <= len(t) <= 120 for t in inputs)
-            seen.update(inputs)
-            sent += count
-    assert len(seen) == sent  # not one text twice, across requests and cells
+def _cell(label: str, sentences_per_s: float, p50_ms: float, p99_ms: float, client_cores: float = 0.3) -> Row:
+    clients, texts = (int(x) for x in label.split()[0].split("x"))
+    return Row(label, clients=clients, texts=texts, workers=4, workers_ready=4.0, sentences_per_s=sentences_per_s,
+               requests_per_s=sentences_per_s / texts, p50_ms=p50_ms, p99_ms=p99_ms, errors=0, requests=100,
+               status_counts={"200": 100}, mean_batch=64.0, client_cores=client_cores, wall_s=10.0)  # fmt: skip
+
+
+def test_each_target_is_judged_on_its_own_cell_and_a_missing_cell_is_not_measured() -> None:
+    main = {
+        "256x32": _cell("256x32", 25_000.0, 300.0, 2500.0),
+        "1x1": _cell("1x1", 400.0, 2.5, 12.0, client_cores=0.95),
+    }
+    lines = targets(main, 256, ceiling=60_000.0)
+    assert "  [PASS] 256x32 >= 20,000 sentences/s: 25,000" in lines
+    assert "  [MISS] 256x32 >= 0.5 x raw ceiling: 0.42 (25,000 / 60,000)" in lines
+    assert "  [MISS] 256x32 p99 <= 2000 ms: 2500 ms" in lines
+    assert "  [n/a ] 256x1 >= 5,000 requests/s: not measured" in lines
+    assert "  [PASS] 1x1 p50 <= 4 ms: 2.50 ms (client at 0.95 cores: it may be the limit)" in lines
+    assert "  [MISS] 1x1 p99 <= 10 ms: 12.00 ms (client at 0.95 cores: it may be the limit)" in lines
+
+
+def test_a_cell_on_fewer_workers_than_asked_fails_and_says_so() -> None:
+    c = _cell("256x32", 25_000.0, 300.0, 900.0)
+    assert not c.failed
+    c.workers_ready = 3.0
+    assert c.failed and "zhembed_workers_ready 3" in format_cell(c)

@@ -7,13 +7,13 @@ import json
 import re
 from pathlib import Path
 
-import orjson
 import pytest
 
 from app.settings import Settings
-from loadtest.corpus import load_corpus
 from loadtest.floor import floor
-from loadtest.overhead import distinct_bodies, parse_cells
+from loadtest.harness.cell import parse_cells
+from loadtest.harness.report import Row
+from loadtest.overhead import targets
 from tests.loadtest.conftest import run_module
 
 
@@ -62,19 +62,16 @@ def test_the_floor_is_tokenising_and_writing_in_a_process_of_its_own(tmp_path: P
     assert got.us == got.tokenize_us + got.write_us
 
 
-def test_every_request_carries_texts_never_sent_before() -> None:
-    corpus = load_corpus()
-    make = distinct_bodies(corpus, texts=32, start=0)
-    texts: list[str] = []
-    for n in range(2 * len(corpus) // 32 + 3):  # past the corpus's end, twice
-        body, count = make(n)
-        inputs = orjson.loads(body)["inputs"]
-        assert count == len(inputs) == 32
-        texts.extend(inputs)
-    assert len(set(texts)) == len(texts)
-    single, count = distinct_bodies(corpus, texts=1, start=5)(0)
-    assert count == 1 and isinstance(orjson.loads(single)["inputs"], str)
+def test_gpu_like_targets_are_the_machinery_at_64_and_256_clients() -> None:
+    def made(label: str, outside: float, floor_us: float) -> Row:
+        c = parse_cells(label)[0]
+        # 1e4 sentences computed, 100 us of Session.run each, `outside` us of the rest.
+        return Row(label, clients=c.clients, texts=c.texts, sentences_per_s=1000.0, computed=1e4,
+                   server_cpu_s=1e-2 * (100 + outside), session_run_s=1.0, tokenize_us=floor_us, write_us=0.0)  # fmt: skip
 
-
-def test_cells_parse_as_clients_by_texts() -> None:
-    assert parse_cells("8x32, 256x1") == [(8, 32), (256, 1)]
+    lines = targets([made("64x32", 30.0, 10.0), made("256x32", 50.0, 10.0)], gpu_like=True)
+    assert "  [PASS] machinery <= 25 us/sentence at 64x32 (--gpu-like): 20 us" in lines, lines
+    assert "  [MISS] machinery <= 25 us/sentence at 256x32 (--gpu-like): 40 us" in lines, lines
+    assert any(
+        line.startswith("  [n/a ] machinery <= 60 us/sentence at 8x32 (CPU defaults)") for line in lines
+    )

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.scheduler_report import Cell, summarise
+from loadtest.harness.report import Row
+from loadtest.scheduler import summarise
 from tests.loadtest.conftest import run_module
 
 CELLS = [
@@ -37,8 +38,8 @@ def test_quick_scheduler_measures_every_cell_without_errors(tmp_path: Path) -> N
 
 
 def test_the_summary_holds_each_target_against_its_own_reference() -> None:
-    def cell(name: str, rate: float, p50: float = 10.0, p99: float = 15.0) -> Cell:
-        return Cell(name, 8, 1, sentences_per_s=rate, p50_ms=p50, p99_ms=p99)
+    def cell(name: str, rate: float, p50: float = 10.0, p99: float = 15.0) -> Row:
+        return Row(name, clients=8, texts=1, sentences_per_s=rate, p50_ms=p50, p99_ms=p99)
 
     cells = {
         "ours 8x1 (1)": cell("a", 100, p99=14),

@@ -1,0 +1,65 @@
+"""What a cell sends: closed-loop clients × texts per request, on one route and protocol, at one urgency;
+and the request bodies of distinct texts that no cache or de-duplication can serve from another."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import orjson
+
+from loadtest.corpus import unique_texts
+from loadtest.loadgen import BodyFactory
+
+# Each cell's texts start this far past the previous cell's: new to the service too.
+STRIDE = 10_000_000
+
+
+@dataclass(frozen=True)
+class Cell:
+    """``clients`` closed-loop clients, each request ``texts`` texts, in ``encoding``; ``urgency`` is the
+    request's ``Priority: u=N`` (None: the service's default)."""
+
+    clients: int
+    texts: int
+    encoding: str = "float"
+    route: str = "/embed"
+    protocol: str = "http"  # http | grpc | grpc tei
+    urgency: int | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.clients}x{self.texts}" + ("" if self.encoding == "float" else f" {self.encoding}")
+
+    @property
+    def inputs(self) -> int:
+        """Inputs in flight when every client waits for an answer."""
+        return self.clients * self.texts
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {} if self.urgency is None else {"Priority": f"u={self.urgency}"}
+
+
+def parse_cells(text: str) -> list[Cell]:
+    """``"8x32,32x1"`` → ``[Cell(8, 32), Cell(32, 1)]`` (clients x texts per request)."""
+    cells = []
+    for part in text.split(","):
+        clients, _, texts = part.strip().partition("x")
+        cells.append(Cell(int(clients), int(texts)))
+    return cells
+
+
+def distinct_bodies(corpus: list[str], texts: int, start: int, encoding: str = "float") -> BodyFactory:
+    """The n-th request carries texts ``start + n·texts`` … of :func:`unique_texts`: never one twice. One
+    text goes as a string, more as a list."""
+    extra = {} if encoding == "float" else {"encoding": encoding}
+
+    def make(n: int) -> tuple[bytes, int]:
+        batch = unique_texts(corpus, start + n * texts, texts)
+        return orjson.dumps({"inputs": batch[0] if texts == 1 else batch, **extra}), texts
+
+    return make
+
+
+def answered_vectors(payload: bytes, _texts: int) -> bool:
+    return payload[:1] == b"["  # cheap: the client shares the cores with the server
