@@ -32,6 +32,7 @@ from app.model.runtime import cpu_flags, cpu_has_vnni
 from export import graphs, source, validate, variants
 from export.spec import Int8Recipe
 from loadtest.flops import session_options, synthetic_feed
+from loadtest.harness.report import cpu_model
 
 RECIPES: dict[str, Int8Recipe] = {
     "per_token (default)": Int8Recipe(method="per_token"),
@@ -313,7 +314,7 @@ def main(argv: list[str] | None = None) -> None:
     fp32_twin = args.twin / "encoder.fp32.onnx"
     if not args.quick and not fp32_twin.is_file():
         raise SystemExit(f"{fp32_twin} is missing: python -m loadtest.make_twin --out {args.twin}")
-    print(f"{cpu_name()}; CPU features: {cpu_features()}")
+    print(f"{cpu_model()}; CPU features: {cpu_features()}")
     with tempfile.TemporaryDirectory() as tmp:
         minilm, rows = quality(Path(tmp), args.threads, recipes(args.quick))
         print_quality(rows)
@@ -331,13 +332,6 @@ def main(argv: list[str] | None = None) -> None:
         print_speed(title, best, cells)
         if args.profile:
             profile(twin, list(twin.paths), args.threads)
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
 
 
 # What decides int8 speed and exactness, each feature with the /proc/cpuinfo flags that show it: VNNI

@@ -38,7 +38,7 @@ Also the raw encoder session in this process, with the service's session options
 sentence, once before the service starts and once after it stops. Prints the issue's targets as
 PASS/MISS lines and writes JSON to loadtest/results/overhead-<time>.json. Client, server and raw pass
 share this machine's cores (2 where the issue's numbers come from); the printout says how many.
-A cell whose window is under 3x its p50 (its rate would be noise, see loadtest.table) is run again, after
+A cell whose window is under 3x its p50 (its rate would be noise, see loadtest.harness.report) is run again, after
 a warm-up of one expected p50, with a window of 4x the expected p50 (the larger of the measured one and
 clients x texts / rate), at most ``--max-cell-s``, and says so. Exits 1 when a cell had errors or answered
 nothing; a MISS is a finding, not a failure.
@@ -58,7 +58,7 @@ from loadtest.corpus import load_corpus, token_ids, unique_texts
 from loadtest.floor import floor
 from loadtest.harness.cell import STRIDE, Cell, distinct_bodies, parse_cells
 from loadtest.harness.measure import measure
-from loadtest.harness.report import RESULTS, Row, cell, target, write_json
+from loadtest.harness.report import RESULTS, Row, cell, cpu_model, target, write_json
 from loadtest.harness.service import GPU_LIKE, PREFIX, service_env
 from loadtest.quick_model import tiny_model
 from loadtest.raw_onnx import ceiling, open_encoder, shape_of
@@ -121,11 +121,6 @@ def raw_rate(model: Path, variant: str, corpus: list[str], batch_size: int, seco
     session = open_encoder(model, variant, threads=1)
     ids = token_ids(model, unique_texts(corpus, 0, len(corpus)))
     return ceiling(session, variant, ids, batch_size, shape_of(model), seconds).sentences_per_s
-
-
-def cpu_model() -> str:
-    lines = Path("/proc/cpuinfo").read_text().splitlines()
-    return next((x.split(":", 1)[1].strip() for x in lines if x.startswith("model name")), "unknown CPU")
 
 
 def measure_cell(

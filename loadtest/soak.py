@@ -51,7 +51,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -62,7 +62,7 @@ from loadtest.corpus import load_corpus, request_bodies
 from loadtest.faults import Fault, FaultEvent, FaultSpecError, Request, Slots
 from loadtest.harness.cell import distinct_bodies
 from loadtest.harness.service import service_env
-from loadtest.quick_model import quick_model
+from loadtest.quick_model import tiny_model
 from loadtest.server import HOST, ServiceProcess, parse_exposition
 
 GROWTH_TARGET = 0.05
@@ -758,15 +758,6 @@ def render(report: SoakReport) -> str:
     return "\n".join(lines)
 
 
-@contextmanager
-def _model(args: argparse.Namespace) -> Iterator[Path]:
-    if not args.quick:
-        yield args.model
-        return
-    with quick_model() as (model, _source):
-        yield model
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m loadtest.soak",
@@ -823,7 +814,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    with _model(args) as model:
+    # --quick: the tiny model in a temp dir
+    model_in: AbstractContextManager[Path] = (
+        tiny_model(None, ("fp32", "int8"), 3) if args.quick else nullcontext(args.model)
+    )
+    with model_in as model:
         report = run(args, model)
     print(render(report))
     if args.json is not None:

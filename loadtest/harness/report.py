@@ -33,6 +33,12 @@ def cell(value: float | None, fmt: str, width: int) -> str:
     return f"{value:{width}{fmt}}" if value is not None and value == value else f"{'-':>{width}}"
 
 
+def cpu_model() -> str:
+    """This machine's CPU, as /proc/cpuinfo names it: every run's header says where it ran."""
+    lines = Path("/proc/cpuinfo").read_text().splitlines()
+    return next((x.split(":", 1)[1].strip() for x in lines if x.startswith("model name")), "unknown CPU")
+
+
 def mark(ok: bool | None) -> str:
     return "n/a " if ok is None else ("PASS" if ok else "MISS")
 
