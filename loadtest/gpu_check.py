@@ -206,11 +206,11 @@ def _started(svc: ServiceProcess, workers: int) -> bool:
     return True
 
 
-def settings_env(args: argparse.Namespace) -> dict[str, str]:
+def settings_env(args: argparse.Namespace, workers: int | None = None) -> dict[str, str]:
     """The service's settings: fp16 on the provider, cache off, GPU-like batches, and one admission budget
     across workers (app.serving.cluster) of twice the most inputs any cell has in flight."""
     more = {"providers": args.provider, "shutdown_drain_s": 0}  # each stop would wait out the 2 s drain
-    return service_env(args.model, "fp16", 2 * args.clients * 32, **more, **GPU_LIKE)
+    return service_env(args.model, "fp16", 2 * args.clients * 32, workers=workers, **more, **GPU_LIKE)
 
 
 def service_cells(args: argparse.Namespace) -> Measured:
@@ -228,7 +228,7 @@ def service_cells(args: argparse.Namespace) -> Measured:
     start = 0
     for workers in dict.fromkeys([args.main_workers, *args.workers]):
         log = RESULTS / "logs" / f"gpu-service-w{workers}.log"
-        svc = ServiceProcess("app", {**env, "ZHEMBED_WORKERS": str(workers)}, log)
+        svc = ServiceProcess("app", settings_env(args, workers), log)
         if not _started(svc, workers):
             got.not_started.append(workers)
             continue
