@@ -22,8 +22,9 @@ import itertools
 import os
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -84,7 +85,7 @@ async def _grpc_cell(
 
 def grpc_drive(
     port: int, corpus: list[str], c: Cell, start: int, duration: float, warmup: float
-) -> Callable[[], Awaitable[CellResult]]:
+) -> Callable[[], Coroutine[Any, Any, CellResult]]:
     """The load of ``c`` over gRPC: ``zhembed.v1`` Embed, or TEI's EmbedStream (``grpc tei``)."""
     import grpc
 

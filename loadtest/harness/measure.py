@@ -4,8 +4,9 @@ from :mod:`loadtest.loadgen`, so the server's figures cover the whole cell (warm
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import uvloop
 
@@ -73,7 +74,7 @@ def measure(
     warmup: float,
     check: Callable[[bytes, int], bool] | None = answered_vectors,
     metrics: bool = True,
-    drive: Callable[[], Awaitable[loadgen.CellResult]] | None = None,
+    drive: Callable[[], Coroutine[Any, Any, loadgen.CellResult]] | None = None,
 ) -> Measured:
     """``cell``'s load on ``svc`` for ``warmup + seconds``; /metrics (when ``metrics``) and the server's
     CPU time are read right before and right after it. ``drive`` is a load over another protocol than
