@@ -118,10 +118,6 @@ def raw_rows(
 # -------------------------------------------------------------------------------------------- http
 
 
-def _looks_like_vectors(payload: bytes, _texts: int) -> bool:
-    return payload[:2] == b"[[" or payload[:1] == b"["
-
-
 def _row(
     kind: str,
     label: str,
@@ -132,7 +128,7 @@ def _row(
     note: str = "",
 ) -> Row:
     """One load cell's row; the server's CPU cores are over the whole cell."""
-    m = measure(svc, c, make, opts.duration, opts.warmup, _looks_like_vectors, metrics=False)
+    m = measure(svc, c, make, opts.duration, opts.warmup, metrics=False)
     row = Row.of(m, kind, note=note)
     row.label = label
     return row

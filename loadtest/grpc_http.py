@@ -17,12 +17,10 @@ machine with the server). Rounds interleave the protocols so that drift hits bot
 from __future__ import annotations
 
 import argparse
-import asyncio
-import itertools
 import os
 import tempfile
-import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -32,55 +30,11 @@ from loadtest.corpus import load_corpus, unique_texts
 from loadtest.harness.cell import STRIDE, Cell, distinct_bodies
 from loadtest.harness.measure import Measured, measure
 from loadtest.harness.service import service_env
-from loadtest.loadgen import CellResult
+from loadtest.loadgen import Answer, CellResult, closed_loop
 from loadtest.quick_model import tiny_model
 from loadtest.server import HOST, ServiceProcess, free_port
 
 PROTOCOLS = ("http", "grpc", "grpc tei")
-
-
-async def _grpc_cell(
-    call: Callable[[int], Awaitable[int]], clients: int, duration_s: float, warmup_s: float
-) -> CellResult:
-    """Closed-loop ``call(n)`` (returns the sentences answered) on ``clients`` tasks, measured as
-    :func:`loadtest.loadgen.run_cell` measures HTTP."""
-    counter = itertools.count()
-    latencies: list[float] = []
-    totals = {"requests": 0, "sentences": 0, "errors": 0}
-    start = time.perf_counter()
-    measure_from, deadline = start + warmup_s, start + warmup_s + duration_s
-    cpu: list[float] = []
-
-    async def client() -> None:
-        while (now := time.perf_counter()) < deadline:
-            try:
-                answered = await call(next(counter))
-            except Exception:
-                totals["errors"] += 1
-                continue
-            if now >= measure_from:
-                latencies.append((time.perf_counter() - now) * 1000)
-                totals["requests"] += 1
-                totals["sentences"] += answered
-
-    async def mark() -> None:
-        await asyncio.sleep(warmup_s)
-        cpu.append(time.process_time())
-
-    marker = asyncio.create_task(mark())
-    await asyncio.gather(*(client() for _ in range(clients)))
-    await marker
-    client_cpu = time.process_time() - cpu[0]
-    return CellResult(
-        clients,
-        duration_s,
-        totals["requests"],
-        totals["sentences"],
-        totals["errors"],
-        latencies,
-        client_cpu,
-        {},
-    )
 
 
 def grpc_drive(
@@ -96,17 +50,19 @@ def grpc_drive(
             ours = zhembed_pb2_grpc.ZhembedStub(channel)
             theirs = tei_pb2_grpc.EmbedStub(channel)
 
-            async def call(n: int) -> int:
+            async def call(n: int) -> Answer:
                 batch = unique_texts(corpus, start + n * c.texts, c.texts)
-                if c.protocol == "grpc tei":
-                    stream = theirs.EmbedStream(
-                        iter([tei_pb2.EmbedRequest(inputs=t, normalize=True) for t in batch])
-                    )
-                    return len([a async for a in stream if a.embeddings])
-                answer = await ours.Embed(zhembed_pb2.EmbedRequest(inputs=batch))
-                return len(answer.vectors)
+                try:
+                    if c.protocol == "grpc tei":
+                        messages = iter([tei_pb2.EmbedRequest(inputs=t, normalize=True) for t in batch])
+                        answers = [a async for a in theirs.EmbedStream(messages) if a.embeddings]
+                        return Answer(None, len(answers))
+                    answer = await ours.Embed(zhembed_pb2.EmbedRequest(inputs=batch))
+                except grpc.RpcError as exc:
+                    return Answer(None, 0, f"{type(exc).__name__}: {exc}")
+                return Answer(None, len(answer.vectors))
 
-            return await _grpc_cell(call, c.clients, duration, warmup)
+            return await closed_loop(lambda: nullcontext(call), c.clients, duration, warmup)
 
     return drive
 

@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -33,6 +31,7 @@ from export import graphs, source, validate, variants
 from export.spec import Int8Recipe
 from loadtest.flops import session_options, synthetic_feed
 from loadtest.harness.report import cpu_model
+from loadtest.raw_onnx import interleaved
 
 RECIPES: dict[str, Int8Recipe] = {
     "per_token (default)": Int8Recipe(method="per_token"),
@@ -143,35 +142,22 @@ def quality(
     return built, rows
 
 
-def _rate(run: Callable[[], object], batch: int, seconds: float) -> float:
-    """sentences/s of the fastest call in ``seconds`` (at least one call).
+def speed(
+    built: Graphs, cells: list[tuple[int, int]], seconds: float, rounds: int, threads: int
+) -> dict[tuple[str, int, int], float]:
+    """Sentences/s of each graph's fastest call in each (batch, sequence) cell, graphs interleaved within
+    a cell, ``seconds`` per graph a round.
 
     The fastest call, not the mean: on a shared machine other work only ever adds time, so the minimum is
     the most repeatable estimate of what the graph itself costs.
     """
-    fastest, start = float("inf"), time.perf_counter()
-    while fastest == float("inf") or time.perf_counter() - start < seconds:
-        t0 = time.perf_counter()
-        run()
-        fastest = min(fastest, time.perf_counter() - t0)
-    return batch / fastest
-
-
-def speed(
-    built: Graphs, cells: list[tuple[int, int]], seconds: float, rounds: int, threads: int
-) -> dict[tuple[str, int, int], float]:
-    """Best sentences/s of each graph in each (batch, sequence) cell, graphs interleaved within a cell."""
     sessions = {name: _session(path, threads) for name, path in built.paths.items()}
     best: dict[tuple[str, int, int], float] = {}
     for batch, seq in cells:
         feed = synthetic_feed(batch, seq)
         runs = {name: partial(s.run, ["last_hidden_state"], feed) for name, s in sessions.items()}
-        for run in runs.values():
-            run()  # warm-up: the arena for this shape
-        for _ in range(rounds):
-            for name, run in runs.items():
-                rate = _rate(run, batch, seconds)
-                best[name, batch, seq] = max(best.get((name, batch, seq), 0.0), rate)
+        fastest = interleaved(runs, seconds * rounds * len(runs), rounds, min)
+        best.update({(name, batch, seq): batch / t for name, t in fastest.items()})
     return best
 
 

@@ -1,4 +1,5 @@
-"""A closed-loop asyncio load generator speaking raw HTTP/1.1 over keep-alive asyncio streams.
+"""The load generator of every benchmark: closed-loop clients (:func:`closed_loop`), over raw HTTP/1.1 on
+keep-alive asyncio streams (:func:`run_cell`) or any other protocol a client's call speaks (gRPC).
 
 Why not httpx: on 2 cores the client shares the CPU with the server, and httpx spends ~150 µs of Python per
 request (header models, URL parsing, h11 state machine); this client spends a fraction of that, so it is
@@ -15,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -209,28 +211,33 @@ async def post(host: str, port: int, path: str, body: bytes) -> tuple[int, bytes
         conn.close()
 
 
-async def run_cell(
-    host: str,
-    port: int,
-    path: str,
-    make_body: BodyFactory,
+@dataclass(frozen=True)
+class Answer:
+    """How one request ended: its HTTP status (None: no answer, or not HTTP), the texts it answered, the
+    error when it failed, and the answer's head (status line and headers)."""
+
+    status: int | None
+    texts: int
+    error: str | None = None
+    head: bytes = b""
+
+
+# A client's request: the n-th request of the cell (n counts across clients), sent and answered.
+Call = Callable[[int], Awaitable[Answer]]
+
+
+async def closed_loop(
+    client: Callable[[], AbstractAsyncContextManager[Call]],
     concurrency: int,
     duration_s: float,
     warmup_s: float,
     drain_s: float = 30.0,
-    check: Callable[[bytes, int], bool] | None = None,
-    headers: dict[str, str] | None = None,
     answered: Callable[[bytes], None] | None = None,
 ) -> CellResult:
-    """Drive ``concurrency`` closed-loop connections at ``path`` for ``warmup_s + duration_s``.
-
-    Args:
-        make_body: the n-th request's body and its number of texts (n counts across connections).
-        check: validates a 200 answer (payload, texts); a False counts as an error.
-        headers: extra request headers (e.g. ``{"Priority": "u=7"}``).
-        answered: called with the head (status line and headers) of each answer counted.
+    """``concurrency`` clients (each ``client()``, open for as long as it runs), each sending its next request
+    when the last is answered, for ``warmup_s + duration_s``. Only requests that end in the last
+    ``duration_s`` count; ``answered`` gets the head of each one counted.
     """
-    extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
     counter: Iterator[int] = itertools.count()
     latencies: list[float] = []
     statuses: dict[int, int] = {}
@@ -238,48 +245,28 @@ async def run_cell(
     first_error: list[str] = []
     # perf_counter, not loop.time(): uvloop's clock ticks in whole milliseconds.
     now = time.perf_counter
-    start = now()
-    measure_from = start + warmup_s
+    measure_from = now() + warmup_s
     deadline = measure_from + duration_s
 
-    def fail(message: str) -> None:
-        done["errors"] += 1
-        if not first_error:
-            first_error.append(message)
-
-    conns: list[_Connection] = []
-
     async def worker() -> None:
-        conn = _Connection(host, port)
-        conns.append(conn)
-        try:
+        async with client() as call:
             while now() < deadline:
-                body, texts = make_body(next(counter))
                 sent = now()
-                try:
-                    status, payload = await conn.request("POST", path, body, extra)
-                except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, HttpError) as exc:
-                    conn.close()
-                    ended = now()
-                    if measure_from <= ended <= deadline:
-                        fail(f"{type(exc).__name__}: {exc}")
-                    continue
+                got = await call(next(counter))
                 ended = now()
                 if not measure_from <= ended <= deadline:
                     continue
-                statuses[status] = statuses.get(status, 0) + 1
-                if status != 200:
-                    fail(f"HTTP {status}: {payload[:200]!r}")
-                elif check is not None and not check(payload, texts):
-                    fail(f"bad answer: {payload[:200]!r}")
-                else:
-                    done["requests"] += 1
-                    done["sentences"] += texts
-                    latencies.append((ended - sent) * 1000.0)
-                    if answered is not None:
-                        answered(conn.head)
-        finally:
-            conn.close()
+                if got.status is not None:
+                    statuses[got.status] = statuses.get(got.status, 0) + 1
+                if got.error is not None:
+                    done["errors"] += 1
+                    first_error.extend([] if first_error else [got.error])
+                    continue
+                done["requests"] += 1
+                done["sentences"] += got.texts
+                latencies.append((ended - sent) * 1000.0)
+                if answered is not None:
+                    answered(got.head)
 
     tasks = [asyncio.create_task(worker()) for _ in range(concurrency)]
     await asyncio.sleep(max(0.0, measure_from - now()))
@@ -300,5 +287,56 @@ async def run_cell(
         client_cpu_s=cpu1 - cpu0,
         status_counts=statuses,
         first_error=first_error[0] if first_error else None,
-        retried=sum(c.retried for c in conns),
     )
+
+
+async def run_cell(
+    host: str,
+    port: int,
+    path: str,
+    make_body: BodyFactory,
+    concurrency: int,
+    duration_s: float,
+    warmup_s: float,
+    drain_s: float = 30.0,
+    check: Callable[[bytes, int], bool] | None = None,
+    headers: dict[str, str] | None = None,
+    answered: Callable[[bytes], None] | None = None,
+) -> CellResult:
+    """:func:`closed_loop` over HTTP: ``concurrency`` keep-alive connections POSTing to ``path``.
+
+    Args:
+        make_body: the n-th request's body and its number of texts (n counts across connections).
+        check: validates a 200 answer (payload, texts); a False counts as an error.
+        headers: extra request headers (e.g. ``{"Priority": "u=7"}``).
+        answered: called with the head (status line and headers) of each answer counted.
+    """
+    extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
+    conns: list[_Connection] = []
+
+    @asynccontextmanager
+    async def client() -> AsyncIterator[Call]:
+        conn = _Connection(host, port)
+        conns.append(conn)
+
+        async def call(n: int) -> Answer:
+            body, texts = make_body(n)
+            try:
+                status, payload = await conn.request("POST", path, body, extra)
+            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, HttpError) as exc:
+                conn.close()
+                return Answer(None, 0, f"{type(exc).__name__}: {exc}")
+            if status != 200:
+                return Answer(status, 0, f"HTTP {status}: {payload[:200]!r}")
+            if check is not None and not check(payload, texts):
+                return Answer(status, 0, f"bad answer: {payload[:200]!r}")
+            return Answer(status, texts, head=conn.head)
+
+        try:
+            yield call
+        finally:
+            conn.close()
+
+    result = await closed_loop(client, concurrency, duration_s, warmup_s, drain_s, answered)
+    result.retried = sum(c.retried for c in conns)
+    return result

@@ -52,16 +52,6 @@ VARIANTS: dict[str, dict[str, str]] = {
 }
 
 
-def uss_mb() -> float:
-    """This process's private memory (USS: what it alone holds; PSS would also move with what the
-    processes sharing its libraries do)."""
-    kb = 0
-    for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
-        if line.startswith(("Private_Clean:", "Private_Dirty:")):
-            kb += int(line.split()[1])
-    return kb / 1024
-
-
 def uss_by_kind() -> dict[str, float]:
     """Private memory in MB by kind of mapping (/proc/self/smaps): ``heap`` (glibc's main arena), ``anon`` (mmap'd
     blocks, other threads' arenas, ONNX Runtime's own), ``files`` (libraries, the graphs) and ``other``."""
@@ -84,6 +74,7 @@ async def child(args: argparse.Namespace) -> dict[str, Any]:
     from app.model import runtime
     from app.settings import Settings
     from app.tasks.options import EmbedOptions
+    from loadtest import procs
     from loadtest.corpus import load_corpus, unique_texts
     from loadtest.harness.service import fields, in_process
 
@@ -129,7 +120,8 @@ async def child(args: argparse.Namespace) -> dict[str, Any]:
             texts = unique_texts(corpus, next(counter) * args.max_texts, rng.randint(1, args.max_texts))
             await service.embeddings.embed(texts, EmbedOptions())
             if sent % args.step == 0:
-                readings.append((sent, uss_mb()))
+                # USS: what this process alone holds (PSS would move with what its library sharers do).
+                readings.append((sent, procs.memory(os.getpid()).uss / procs.MB))
                 if len(readings) == 1:
                     kinds.append(uss_by_kind())
 

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 import uvloop
@@ -39,18 +40,20 @@ def _is_python(frame: str) -> bool:
     return ".py:" in frame or ".py)" in frame
 
 
+def _stacks(path: Path) -> Iterator[tuple[list[str], int]]:
+    """py-spy's raw (collapsed) output: each stack's frames (its thread first) and its samples."""
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if stack:
+            yield stack.split(";"), int(count)
+
+
 def summarise(stacks: Path, top: int, python_leaf: bool) -> str:
     """Top ``top`` leaf frames per thread from py-spy's raw (collapsed) output."""
     per_thread: dict[str, Counter[str]] = defaultdict(Counter)
     total = 0
-    for line in stacks.read_text().splitlines():
-        stack, _, count_text = line.rpartition(" ")
-        if not stack:
-            continue
-        count = int(count_text)
-        frames = stack.split(";")
-        thread = frames[0]
-        leaf = frames[-1]
+    for frames, count in _stacks(stacks):
+        thread, leaf = frames[0], frames[-1]
         if python_leaf:
             leaf = next((f for f in reversed(frames[1:]) if _is_python(f)), leaf)
         per_thread[thread][leaf] += count
@@ -72,12 +75,7 @@ def inclusive_shares(stacks: Path, names: list[str]) -> str:
     """Each of ``names`` (functions, as py-spy names them): its share of its thread's samples, callees in."""
     per_thread: Counter[str] = Counter()
     hits: dict[tuple[str, str], int] = defaultdict(int)
-    for line in stacks.read_text().splitlines():
-        stack, _, count_text = line.rpartition(" ")
-        if not stack:
-            continue
-        frames = stack.split(";")
-        count = int(count_text)
+    for frames, count in _stacks(stacks):
         per_thread[frames[0]] += count
         functions = {_function(f) for f in frames[1:]}
         for name in names:

@@ -21,13 +21,14 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
 from app.model.runtime import CPU
-from loadtest.flops import BertShape, session_options
+from loadtest.flops import BertShape, session_options, synthetic_feed
 
 LAST_HIDDEN_STATE = "last_hidden_state"
 MEAN_PREFIX = "mean_"  # the encoder's pooled means are mean_{layer} (app/model/manifest.py)
@@ -154,8 +155,14 @@ def ceiling(
     )
 
 
-def _interleaved(runs: dict[str, Callable[[], None]], seconds: float, rounds: int = 6) -> dict[str, float]:
-    """Median seconds per call of each run, alternating between them in ``rounds`` short rounds."""
+def interleaved(
+    runs: dict[str, Callable[[], object]],
+    seconds: float,
+    rounds: int = 6,
+    stat: Callable[[list[float]], float] = statistics.median,
+) -> dict[str, float]:
+    """``stat`` of the seconds per call of each run (one warm-up call each first), alternating between
+    them in ``rounds`` short rounds that share ``seconds``, at least one call each a round."""
     for run in runs.values():
         run()
     samples: dict[str, list[float]] = {name: [] for name in runs}
@@ -169,23 +176,14 @@ def _interleaved(runs: dict[str, Callable[[], None]], seconds: float, rounds: in
                 samples[name].append(time.perf_counter() - t0)
                 if time.perf_counter() > end:
                     break
-    return {name: statistics.median(s) for name, s in samples.items()}
+    return {name: stat(s) for name, s in samples.items()}
 
 
-def _runner(session: ort.InferenceSession, batch: dict[str, np.ndarray]) -> Callable[[], None]:
-    fetch = [service_output(session)]
-
-    def run() -> None:
-        session.run(fetch, batch)
-
-    return run
-
-
-def _synthetic(batch: int, seq: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(batch * 1000 + seq)
-    ids = rng.integers(672, 8000, (batch, seq), dtype=np.int64)
-    ids[:, 0], ids[:, -1] = 101, 102
-    return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+def _runs(
+    sessions: dict[str, ort.InferenceSession], feed: dict[str, np.ndarray]
+) -> dict[str, Callable[[], object]]:
+    """Each session's call on ``feed``, fetching what the service fetches."""
+    return {name: partial(s.run, [service_output(s)], feed) for name, s in sessions.items()}
 
 
 def grid(model_dir: Path, variants: list[str], seconds: float) -> list[dict[str, float | int | str]]:
@@ -194,8 +192,7 @@ def grid(model_dir: Path, variants: list[str], seconds: float) -> list[dict[str,
     rows: list[dict[str, float | int | str]] = []
     for batch in (1, 8, 32):
         for seq in (16, 32, 128):
-            f = _synthetic(batch, seq)
-            med = _interleaved({v: _runner(s, f) for v, s in sessions.items()}, seconds)
+            med = interleaved(_runs(sessions, synthetic_feed(batch, seq)), seconds)
             row: dict[str, float | int | str] = {"batch": batch, "seq": seq}
             for v in variants:
                 row[v] = batch / med[v]
@@ -233,7 +230,7 @@ def last_layer_only(model_dir: Path, seconds: float) -> list[dict[str, float | i
         graphs.export_encoder(loaded, paths["all"], DEFAULT_OPSET, all_layers=True)
         graphs.export_encoder(loaded, paths["last"], DEFAULT_OPSET, all_layers=False)
         del loaded
-        calib = [_synthetic(8, 32), _synthetic(8, 16)]
+        calib = [synthetic_feed(8, 32), synthetic_feed(8, 16)]
         for kind in ("all", "last"):
             dst = tmp / f"{kind}.int8.onnx"
             quantize.quantize_per_token(paths[kind], dst, smoothquant.calibrate(paths[kind], calib), 0.5)
@@ -247,8 +244,7 @@ def last_layer_only(model_dir: Path, seconds: float) -> list[dict[str, float | i
                 for kind in ("all", "last")
             }
             for batch, seq in ((1, 32), (8, 32), (32, 32), (8, 128)):
-                f = _synthetic(batch, seq)
-                med = _interleaved({k: _runner(s, f) for k, s in sessions.items()}, seconds)
+                med = interleaved(_runs(sessions, synthetic_feed(batch, seq)), seconds)
                 row: dict[str, float | int | str] = {
                     "precision": precision,
                     "batch": batch,

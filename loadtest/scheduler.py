@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import os
 import random
 import sys
@@ -48,7 +49,7 @@ from loadtest.harness.report import RESULTS, Row, mark, write_json
 from loadtest.harness.service import service_env
 from loadtest.quick_model import tiny_model
 from loadtest.raw_onnx import DEFAULT_MODEL, ceiling, open_encoder, shape_of
-from loadtest.server import HOST, ServiceProcess, parse_exposition
+from loadtest.server import HOST, ServiceProcess, scrape
 
 QUEUED = "zhembed_queue_duration_seconds_count"
 # A cell whose engine ran the model at under this share of the run's median speed is reported as disturbed.
@@ -91,18 +92,11 @@ class Bodies:
     """Request bodies of distinct texts: each group of each cell draws from its own range of numbers."""
 
     def __init__(self, corpus: list[str]) -> None:
-        self.corpus = corpus[:]
-        random.Random(0).shuffle(self.corpus)
-        self.next_range = 0
+        self.corpus = random.Random(0).sample(corpus, len(corpus))
+        self.ranges = itertools.count(0, STRIDE)
 
     def maker(self, texts: int) -> loadgen.BodyFactory:
-        self.next_range += STRIDE
-        return distinct_bodies(self.corpus, texts, self.next_range - STRIDE)
-
-
-async def _scrape_async(port: int) -> dict[str, float]:
-    status, text = await loadgen.get_json(HOST, port, "/metrics")
-    return parse_exposition(text) if status == 200 and isinstance(text, str) else {}
+        return distinct_bodies(self.corpus, texts, next(self.ranges))
 
 
 def _queued_by_urgency(series: dict[str, float]) -> dict[str, float]:
@@ -151,9 +145,9 @@ def run_cells(
             for _, c in groups
         ]
         await asyncio.sleep(opts.warmup)
-        first = _queued_by_urgency(await _scrape_async(svc.port))
+        first = _queued_by_urgency(await scrape(svc.port))
         await asyncio.sleep(opts.duration)
-        last = _queued_by_urgency(await _scrape_async(svc.port))
+        last = _queued_by_urgency(await scrape(svc.port))
         return list(await asyncio.gather(*tasks)), first, last
 
     results, first, last = uvloop.run(main())

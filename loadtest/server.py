@@ -30,6 +30,16 @@ def parse_exposition(text: str) -> dict[str, float]:
     return series
 
 
+async def scrape(port: int) -> dict[str, float]:
+    """``/metrics`` of the service on ``port`` now (empty when it does not answer 200 with text).
+
+    Raises:
+        OSError: nothing listens on ``port``.
+    """
+    status, payload = await get_json(HOST, port, "/metrics")
+    return parse_exposition(payload) if status == 200 and isinstance(payload, str) else {}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind((HOST, 0))
@@ -115,10 +125,7 @@ class ServiceProcess:
 
     def metrics(self) -> dict[str, float] | None:
         """``/metrics`` as ``{"name{labels}": value}``; None when it does not answer 200 with text."""
-        status, payload = asyncio.run(get_json(HOST, self.port, "/metrics"))
-        if status != 200 or not isinstance(payload, str):
-            return None
-        return parse_exposition(payload)
+        return asyncio.run(scrape(self.port)) or None
 
     def __enter__(self) -> ServiceProcess:
         try:

@@ -1,5 +1,5 @@
-"""loadtest.memory's readings: private memory by kind of mapping adds up to the whole, and grows with
-what the process holds."""
+"""loadtest.memory's readings: private memory by kind of mapping adds up to the whole (loadtest.procs's
+USS), and grows with what the process holds."""
 
 from __future__ import annotations
 
@@ -13,10 +13,12 @@ from loadtest.memory import VARIANTS
 # allocate between two readings, and the sum then misses the whole by more than any tolerance (CI: 10 MB).
 READINGS = """
 import json
+import os
 import numpy as np
-from loadtest.memory import uss_by_kind, uss_mb
+from loadtest import procs
+from loadtest.memory import uss_by_kind
 before = uss_by_kind()
-whole = uss_mb()
+whole = procs.memory(os.getpid()).uss / procs.MB
 held = np.ones(64 * 2**20 // 8)  # 64 MB, touched
 after = uss_by_kind()
 print(json.dumps({"before": before, "whole": whole, "after": after}))
