@@ -47,7 +47,7 @@ from loadtest.harness.service import service_env
 from loadtest.quick_model import quick_model
 from loadtest.raw_onnx import CeilingResult, ceiling, open_encoder, shape_of, variants_in
 from loadtest.server import HOST, ServiceProcess
-from loadtest.table import HEADER, format_row, link_naive, naive_flops, summary
+from loadtest.table import HEADER, format_row, link_naive, summary
 
 
 @dataclass
@@ -325,8 +325,7 @@ def run(args: argparse.Namespace, model: Path, naive_source: Path | None, naive_
     naive = [] if opts.skip_naive else naive_rows(opts, corpus)
     cache, cache_facts = cache_rows(opts, corpus)
     rows = raw + svc + naive + cache
-    naive_flops(rows, ids, shape, peaks)
-    link_naive(rows, peaks, opts.service_variant)
+    link_naive(rows, peaks, opts.service_variant, float(np.mean([shape.flops(len(x)) for x in ids])))
     facts.update(
         model_bytes=sum(f["bytes"] for f in files),
         cache_budget=0,

@@ -31,6 +31,7 @@ from fastapi import FastAPI
 from pydantic import SecretStr
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.api.http.fast import DataPath
 from app.serving.factory import create_app
 from app.settings import Settings
 from app.tasks.answers import Answer
@@ -154,13 +155,12 @@ def build(texts: int, keys: bool, two_d: bool) -> FastAPI:
     return app
 
 
-def through_stack(app: FastAPI) -> ASGIApp | None:
-    """The middleware stack and FastAPI behind the data path, as FastAPI would call them; None when the
-    app has no data path in front (a tree from before it)."""
+def through_stack(app: FastAPI) -> ASGIApp:
+    """The middleware stack and FastAPI behind the data path, as FastAPI would call them."""
     front = app.middleware_stack
-    inner = getattr(front, "app", None)
-    if front is None or type(front).__name__ != "DataPath" or inner is None:
-        return None
+    if not isinstance(front, DataPath):
+        raise RuntimeError(f"create_app put {type(front).__name__} in front, not the data path")
+    inner = front.app
 
     async def stack(scope: Scope, receive: Receive, send: Send) -> None:
         scope["app"] = app
@@ -192,9 +192,6 @@ def main(argv: list[str] | None = None) -> int:
         n = args.requests if case.texts == 1 else max(args.requests // 3, 1)
         cells = []
         for target in (app, through_stack(app)):
-            if target is None:
-                cells.append(f"{'-':>18}")
-                continue
             runs = uvloop.run(_measure(target, case, args.keys, n, args.repeats))
             cells.append(f"{statistics.median(runs):9.1f} ({min(runs):6.1f})")
         print(f"  {case.name:<18} {cells[0]:>18} {cells[1]:>18}")

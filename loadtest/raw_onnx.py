@@ -2,7 +2,6 @@
 against.
 
     python -m loadtest.raw_onnx [--model DIR] [--variants fp32,int8] [--seconds 2]
-    python -m loadtest.raw_onnx --last-layer-only     # all-layer graph vs a last-layer-only graph
 
 The grid times the encoder at batch 1, 8, 32 × sequence 16, 32, 128 and prints sentences/s per variant
 and the int8/fp32 ratio. Variants are interleaved within each cell (short rounds, alternating) so that a
@@ -17,9 +16,8 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -156,7 +154,7 @@ def ceiling(
 
 
 def interleaved(
-    runs: dict[str, Callable[[], object]],
+    runs: Mapping[str, Callable[[], object]],
     seconds: float,
     rounds: int = 6,
     stat: Callable[[list[float]], float] = statistics.median,
@@ -210,69 +208,12 @@ def _grid_line(row: dict[str, float | int | str], variants: list[str]) -> str:
     return " ".join(cells)
 
 
-def last_layer_only(model_dir: Path, seconds: float) -> list[dict[str, float | int | str]]:
-    """Default path (all-layer graph) vs a last-layer-only graph, each fetching the last layer's mean.
-
-    Exports the twin's last-layer-only fp32 graph from its source (random weights, same seed as the
-    export), quantises both fp32 graphs with the export's per-token recipe, and times each pair
-    interleaved. Needs the export extra (torch).
-    """
-    from export import graphs, quantize, smoothquant, source
-    from export.spec import DEFAULT_OPSET
-
-    manifest = json.loads((model_dir / "manifest.json").read_text())
-    src = source.resolve(manifest["source"]["model"], None)
-    loaded = source.load(src, twin=manifest["source"]["weights"] == "random")
-    rows: list[dict[str, float | int | str]] = []
-    with tempfile.TemporaryDirectory() as tmp_name:
-        tmp = Path(tmp_name)
-        paths = {"all": tmp / "all.fp32.onnx", "last": tmp / "last.fp32.onnx"}
-        graphs.export_encoder(loaded, paths["all"], DEFAULT_OPSET, all_layers=True)
-        graphs.export_encoder(loaded, paths["last"], DEFAULT_OPSET, all_layers=False)
-        del loaded
-        calib = [synthetic_feed(8, 32), synthetic_feed(8, 16)]
-        for kind in ("all", "last"):
-            dst = tmp / f"{kind}.int8.onnx"
-            quantize.quantize_per_token(paths[kind], dst, smoothquant.calibrate(paths[kind], calib), 0.5)
-        for precision in ("fp32", "int8"):
-            sessions = {
-                kind: ort.InferenceSession(
-                    str(tmp / f"{kind}.{precision}.onnx"),
-                    session_options(),
-                    providers=["CPUExecutionProvider"],
-                )
-                for kind in ("all", "last")
-            }
-            for batch, seq in ((1, 32), (8, 32), (32, 32), (8, 128)):
-                med = interleaved(_runs(sessions, synthetic_feed(batch, seq)), seconds)
-                row: dict[str, float | int | str] = {
-                    "precision": precision,
-                    "batch": batch,
-                    "seq": seq,
-                    "all_layers_ms": med["all"] * 1000,
-                    "last_only_ms": med["last"] * 1000,
-                    "slowdown_pct": (med["all"] / med["last"] - 1) * 100,
-                }
-                rows.append(row)
-                print(
-                    f"{precision:>5} {batch:>5} {seq:>5} {row['all_layers_ms']:>10.2f} "
-                    f"{row['last_only_ms']:>10.2f} {row['slowdown_pct']:>+9.1f}%",
-                    flush=True,
-                )
-    return rows
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest.raw_onnx", description=__doc__)
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     parser.add_argument("--variants", default=None, help="comma-separated; default: fp32,int8 where present")
     parser.add_argument("--seconds", type=float, default=2.0, help="timing budget per cell")
-    parser.add_argument("--last-layer-only", action="store_true", help="compare with a last-layer-only graph")
     args = parser.parse_args(argv)
-    if args.last_layer_only:
-        print("precision batch   seq  all-layers ms  last-only ms  slowdown of the default path")
-        last_layer_only(args.model, args.seconds)
-        return 0
     present = variants_in(args.model)
     wanted = args.variants.split(",") if args.variants else [v for v in ("fp32", "int8") if v in present]
     missing = [v for v in wanted if v not in present]

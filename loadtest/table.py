@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from loadtest.flops import BertShape
 from loadtest.harness.report import Row, cell, target
 
@@ -30,25 +28,22 @@ def format_row(r: Row) -> str:
     )
 
 
-def link_naive(rows: list[Row], peaks: dict[str, float], service_variant: str) -> None:
-    """Fill the service rows' service/naive ratio (same cell of the naive service) and % of peak."""
+def link_naive(
+    rows: list[Row], peaks: dict[str, float], service_variant: str, flops_per_sentence: float
+) -> None:
+    """Fill the naive rows' useful GFLOP/s and % of the fp32 peak, and the service rows' % of their peak
+    and service/naive ratio (against the same cell of the naive service)."""
     naive = {r.label.removeprefix("naive "): r for r in rows if r.kind == "naive"}
-    for r in rows:
-        if r.kind == "service":
-            twin = naive.get(r.label.removeprefix("service "))
-            if twin is not None and twin.sentences_per_s:
-                r.vs_naive = (r.sentences_per_s or 0) / twin.sentences_per_s
-        if r.kind == "service" and r.useful_gflops is not None:
-            r.peak_share = r.useful_gflops * 1e9 / peaks[service_variant]
-
-
-def naive_flops(rows: list[Row], ids: list[np.ndarray], shape: BertShape, peaks: dict[str, float]) -> None:
-    """Fill the naive rows' useful GFLOP/s and % of the fp32 peak."""
-    per_sentence = float(np.mean([shape.flops(len(x)) for x in ids]))
-    for r in rows:
-        if r.kind == "naive" and r.sentences_per_s is not None:
-            r.useful_gflops = r.sentences_per_s * per_sentence / 1e9
+    for r in naive.values():
+        if r.sentences_per_s is not None:
+            r.useful_gflops = r.sentences_per_s * flops_per_sentence / 1e9
             r.peak_share = r.useful_gflops * 1e9 / peaks["fp32"]
+    for r in (r for r in rows if r.kind == "service"):
+        twin = naive.get(r.label.removeprefix("service "))
+        if twin is not None and twin.sentences_per_s:
+            r.vs_naive = (r.sentences_per_s or 0) / twin.sentences_per_s
+        if r.useful_gflops is not None:
+            r.peak_share = r.useful_gflops * 1e9 / peaks[service_variant]
 
 
 def targets(rows: list[Row], facts: dict[str, Any], variant: str) -> list[str]:
