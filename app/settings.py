@@ -162,8 +162,8 @@ class Settings(BaseSettings):
         "the model folder's batch_costs/ (or --cache-dir's, where the model folder is read-only): a restart "
         "reads it. Off: batch-overhead-tokens stands in for it.",
     )
-    # The old constant: on 2 CPU cores the int8 encoder ran b=8 about 9% faster per sentence than b=4 at
-    # equal padding (python -m loadtest.raw_onnx). A GPU, whose batches cost little per token, wants ~1000.
+    # On 2 CPU cores the int8 encoder runs b=8 about 9% faster per sentence than b=4 at equal padding
+    # (python -m loadtest.raw_onnx). A GPU, whose batches cost little per token, wants ~1000.
     batch_overhead_tokens: int = Field(
         default=16,
         ge=0,

@@ -58,11 +58,6 @@ def int8_vectors(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return values, scales
 
 
-def encode_vector(vector: np.ndarray, encoding: Encoding) -> np.ndarray | str | dict[str, object]:
-    """One vector in the requested encoding (see :func:`encode_vectors`)."""
-    return encode_vectors(np.asarray(vector)[None, :], encoding)[0]
-
-
 def encode_rows(rows: np.ndarray, encoding: FloatEncoding) -> np.ndarray | list[Any]:
     """Each row of [tokens, width] in the requested encoding (see :func:`encode_vectors`)."""
     return encode_vectors(rows, encoding)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from app.cache.keys import key as cache_key
-from app.cache.memory import MemoryLRU
+from app.cache.memory_tier import MemoryLRU
 from app.telemetry.metrics import Metrics
 
 if TYPE_CHECKING:  # redis-py is imported only when Redis is configured (6 MB resident)
@@ -42,7 +42,7 @@ class VectorCache:
     @property
     def enabled(self) -> bool:
         """Whether any tier is configured. Without one the service skips the cache altogether: no keys
-        hashed, no in-flight futures, nothing per text (issue 19); repeats within a request are still
+        hashed, no in-flight futures, nothing per text; repeats within a request are still
         computed once, and concurrent requests of the same text each compute it."""
         return self.memory is not None or self.shared is not None
 

@@ -5,7 +5,7 @@ working during a batch. The same thread asks the assembler (:mod:`app.engine.bat
 batch only once the current one has run, so each batch is cut from everything that arrived meanwhile;
 then post-processing (:mod:`app.engine.postprocess`) writes the batch's results into its jobs and wakes
 each finished request. With the pooled vectors computed in the graph, that is a few array copies per
-batch: a thread of its own would cost two hand-offs per batch and save nothing (issue 19).
+batch: a thread of its own would cost two hand-offs per batch and save nothing.
 
 Only the outputs some item of the batch needs are fetched: a pooled vector needs ``[batch, hidden]`` per
 layer (the graph's ``cls_{i}`` / ``mean_{i}`` outputs), not ``[batch, sequence, hidden]``; a graph

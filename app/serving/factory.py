@@ -34,7 +34,7 @@ from app.api.http.fast import DataPath, fast_routes
 from app.api.http.gates import GateMiddleware, Gates
 from app.api.http.openai_routes import router as openai_router
 from app.api.http.routes import router
-from app.cache.memory import MemoryLRU
+from app.cache.memory_tier import MemoryLRU
 from app.cache.vectors import VectorCache
 from app.engine.engine import Engine
 from app.model.runtime import OnnxModel, load_model

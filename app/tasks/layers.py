@@ -35,19 +35,6 @@ def combine_layers(stack: np.ndarray, mix: LayerMix) -> np.ndarray:
     return np.tensordot(np.asarray(mix.weights, dtype=stack.dtype), stack, axes=1)
 
 
-def weighted_average(vectors: list[np.ndarray], weights: list[int]) -> np.ndarray:
-    """Average of a long input's window vectors, each weighted by its number of tokens."""
-    if len(vectors) == 1:
-        return vectors[0]
-    w = np.asarray(weights, dtype=np.float32)
-    return (np.stack(vectors) * w[:, None]).sum(axis=0) / w.sum()
-
-
-def normalize(vector: np.ndarray) -> np.ndarray:
-    norm = float(np.linalg.norm(vector))
-    return vector / norm if norm > 0 else vector
-
-
 def row_norms(rows: np.ndarray) -> np.ndarray:
     """[tokens, width] → [tokens]: each row's L2 norm."""
     return np.linalg.norm(rows, axis=-1)

@@ -230,10 +230,6 @@ class Tracing:
             )
         )
 
-    def span_context(self, span: RequestSpan) -> SpanContext:
-        """The request span's context (to link to it)."""
-        return span.span.get_span_context()
-
     def batch(
         self, start_ns: int, end_ns: int, size: int, tokens: int, requests: Sequence[RequestSpan | None]
     ) -> None:

@@ -5,7 +5,7 @@ The body has been read by the time a route runs, so the next ASGI message can on
 call is cancelled, which cancels its ticket so the engine drops the request's queued inputs.
 
 Only work still running after :data:`WATCH_AFTER_S` is watched: listening for the disconnect takes a
-task of its own (~10 µs of the event loop's time per request, issue 19), and most requests are answered
+task of its own (~10 µs of the event loop's time per request), and most requests are answered
 sooner. What a client that leaves within that time can save is at most that much of the engine's time,
 about one batch's; the requests that wait longest (a full queue) are the ones watched.
 """

@@ -8,8 +8,13 @@ import numpy as np
 import orjson
 import pytest
 
-from app.api.encoding import encode_rows, encode_vector, encode_vectors
+from app.api.encoding import encode_rows, encode_vectors
 from app.tasks.options import Encoding
+
+
+def encode_vector(vector: np.ndarray, encoding: Encoding) -> np.ndarray | str | dict[str, object]:
+    """One vector in ``encoding``, as a request's one row."""
+    return encode_vectors(vector[None, :], encoding)[0]
 
 
 def test_encodings_round_trip() -> None:

@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import pytest
 
-from app.cache.memory import MemoryLRU
+from app.cache.memory_tier import MemoryLRU
 from app.cache.vectors import VectorCache
 from app.errors import ValidationFailed
 from app.settings import Settings

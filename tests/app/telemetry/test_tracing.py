@@ -125,7 +125,7 @@ def test_batch_span_links_the_requests_it_served(receiver: Receiver) -> None:
     assert grpc_embed.parent_span_id == ""  # no traceparent: a trace of its own
     assert grpc_embed.attributes["rpc.method"] == "tei.v1.Embed/Embed"
     assert grpc_embed.attributes["rpc.grpc.status_code"] == 0
-    assert tracing.span_context(first).span_id == int(embed.span_id, 16)
+    assert first.span.get_span_context().span_id == int(embed.span_id, 16)
 
 
 def test_error_sets_status_and_error_type() -> None:

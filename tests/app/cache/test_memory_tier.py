@@ -6,7 +6,7 @@ import tracemalloc
 
 import numpy as np
 
-from app.cache.memory import MemoryLRU
+from app.cache.memory_tier import MemoryLRU
 
 
 def test_evicts_least_recently_used_to_stay_in_bounds() -> None:
