@@ -150,6 +150,8 @@ def test_a_stalled_redis_times_out_and_the_request_goes_on(
     settings = with_cache(tiny_settings, own_redis.url, cache_bytes=0)
     with serving(settings) as running, httpx.Client(base_url=running.url, timeout=30) as client:
         embed_ok(client, ["Redis 还活着"])  # a pooled connection exists
+        # Its background write landed first: one still on its way when Redis stops would time out too.
+        wait_until(lambda: own_redis.client().dbsize() == 1, seconds=10)
         own_redis.client().execute_command("CLIENT", "PAUSE", "10000", "ALL")  # Redis answers nobody for 10 s
         embed_ok(client, ["Redis 卡住了"])
         assert metric(client, "zhembed_cache_errors_total", tier="redis") == 1
