@@ -1,25 +1,12 @@
-"""One run, one table: the raw ONNX Runtime ceiling, our service over HTTP, a naive PyTorch service, and the
-cache, on the same corpus and the same machine.
+"""The raw ONNX Runtime ceiling, the service over HTTP, a naive PyTorch service and the cache in one table.
 
     python -m loadtest.bench [--model DIR] [--variants fp32,int8] [--duration 10] \
-        [--concurrency 1,8,32,128] [--skip-naive] [--quick]
+        [--concurrency 1,8,32,128] [--texts 1,16] [--skip-naive] [--quick]
 
-Rows:
-  raw       the encoder session in-process on the corpus sorted by length, whole passes, at the best of a
-            few batch sizes, per variant (latency columns: per batch); batch 1 is also shown because its
-            p50 is the single-sentence latency the concurrency-1 target is measured against.
-  service   ``python -m app`` (cache off) driven by loadtest.loadgen at each concurrency with 1 and 16
-            texts per request, texts drawn from the shuffled corpus.
-  naive     loadtest/baselines/naive_service.py (PyTorch fp32, one forward per request) at the
-            concurrencies up to 32: beyond that its queue takes minutes to drain and says nothing new.
-  cache     ``python -m app`` with a cache budget: 100% hits (64 sentences, sent once before the cell)
-            and 0% hits (each text made unique by a number in front), concurrency 32, 1 text each.
-
-The service/raw ratio of the concurrency-32 cell uses a raw pass run right before and right after that
-cell (their mean), so drift on a shared machine affects both sides alike. Results go to
-loadtest/results/bench-<time>.json. The service is started with MAX_CONCURRENT_INPUTS raised to the
-largest offered load (concurrency × texts), so that admission control does not turn the top cells into
-429s; everything else is the default configuration.
+Rows ``raw`` (per variant, best batch size and batch 1), ``service c=C xT``, ``naive c=C xT`` (up to
+``--naive-max-concurrency``) and ``cache 100% / 0% hit``; columns sent/s, req/s, p50/p90/p99 ms, err,
+GFLOP/s, %peak, svc/raw, svc/nv, client and server cores. Then issue 5's targets as PASS / MISS, and
+JSON in loadtest/results/bench-<time>.json. docs/performance.md has the details and the runs.
 """
 
 from __future__ import annotations
@@ -30,7 +17,6 @@ import random
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,31 +35,11 @@ from loadtest.raw_onnx import CeilingResult, ceiling, open_encoder, shape_of, va
 from loadtest.server import HOST, ServiceProcess
 from loadtest.table import HEADER, format_row, link_naive, summary
 
-
-@dataclass
-class Options:
-    model: Path
-    variants: list[str]
-    service_variant: str
-    duration: float
-    warmup: float
-    concurrency: list[int]
-    texts_per_request: list[int]
-    batch_sizes: list[int]
-    raw_seconds: float
-    naive_max_concurrency: int
-    skip_naive: bool
-    cache_bytes: int
-    naive_source: Path | None
-    naive_twin: bool
-    logs: Path
-
-
 # --------------------------------------------------------------------------------------------- raw
 
 
 def raw_rows(
-    opts: Options, ids: list[np.ndarray], shape: BertShape, peaks: dict[str, float]
+    opts: argparse.Namespace, ids: list[np.ndarray], shape: BertShape, peaks: dict[str, float]
 ) -> tuple[list[Row], dict[str, CeilingResult]]:
     rows: list[Row] = []
     best: dict[str, CeilingResult] = {}
@@ -124,7 +90,7 @@ def _row(
     svc: ServiceProcess,
     make: loadgen.BodyFactory,
     c: Cell,
-    opts: Options,
+    opts: argparse.Namespace,
     note: str = "",
 ) -> Row:
     """One load cell's row; the server's CPU cores are over the whole cell."""
@@ -140,13 +106,13 @@ def _padding(before: dict[str, Any], after: dict[str, Any]) -> float | None:
     return 1 - real / padded if padded else None
 
 
-def _service_env(opts: Options, cache_bytes: int) -> dict[str, str]:
-    peak_inputs = max(opts.concurrency) * max(opts.texts_per_request)
+def _service_env(opts: argparse.Namespace, cache_bytes: int) -> dict[str, str]:
+    peak_inputs = max(opts.concurrency) * max(opts.texts)
     return service_env(opts.model, opts.service_variant, peak_inputs, cache_bytes=cache_bytes)
 
 
 def service_rows(
-    opts: Options,
+    opts: argparse.Namespace,
     corpus: list[str],
     ids: list[np.ndarray],
     shape: BertShape,
@@ -158,7 +124,7 @@ def service_rows(
     flops_per_sentence = float(np.mean([shape.flops(len(x)) for x in ids]))
     with ServiceProcess("app", _service_env(opts, 0), opts.logs / "service.log") as svc:
         facts["memory_after_start"] = svc.processes().as_json()
-        for per_request in opts.texts_per_request:
+        for per_request in opts.texts:
             make = loadgen.cycle(request_bodies(corpus, per_request), per_request)
             for c in opts.concurrency:
                 before_raw = bracket() if bracket and c == 32 and per_request == 1 else None
@@ -189,7 +155,7 @@ def service_rows(
     return rows, facts
 
 
-def naive_rows(opts: Options, corpus: list[str]) -> list[Row]:
+def naive_rows(opts: argparse.Namespace, corpus: list[str]) -> list[Row]:
     if opts.naive_source is None:
         return []
     env = {"NAIVE_MODEL": str(opts.naive_source), "NAIVE_TWIN": "1" if opts.naive_twin else "0"}
@@ -199,7 +165,7 @@ def naive_rows(opts: Options, corpus: list[str]) -> list[Row]:
             corpus[:8], 1
         ):  # PyTorch's first calls pay one-off set-up; not the baseline's cost
             uvloop.run(loadgen.post(HOST, svc.port, "/embed", body))
-        for per_request in opts.texts_per_request:
+        for per_request in opts.texts:
             make = loadgen.cycle(request_bodies(corpus, per_request), per_request)
             for c in (c for c in opts.concurrency if c <= opts.naive_max_concurrency):
                 row = _row("naive", f"naive c={c} x{per_request}", svc, make, Cell(c, per_request), opts)
@@ -219,7 +185,7 @@ def _cache_counts(svc: ServiceProcess) -> dict[str, float] | None:
     }
 
 
-def cache_rows(opts: Options, corpus: list[str]) -> tuple[list[Row], dict[str, Any]]:
+def cache_rows(opts: argparse.Namespace, corpus: list[str]) -> tuple[list[Row], dict[str, Any]]:
     labels = ("cache 100% hit c=32 x1", "cache 0% hit c=32 x1")
     c = 32 if 32 in opts.concurrency else max(opts.concurrency)
     labels = tuple(label.replace("c=32", f"c={c}") for label in labels)  # type: ignore[assignment]
@@ -252,6 +218,10 @@ def cache_rows(opts: Options, corpus: list[str]) -> tuple[list[Row], dict[str, A
 # -------------------------------------------------------------------------------------------- main
 
 
+def ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m loadtest.bench",
@@ -263,9 +233,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--service-variant", default="int8", help="ZHEMBED_VARIANT of the service rows")
     p.add_argument("--duration", type=float, default=10.0, help="measured seconds per HTTP cell")
     p.add_argument("--warmup", type=float, default=None, help="unmeasured seconds before each cell")
-    p.add_argument("--concurrency", default="1,8,32,128")
-    p.add_argument("--texts", default="1,16", help="texts per request")
-    p.add_argument("--batch-sizes", default="1,4,8,16", help="raw-ceiling batch sizes to try")
+    p.add_argument("--concurrency", type=ints, default="1,8,32,128")
+    p.add_argument("--texts", type=ints, default="1,16", help="texts per request")
+    p.add_argument("--batch-sizes", type=ints, default="1,4,8,16", help="raw-ceiling batch sizes to try")
     p.add_argument("--raw-seconds", type=float, default=3.0, help="least time per raw batch size")
     p.add_argument("--naive-max-concurrency", type=int, default=32)
     p.add_argument("--skip-naive", action="store_true")
@@ -280,23 +250,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def run(args: argparse.Namespace, model: Path, naive_source: Path | None, naive_twin: bool) -> dict[str, Any]:
     present = variants_in(model)
     wanted = args.variants.split(",") if args.variants else [v for v in ("fp32", "int8") if v in present]
-    opts = Options(
-        model=model,
-        variants=[v for v in wanted if v in present and v != "fp16"],  # fp16 only pays on CUDA
-        service_variant=args.service_variant,
-        duration=args.duration,
-        warmup=args.warmup if args.warmup is not None else min(2.0, args.duration / 4),
-        concurrency=[int(c) for c in args.concurrency.split(",")],
-        texts_per_request=[int(t) for t in args.texts.split(",")],
-        batch_sizes=[int(b) for b in args.batch_sizes.split(",")],
-        raw_seconds=args.raw_seconds,
-        naive_max_concurrency=args.naive_max_concurrency,
-        skip_naive=args.skip_naive,
-        cache_bytes=args.cache_bytes,
-        naive_source=naive_source,
-        naive_twin=naive_twin,
-        logs=RESULTS / "logs",
+    opts = args
+    opts.model, opts.naive_source, opts.naive_twin, opts.logs = (
+        model,
+        naive_source,
+        naive_twin,
+        RESULTS / "logs",
     )
+    opts.variants = [v for v in wanted if v in present and v != "fp16"]  # fp16 only pays on CUDA
+    opts.warmup = args.warmup if args.warmup is not None else min(2.0, args.duration / 4)
     corpus = load_corpus()
     ids = token_ids(model, corpus)
     shape = shape_of(model)
@@ -338,7 +300,7 @@ def run(args: argparse.Namespace, model: Path, naive_source: Path | None, naive_
         "service_variant": opts.service_variant,
         "corpus_sentences": len(corpus),
         "corpus_mean_tokens": float(np.mean([len(x) for x in ids])),
-        "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()},
+        "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(opts).items()},
         "seconds": seconds,
         "facts": facts,
         "rows": [r.as_json() for r in rows],
@@ -354,9 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.duration = min(args.duration, 1.0)
         args.warmup = 0.3 if args.warmup is None else args.warmup
-        args.concurrency = "1,8" if args.concurrency == "1,8,32,128" else args.concurrency
-        args.texts = "1,4" if args.texts == "1,16" else args.texts
-        args.batch_sizes = "1,8"
+        args.concurrency = [1, 8] if args.concurrency == [1, 8, 32, 128] else args.concurrency
+        args.texts = [1, 4] if args.texts == [1, 16] else args.texts
+        args.batch_sizes = [1, 8]
         args.raw_seconds = 0.0
         with quick_model() as (model, source):
             report = run(args, model, source, naive_twin=False)

@@ -2,13 +2,9 @@
 
     python -m loadtest.engine_path [--model DIR] [--cells 8x32,64x32,32x1] [--seconds 4] [--gpu-like]
 
-The other half of :mod:`loadtest.http_path`: the app's service and engine (tokenisation thread, batch
-assembly, inference thread, post-processing, layer arithmetic) built from the tiny model as
-``python -m app`` builds them (cache off, one intra-op thread), and closed-loop clients as asyncio
-tasks in the same process calling ``Service.embed`` with distinct texts (loadtest.corpus). Per cell:
-sentences/s, mean batch, and µs of CPU per sentence (``time.process_time`` of the whole process)
-split into the inference thread's CPU inside ``Session.run`` and the rest: the machinery of the engine
-and service plus the tokeniser (the floor's first half; the client's share is a few µs per request).
+The service and engine built in-process from the tiny model (cache off, one intra-op thread), with
+closed-loop asyncio clients sending distinct texts. Columns: cell, sent/s, batch, us/sent (the whole
+process's CPU), in run (the inference thread inside ``Session.run``), outside, and µs per sentence by thread.
 """
 
 from __future__ import annotations
@@ -26,6 +22,7 @@ from app.settings import Settings
 from app.tasks.options import EmbedOptions
 from app.tasks.service import Service
 from app.telemetry.metrics import Metrics
+from loadtest import procs
 from loadtest.corpus import load_corpus, unique_texts
 from loadtest.harness.cell import STRIDE, parse_cells
 from loadtest.harness.service import GPU_LIKE, fields, in_process
@@ -33,17 +30,12 @@ from loadtest.quick_model import tiny_model
 
 
 def thread_cpu() -> dict[str, float]:
-    """CPU seconds of each of this process's threads, by name (Linux: /proc/self/task)."""
-    tick = os.sysconf("SC_CLK_TCK")
+    """CPU seconds of each of this process's threads, by name."""
     names = {t.native_id: t.name for t in threading.enumerate()}
     out: dict[str, float] = {}
-    for task in Path("/proc/self/task").iterdir():
-        try:
-            name = names.get(int(task.name), "other")
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # the thread ended
-            continue
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    for tid, seconds in procs.thread_cpu_seconds(os.getpid()).items():
+        name = names.get(tid, "other")
+        out[name] = out.get(name, 0.0) + seconds
     return out
 
 

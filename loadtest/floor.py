@@ -2,13 +2,9 @@
 
     python -m loadtest.floor --model DIR --texts 32 --start N [--count 4096]
 
-Two things every answer costs whatever the service's machinery: tokenising the text with the model's own
-``tokenizer.json`` (``encode_batch`` without offsets, as the service encodes for /embed, 32 texts a call,
-[CLS]/[SEP] added, truncated to the model's length) and writing its vector into the JSON answer (orjson,
-float32 in its shortest form, one request's ``[texts, hidden]`` array per call, the model's hidden size).
-Measured as CPU time (``time.process_time``) in a process of its own, so nothing of the caller's state
-(a loaded session, a warm allocator, its threads) is counted or helps, on the cell's own texts: the first
-``count`` of the distinct texts the cell sends from ``start`` on. Prints one JSON object.
+CPU time, in a process of its own (nothing of the caller's state counts or helps), of tokenising the
+cell's own texts as the service does for /embed and writing their vectors into the JSON answer (orjson,
+``[texts, hidden]`` per call). Prints one JSON object.
 """
 
 from __future__ import annotations

@@ -2,47 +2,14 @@
 
     bash loadtest/gpu_check.sh [ARGS]     on the GPU host, after ``source .gpu/kN/env.sh``: the whole run
     python -m loadtest.gpu_check --model models/bert-base-chinese-twin [--seconds 8] [--warmup 3]
-    python -m loadtest.gpu_check --model DIR --provider CPUExecutionProvider --clients 8 --workers 1,2 \\
+    python -m loadtest.gpu_check --model DIR --provider CPUExecutionProvider --clients 8 --workers 1,2 \
         --seconds 1.5 --warmup 0.5 --raw-seconds 0.2                         (the CI test, tiny model)
 
-One run, on a folder exported with fp32 and fp16 (``gpu_check.sh`` exports the twin):
-
-1. parity: fp16 on ``--provider`` against fp32 on the CPU, pooled cosine on the same inputs (the export
-   stage validated fp16 on whatever provider the exporting machine had);
-2. raw: the fp16 encoder in this process, numpy feeds, sentences/s and achieved TFLOP/s
-   (``loadtest.flops.BertShape.flops``) against ``--peak-tflops`` (H200 dense fp16: 989). The row at
-   batch 256, sequence 32 is the raw ceiling the issue's targets are ratios to;
-3. the service, ``python -m app`` with ``ZHEMBED_VARIANT=fp16`` on ``--provider``, cache off, GPU-sized
-   batches (``loadtest.harness.service.GPU_LIKE``) and admission above the largest cell (no 429s), driven by closed-loop
-   clients (``loadtest.loadgen``, in this process) sending distinct texts: corpus sentences with a
-   running number in front (13-116 characters; ``loadtest.corpus.unique_texts``), so neither
-   de-duplication nor a cache serves one from another. Cells, CLIENTS from ``--clients`` (256):
-   CLIENTS × 32 texts, the same with ``encoding: base64``, CLIENTS × 1, 1 × 1, on ``--main-workers``
-   (``ZHEMBED_WORKERS``; default the service's auto: 4 on CUDA, 1 on CPU); then CLIENTS × 32 on each
-   count of ``--workers`` (1,2,4), one service start per count (the count equal to the main one is the
-   row already measured).
-
-Per cell: sentences/s, requests/s, p50/p99 (client side, measured window), errors; from the deltas of
-``/metrics`` over the whole cell (warm-up, window and drain; ``loadtest.harness.measure``):
-
-- ``batch``: mean batch size, ``zhembed_batch_size_sum`` / ``_count``;
-- ``busy``: the inference thread's busy share, the ``zhembed_inference_duration_seconds_sum`` delta over
-  the cell's wall time divided by the number of workers: the fraction of the time each worker's
-  ``Session.run`` was running (averaged over workers). On CUDA ``Session.run`` includes the copies and
-  waits for the GPU, so it is how busy the GPU was as one worker sees it; the runs of several workers
-  overlap on one GPU, so it is not the GPU's utilisation;
-- ``srv cpu`` / ``cli cpu``: CPU cores of the server (all its processes, /proc) and of the client;
-- ``wrk``: ``zhembed_workers_ready`` after the cell (must equal the workers asked for).
-
-Then the issue's GPU targets as PASS/MISS lines (a MISS is a finding, not a failure) and the total time;
-JSON to ``--out`` (default ``loadtest/results/gpu-check-<time>.json``). ``--provider
-CPUExecutionProvider`` runs every step on the CPU (a CI test does, on a tiny model), so the script cannot
-rot unseen; its numbers then mean nothing. Exits 1 when a service did not start (the run goes on to the
-next worker count) or a cell had errors, answered nothing, or ran on another number of workers than asked.
-
-Time on the GPU host, planned (never yet measured): parity and raw ~20 s, three service starts, six cells
-of warm-up + window + drain (~12 s each): ~2.5 minutes, beside ~40 s of twin export in ``gpu_check.sh``
-and the set-up of the uploads, so the whole run stays under the issue's 6 minutes.
+Prints fp16/fp32 parity, the raw fp16 rows (batch × sequence, sentences/s, TFLOP/s), then a row per
+cell (CLIENTS × 32, the same in base64, CLIENTS × 1, 1 × 1, and CLIENTS × 32 per ``--workers`` count:
+sent/s, req/s, p50/p99, err, batch, busy, srv cpu, cli cpu, wrk), the issue's GPU targets as PASS / MISS
+and JSON in loadtest/results/gpu-check-<time>.json. Exits 1 when a service did not start or a cell
+failed. docs/performance.md says what each column means.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """The load generator of every benchmark: closed-loop clients (:func:`closed_loop`), over raw HTTP/1.1 on
 keep-alive asyncio streams (:func:`run_cell`) or any other protocol a client's call speaks (gRPC).
 
-Why not httpx: on 2 cores the client shares the CPU with the server, and httpx spends ~150 µs of Python per
-request (header models, URL parsing, h11 state machine); this client spends a fraction of that, so it is
-not what limits the table. Its own CPU time is measured (``process_time`` over the cell) and reported.
-
-``concurrency`` connections each loop: send a request, read the whole answer, record its latency, repeat,
-until the deadline. Requests that complete during the warm-up are not counted. At the deadline the
-requests still in flight are drained (bounded by ``drain_s``) but not counted, so a slow server's queue
-never bleeds into the next cell.
+Not httpx: on 2 cores the client shares the CPU with the server, and httpx spends ~150 µs of Python per
+request; this client spends a fraction of that, and its own CPU time is reported. Requests that end in
+the warm-up are not counted; those in flight at the deadline are drained (``drain_s``), not counted.
 """
 
 from __future__ import annotations

@@ -15,9 +15,8 @@ first shape it finds): ``step`` (``--step-users`` more users every ``--step-seco
 times), ``spike`` (``--base-users``, a jump to ``--spike-users`` for ``--spike-seconds``, back), ``all``
 (both, for the web UI's ``--class-picker``), or unset (``-u``/``-r``/``-t`` as usual).
 
-Text comes from ``loadtest/data/corpus_zh.txt`` (one sentence a line), or from the export stage's
-``export/data/validation_zh.txt`` and ``calibration_zh.txt`` while that file is absent;
-``LOADTEST_CORPUS`` names another file.
+Text comes from ``loadtest/data/corpus_zh.txt`` (one sentence a line); ``LOADTEST_CORPUS`` names another
+file.
 
 Headless, writing CSV and HTML reports (see docs/deployment.md, "Load test")::
 
@@ -41,10 +40,6 @@ from locust.env import Environment
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "loadtest" / "data" / "corpus_zh.txt"
-FALLBACK_CORPORA = (
-    ROOT / "export" / "data" / "validation_zh.txt",
-    ROOT / "export" / "data" / "calibration_zh.txt",
-)
 # Characters a [MASK] may replace: CJK ideographs only, so the masked text still reads as a sentence.
 _HAN = re.compile(r"[\u4e00-\u9fff]")
 # Long enough for realistic sentences, short enough to fit any model's window (the CI test model has 128
@@ -53,14 +48,12 @@ FILL_MASK_MAX_CHARS = 100
 
 
 def load_corpus() -> list[str]:
-    """Non-empty lines of the corpus (``LOADTEST_CORPUS``, the project's corpus, or the fallback)."""
-    chosen = os.environ.get("LOADTEST_CORPUS")
-    paths = [Path(chosen)] if chosen else ([CORPUS] if CORPUS.is_file() else list(FALLBACK_CORPORA))
-    lines = [line.strip() for path in paths for line in path.read_text(encoding="utf-8").splitlines()]
-    lines = [line for line in lines if line]
-    if not lines:
-        raise SystemExit(f"loadtest: no sentences in {', '.join(map(str, paths))}")
-    return lines
+    """Non-empty lines of ``LOADTEST_CORPUS``, or of the project's corpus."""
+    path = Path(os.environ.get("LOADTEST_CORPUS") or CORPUS)
+    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    if not any(lines):
+        raise SystemExit(f"loadtest: no sentences in {path}")
+    return [line for line in lines if line]
 
 
 SENTENCES = load_corpus()

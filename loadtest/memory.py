@@ -3,26 +3,10 @@
     python -m loadtest.memory                                  # the int8 twin, every variant, 3,000 requests
     python -m loadtest.memory --variants default,trim-off --requests 6000 --parallel 1
 
-Each variant runs in a process of its own (so that environment variables reach glibc at its start), built
-as a worker builds its service (:mod:`loadtest.engine_path`: engine, tokenisation and inference threads,
-cache off, one intra-op thread each unless ``--threads``), and closed-loop clients as asyncio tasks send
-requests of 1 to ``--max-texts`` benchmark-corpus texts (each text numbered, so no two are alike). Every
-``--step`` requests it reads the process's private memory (USS, /proc/self/smaps_rollup). The table: USS after warm-up
-(the first step), at the middle and at the end, the most seen, the growth from the first step to the end,
-and requests/s (``--parallel`` variants share the cores, so compare rates within one run only).
-
-The variants:
-
-- ``default``: the service as it ships (:mod:`app.model.allocator`: a fixed mmap threshold and a trim
-  every 64 batches);
-- ``trim-off``: glibc as it comes (no ``mallopt``, no trims);
-- ``mmap-only`` / ``trim-only``: one of the two remedies;
-- ``mmap-env``: ``trim-off`` plus ``MALLOC_MMAP_THRESHOLD_=131072`` in the environment;
-- ``arena-off``: ``default`` with ONNX Runtime's CPU arena off;
-- ``arena-shrink``: ``default`` with the arena shrunk (``memory.enable_memory_arena_shrinkage``) at the end
-  of every 64th run.
-
-A benchmark, not a test: its numbers depend on the machine and on how long it runs.
+Each variant (``default``, ``trim-off``, ``mmap-only``, ``trim-only``, ``mmap-env``, ``arena-off``,
+``arena-shrink``: docs/performance.md says what each is) runs the engine as a worker builds it, with
+closed-loop clients sending 1 to ``--max-texts`` numbered corpus texts. The table: USS after the first
+``--step`` requests, at the middle and at the end, the most seen, the growth, and requests/s.
 """
 
 from __future__ import annotations

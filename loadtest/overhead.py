@@ -3,45 +3,11 @@
     python -m loadtest.overhead [--model DIR] [--duration 12] [--warmup 4] [--workers N] [--quick]
                                 [--gpu-like] [--cells 8x32,64x32,256x32,32x1,256x1] [--out PATH]
 
-The model is a tiny BERT (4 layers, hidden 64, the real bert-base-chinese vocab: inference is cheap, so
-the service's own cost shows), exported once into a temp dir, or into ``--model DIR`` when DIR holds no
-export yet (an existing export there is reused). The service runs its fp32 graph (``--variant``).
-
-Each cell is clients × texts per request: closed-loop clients (loadtest.loadgen, asyncio, in this
-process, not the server's) send ``/embed`` requests of distinct texts, corpus sentences with a running
-number in front, so neither de-duplication nor a cache can serve one from another. The service runs with
-its cache off (``ZHEMBED_CACHE_BYTES=0``), admission raised above the largest cell (no 429s),
-``ZHEMBED_WORKERS`` from ``--workers`` and ``ZHEMBED_INTRA_OP_THREADS=1``: with one intra-op thread ONNX
-Runtime computes on the calling thread, so that thread's CPU time inside ``Session.run`` is all the CPU
-the model costs. Per cell:
-
-- sentences/s, p50/p99 (client side, measured window only), errors;
-- mean batch size, from the deltas of ``zhembed_batch_size_sum`` / ``_count`` on ``/metrics``;
-- server CPU per sentence (µs): utime + stime from /proc of the server process and all its descendants
-  (worker processes) over the whole cell, divided by the inputs the service computed in it (the
-  ``zhembed_batch_size_sum`` delta); split into CPU inside ``Session.run`` (the delta of
-  ``zhembed_inference_cpu_seconds_total``, the inference thread's CPU inside its runs; the wall-time
-  ``zhembed_inference_duration_seconds_sum`` for a service that predates it) and everything else. /metrics, not /info: with several
-  workers /metrics adds them up;
-- the floor (:mod:`loadtest.floor`, in a process of its own, on the cell's texts): CPU per sentence of the
-  work no design can skip, tokenising it and writing its vector (the model's hidden size) into the JSON
-  answer; and ``machinery = outside − floor``: HTTP layers, validation, threads, batching, pooling.
-
-``--gpu-like`` runs the service with the batch settings a GPU gets (``loadtest.harness.service.GPU_LIKE``,
-gpu_check's: batches of 256 and 32,768 tokens, a batch's cost 1,024 tokens): large batches, so what is per batch is amortised and what is per
-text shows. The issue's machinery targets at 64x32 and 256x32 are for this mode, the one at 8x32 for the
-CPU defaults.
-
-Also the raw encoder session in this process, with the service's session options
-(``app.model.runtime.session_options``, one intra-op thread) and batches of the service's
-``max_batch_size`` over the same texts sorted by length: sentences/s and µs of ``Session.run`` per
-sentence, once before the service starts and once after it stops. Prints the issue's targets as
-PASS/MISS lines and writes JSON to loadtest/results/overhead-<time>.json. Client, server and raw pass
-share this machine's cores (2 where the issue's numbers come from); the printout says how many.
-A cell whose window is under 3x its p50 (its rate would be noise, see loadtest.harness.report) is run again, after
-a warm-up of one expected p50, with a window of 4x the expected p50 (the larger of the measured one and
-clients x texts / rate), at most ``--max-cell-s``, and says so. Exits 1 when a cell had errors or answered
-nothing; a MISS is a finding, not a failure.
+On a tiny BERT (fp32, exported into a temp dir or ``--model DIR``), per cell of clients × texts: sent/s,
+p50/p99, errors, mean batch, and server CPU µs per sentence split into ``Session.run``, outside it, the
+floor (:mod:`loadtest.floor`) and the machinery (outside − floor); the raw session before and after the
+service; issue 19's targets as PASS / MISS; JSON in loadtest/results/overhead-<time>.json. Exits 1 when
+a cell had errors or answered nothing. docs/performance.md says how each figure is measured.
 """
 
 from __future__ import annotations

@@ -1,24 +1,6 @@
 """The server as a benchmark sees it: the tree of processes under one pid (the server, its workers and
-whatever they start), and each one's memory and CPU time, read from /proc (Linux, as the service's
-supervisor is). The one place a benchmark reads a server's memory or CPU.
-
-Memory, per process, from ``/proc/PID/smaps_rollup``:
-
-- **RSS**: resident pages, shared ones included: what ``top`` and ``ps`` show. Summed over a tree it
-  counts a page once per process that maps it: the libraries every worker maps (ONNX Runtime, numpy,
-  the interpreter) count N + 1 times with N workers.
-- **PSS** (proportional set size): each resident page divided among the processes that map it. Summed
-  over a tree, each page the tree holds counts once, so the processes' rows add up to the tree's total
-  (a page also mapped by processes outside the tree, a system library, is split with them). Benchmarks
-  give a tree's total and each process's growth in PSS: a leak is private pages, which PSS counts in
-  full, and a page that merely becomes shared does not look like growth in the tree.
-- **USS**: private pages only (Private_Clean + Private_Dirty): what ending the process would free.
-
-CPU: user + system time of every thread, plus what ended and reaped children used (cutime + cstime), so
-a worker that ends between two readings still counts, in its parent.
-
-Why /proc and not psutil: the GPU host runs the benchmarks offline from a fixed set of wheels
-(``shared/gpu/pack.sh``), and these few fields need no compiled package.
+whatever they start), each one's memory (RSS, PSS, USS, peak RSS) and CPU time, from /proc. The one place
+a benchmark reads a server's memory or CPU; docs/performance.md (the soak) says what each figure counts.
 """
 
 from __future__ import annotations
@@ -66,6 +48,18 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU time of ``pid``'s threads, plus what its ended children used."""
     fields = _stat(pid)
     return sum(int(fields[i]) for i in (11, 12, 13, 14)) / CLOCK_TICKS  # utime, stime, cutime, cstime
+
+
+def thread_cpu_seconds(pid: int) -> dict[int, float]:
+    """User + system CPU time of each of ``pid``'s live threads, by thread id."""
+    out: dict[int, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = _stat(int(task.name))
+        except OSError:  # the thread ended
+            continue
+        out[int(task.name)] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return out
 
 
 def tree_cpu_seconds(pid: int) -> float:

@@ -1,10 +1,7 @@
 """The tiny model of the ``--quick`` runs: a small BERT with the real bert-base-chinese vocab, exported by
-the real export stage (the tests' ``make_tiny_source``, so the tests and the harness share one recipe).
-
-With ``LOADTEST_TINY_CACHE`` set to a folder (the test suite sets it to one of its session's temp dirs),
-each (layers, variants) export is made once there and copied to where a run asks for it: the recipe is
-seeded, so every export of the same inputs is the same model, and a dozen ``--quick`` runs need not each
-pay for the export and its validation."""
+the real export stage (the tests' ``make_tiny_source``). With ``LOADTEST_TINY_CACHE`` set to a folder,
+each (layers, variants) export is made once there (the recipe is seeded) and copied where a run asks.
+"""
 
 from __future__ import annotations
 

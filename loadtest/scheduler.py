@@ -1,26 +1,12 @@
-"""Issue 28's cells and their ceilings in one run: what the scheduler buys, as ratios.
+"""Issue 28's cells against the raw ceiling and today's service: what the scheduler buys, as ratios.
 
-    python -m loadtest.scheduler [--model DIR] [--today TREE] [--duration 20] [--warmup 3] [--quick]
+    python -m loadtest.scheduler [--model DIR] [--today TREE] [--today-all] [--duration 20] [--warmup 3] \
+        [--background 64x32] [--quick]
 
-On one model (default: the bert-base-chinese shape twin, int8), cache off, closed-loop clients
-(:mod:`loadtest.loadgen`) sending distinct texts (the corpus with a number in front), it measures:
-
-- the **raw ceiling** of the same int8 graph, in-process with the service's session options: the texts
-  tokenised (``encode_batch_fast``, 256 a call, as the engine does) and run sorted by length in batches of 8 and of 32, whole
-  passes, at the start and at the end of the run; the best batch size, the mean of the two passes;
-- **this tree's service** (``python -m app``, which measures its batch cost model afresh: the model's files
-  are linked into a folder of the run's own, where the model is cached) at 32 × 1 and 8 × 16 (against the ceiling), at 8 × 1 (p99 /
-  p50, and sentences/s against today's), a background client alone (64 × 32 with ``Priority: u=7``), and
-  that background client with an interactive 8 × 1 client beside it (its p99 against the idle 8 × 1 cell;
-  the background's sentences/s against its own alone);
-- **today's service** (``--today TREE``: another checkout, e.g. ``git archive`` of main, started from its
-  own folder) at 8 × 1, in two rounds interleaved with this tree's, and with ``--today-all`` at 32 × 1 and
-  8 × 16 too.
-
-Sentences/s of a cell are counted by the server (its ``zhembed_queue_duration_seconds_count``: one per
-input computed, by urgency) over the measured window: a 64 × 32 request takes about a minute on 2 CPU
-cores, so counting answers that complete in a 20 s window would be noise. Latencies are the client's.
-Prints one table with the issue's targets as PASS / MISS, and writes JSON to loadtest/results/.
+Prints a line per cell (sentences/s counted by the server, p50 / p99 ms, mean batch, engine tokens/s),
+then a table of issue 28's targets (target, this branch, against, ratio, goal, PASS / MISS), the cells
+whose engine ran under 0.8 of the run's median speed (DISTURBED), and JSON in loadtest/results/.
+docs/performance.md says what each cell is and why.
 """
 
 from __future__ import annotations
@@ -35,7 +21,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +29,7 @@ import uvloop
 
 from loadtest import loadgen
 from loadtest.corpus import encode, load_corpus, tokenizer_of, unique_texts
-from loadtest.harness.cell import STRIDE, Cell, distinct_bodies
+from loadtest.harness.cell import STRIDE, Cell, distinct_bodies, parse_cells
 from loadtest.harness.report import RESULTS, Row, mark, write_json
 from loadtest.harness.service import service_env
 from loadtest.quick_model import tiny_model
@@ -56,22 +41,7 @@ QUEUED = "zhembed_queue_duration_seconds_count"
 DISTURBED = 0.8
 
 
-@dataclass
-class Options:
-    model: Path
-    variant: str
-    today: Path | None
-    today_all: bool
-    duration: float
-    warmup: float
-    raw_texts: int
-    raw_seconds: float
-    background: tuple[int, int]
-    logs: Path
-    cost_cache: Path
-
-
-def raw_ceiling(opts: Options, texts: list[str], batch_sizes: tuple[int, ...]) -> dict[int, float]:
+def raw_ceiling(opts: argparse.Namespace, texts: list[str], batch_sizes: tuple[int, ...]) -> dict[int, float]:
     """Sentences/s of the bare session on ``texts`` at each batch size, tokenising included (see module)."""
     tokenizer, session, shape = (
         tokenizer_of(opts.model),
@@ -121,7 +91,7 @@ def wait_idle(svc: ServiceProcess, timeout_s: float = 120.0) -> None:
 
 
 def run_cells(
-    svc: ServiceProcess, groups: list[tuple[str, Cell]], opts: Options, bodies: Bodies
+    svc: ServiceProcess, groups: list[tuple[str, Cell]], opts: argparse.Namespace, bodies: Bodies
 ) -> list[Row]:
     """One cell: every group's clients at once. A group: (name, what its clients send)."""
     wait_idle(svc)
@@ -196,7 +166,9 @@ def linked(model: Path, into: Path) -> Path:
 
 
 @contextlib.contextmanager
-def servers(opts: Options, peak_inputs: int) -> Iterator[tuple[ServiceProcess, ServiceProcess | None]]:
+def servers(
+    opts: argparse.Namespace, peak_inputs: int
+) -> Iterator[tuple[ServiceProcess, ServiceProcess | None]]:
     # Room for every client group at once: these cells measure scheduling, not refusals. The batch cost
     # model goes under the run's own folder if the model folder is read-only.
     env = service_env(opts.model, opts.variant, 2 * peak_inputs, cache_dir=opts.cost_cache)
@@ -213,7 +185,7 @@ def servers(opts: Options, peak_inputs: int) -> Iterator[tuple[ServiceProcess, S
                 yield ours, today
 
 
-def run(opts: Options) -> dict[str, Any]:
+def run(opts: argparse.Namespace) -> dict[str, Any]:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one thread, as the service tokenises
     corpus = load_corpus()
     shuffled = corpus[:]
@@ -225,10 +197,10 @@ def run(opts: Options) -> dict[str, Any]:
     )
     raw_start = raw_ceiling(opts, raw_texts, (8, 32))
     bodies = Bodies(corpus)
-    bg_clients, bg_texts = opts.background
+    (bg,) = opts.background
     out: dict[str, Any] = {"raw_start": raw_start, "cells": {}}
     cells: dict[str, Row] = {}
-    with servers(opts, bg_clients * bg_texts + 64) as (ours, today):
+    with servers(opts, bg.inputs + 64) as (ours, today):
         status, info = asyncio.run(loadgen.get_json(HOST, ours.port, "/info"))
         out["cost_model"] = info["batching"] if status == 200 and isinstance(info, dict) else None
         if out["cost_model"] is not None:
@@ -246,7 +218,7 @@ def run(opts: Options) -> dict[str, Any]:
         if today is not None and opts.today_all:
             one(today, "today 32x1", 32, 1)
             one(today, "today 8x16", 8, 16)
-        background = ("background", Cell(bg_clients, bg_texts, urgency=7))
+        background = ("background", Cell(bg.clients, bg.texts, urgency=7))
         (cells["background alone"],) = run_cells(ours, [background], opts, bodies)
         mixed = run_cells(ours, [background, ("interactive", Cell(8, 1))], opts, bodies)
         cells["background mixed"], cells["interactive mixed"] = mixed
@@ -356,33 +328,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds of load before each cell counts")
     parser.add_argument("--raw-texts", type=int, default=320, help="texts of each raw pass")
     parser.add_argument("--raw-seconds", type=float, default=5.0, help="least seconds of raw passes per size")
-    parser.add_argument("--background", default="64x32", help="clients x texts of the background client")
+    parser.add_argument(
+        "--background", type=parse_cells, default="64x32", help="clients x texts of the background client"
+    )
     parser.add_argument("--quick", action="store_true", help="a tiny model and short cells (a CI test)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    bg_clients, bg_texts = (int(x) for x in args.background.split("x"))
     with tempfile.TemporaryDirectory(prefix="zhembed-sched-") as tmp:
-        opts = Options(
-            model=args.model,
-            variant=args.variant,
-            today=args.today,
-            today_all=args.today_all,
-            duration=args.duration,
-            warmup=args.warmup,
-            raw_texts=args.raw_texts,
-            raw_seconds=args.raw_seconds,
-            background=(bg_clients, bg_texts),
-            logs=RESULTS / "logs",
-            cost_cache=Path(tmp) / "cache",
-        )
-        if not args.quick:  # measured afresh in every run, and written only under the run's own folder
-            opts = Options(**{**vars(opts), "model": linked(args.model, Path(tmp) / "model")})
+        args.logs, args.cost_cache = RESULTS / "logs", Path(tmp) / "cache"
         if args.quick:
-            with tiny_model(None, ("int8",), 3) as model:
-                quick = {"model": model, "duration": 1.5, "warmup": 0.5, "raw_texts": 64, "raw_seconds": 0.2}
-                result = run(Options(**{**vars(opts), **quick, "background": (8, 4)}))
-        else:
-            result = run(opts)
+            with tiny_model(None, ("int8",), 3) as args.model:
+                args.duration, args.warmup, args.raw_texts, args.raw_seconds = 1.5, 0.5, 64, 0.2
+                args.background = parse_cells("8x4")
+                result = run(args)
+        else:  # the cost model is measured afresh in every run, and written only under the run's own folder
+            args.model = linked(args.model, Path(tmp) / "model")
+            result = run(args)
     print_summary(result["summary"])
     if result["disturbed"]:
         print(

@@ -6,37 +6,12 @@ asked for.
     python -m loadtest.soak --quick --minutes 1       # the tiny model in a temp dir (a smoke run)
     ZHEMBED_WORKERS=2 python -m loadtest.soak --minutes 60 --faults default --worker-max-memory-mb 300
 
-1. ``python -m app`` starts as a subprocess (loadtest.server) on the model, with the in-process vector
-   cache off by default (``--cache-bytes``): a cache filling up to its bound is growth by design, and
-   would hide a leak under it.
-2. Capacity: closed-loop clients (``--capacity-concurrency``) for ``--capacity-s``; requests/s answered
-   200. Skipped with ``--rate``.
-3. The soak: an open loop at ``--load`` × capacity, requests sent on a fixed schedule. Latency is
-   measured from each request's scheduled time, so a server that falls behind shows it (no coordinated
-   omission). Texts are drawn from the benchmark corpus, with its lengths.
-4. Each minute (``--window-s``): requests, errors, p50/p90/p99/max latency, and the memory of the server's
-   whole process tree (the supervisor, its workers, and what they start; :mod:`loadtest.procs`) and of
-   each worker, as PSS: shared pages split among the processes that map them, so the rows add up to the
-   tree.
-5. At the end, per process and for the tree: RSS (as ``top`` shows it), PSS at the start of the soak, at
-   the baseline (``--baseline-minute``, 10: the first minutes are the warm-up of allocators and of the
-   batch shapes; the start when the soak is shorter) and at the end, the growth of PSS from the baseline
-   (the target) and from the start, and the CPU seconds used (how the workers shared the load). Workers
-   are shown by slot (:class:`loadtest.soak.faults.Slots`): a worker replaced during the soak is a new pid in
-   the same slot, its row marked ``new at …`` (from its first reading) and the old one's ``gone at …``
-   (to its last). The targets: the tree's growth and each worker's under 5% (a leak in one of 8 workers
-   is under 5% of the tree), no worker gone or new, zero errors.
-6. ``--faults`` (:mod:`loadtest.soak.faults`): kill -9 of a worker, Redis stopped and started, a worker
-   replaced by the memory bound, and SIGTERM of the service at the end. With faults the soak starts its
-   own ``redis-server`` on a free loopback port for the service (``ZHEMBED_REDIS_URL``), and sends
-   distinct texts (corpus sentences, numbered), so Redis never answers for the model and the load stays
-   the model's. Every request is counted under the fault it met and by its fate (a table); the target is
-   then: none lost but those in flight on the killed worker (the soak says how many those were), none
-   failed by the Redis restart or the replacement, none lost at the SIGTERM, and the service exiting 0.
-   Memory is reported but not judged (workers are killed and replaced).
-
-``--json`` writes the same as a JSON file. With ``ZHEMBED_WORKERS=N`` in the environment, the server
-runs N workers. A benchmark, not a test: it runs for minutes and its numbers depend on the machine.
+Prints a row per window (requests, errors, p50/p90/p99/max, the PSS of the process tree and of each
+worker), then per process and for the tree RSS, PSS at the start, the baseline and the end, growth and
+CPU seconds; with ``--faults`` a table of every request by the fault it met and its fate. Targets: PSS
+growth under 5% (tree and each worker), no worker gone or new, zero errors; with faults, none lost but
+those in flight on the killed worker and the service exiting 0. ``--json`` writes the same as JSON.
+docs/performance.md says how capacity, latency and memory are measured.
 """
 
 from __future__ import annotations

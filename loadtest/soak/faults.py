@@ -1,32 +1,7 @@
-"""The soak's faults (``python -m loadtest.soak --faults ...``): their schedule, the Redis the soak starts
-for them, which worker slot each process of the server fills, and every request's fate by fault.
-
-Faults, in ``--faults`` (comma-separated; a time is seconds ``90s``, minutes ``12m`` or a share of the soak
-``25%``, counted from the start of the open loop):
-
-- ``kill@T``: SIGKILL of one worker (the one in the lowest slot). The requests in flight on it are the
-  only ones a kill may lose; the soak knows which those are: just before the signal it reads which of
-  its connections the worker holds (:func:`loadtest.procs.peer_ports`) and which of those have a request
-  in flight. The supervisor replaces the worker; the fault is over when the new one is seen.
-- ``redis@T``: the soak's Redis is stopped at T and started again ``--redis-down-s`` later (empty: it
-  saves nothing). Requests go on from the model meanwhile; none may fail.
-- ``bound``: no time of its own: the service runs with ``ZHEMBED_WORKER_MAX_MEMORY_MB`` (the soak's
-  ``--worker-max-memory-mb``), and the supervisor replaces a worker whose PSS passes it whenever that
-  happens: the replacement starts first, the old one finishes what it holds and exits. Seen as a new
-  worker while all slots are full, then the old one gone. None may fail.
-- ``term`` (always, when there are faults): SIGTERM of the whole service at the end of the schedule. The
-  soak sends nothing after it; the requests in flight then must be answered (a 503 from the drain, for
-  one the worker had not yet read, is a refusal that a client retries elsewhere, not a loss).
-
-``default``: ``kill@25%,redis@50%``, and ``bound`` when ``--worker-max-memory-mb`` is given.
-
-Fates (:func:`fate_of`): ``200``, ``HTTP <status>``, ``lost: no answer`` (the connection closed before a
-byte of an answer), ``lost: answer cut`` (closed midway), ``refused: no connection`` (connect refused), or
-``error: <type>``; ``+ retried`` when the load generator sent it again on a new connection
-(:class:`loadtest.loadgen._Connection`: a reused connection closed under it, what HTTP clients retry).
-A request's fault (:func:`tag`): ``kill: on the killed worker`` for those in flight on it at the signal;
-else the first fault whose window (its start to its end plus ``--settle-s``) overlaps the request's
-life, from its send to its fate; ``term: in flight`` for those in flight at the SIGTERM; else ``none``.
+"""The soak's faults (``python -m loadtest.soak --faults kill@25%,redis@50%,bound``): their schedule, the
+Redis the soak starts for them, which worker slot each process of the server fills, and every request's
+fate (:func:`fate_of`) and fault (:func:`tag`). docs/performance.md says what each fault does and what it
+may cost.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -89,6 +90,22 @@ def test_cpu_time_includes_the_worker_processes() -> None:
     finally:
         os.killpg(parent.pid, signal.SIGKILL)
         parent.wait()
+
+
+def test_thread_cpu_is_counted_for_the_thread_that_spent_it() -> None:
+    def burn() -> None:
+        t = time.thread_time()
+        while time.thread_time() - t < 0.3:
+            pass
+
+    worker = threading.Thread(target=burn)
+    worker.start()
+    tid = worker.native_id
+    worker.join(0.2)
+    busy = procs.thread_cpu_seconds(os.getpid()).get(tid or -1, 0.0)
+    worker.join()
+    assert busy > 0.05
+    assert tid not in procs.thread_cpu_seconds(os.getpid())  # an ended thread is gone
 
 
 def test_the_tree_holds_every_child_and_each_process_its_own_memory() -> None:
