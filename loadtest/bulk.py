@@ -3,20 +3,9 @@
     python -m loadtest.bulk [--model TWIN] [--texts 3000] [--batch-sizes 8,16,32] [--skip-ray]
                             [--memory-rows 10000,1000000] [--memory-model TWIN --memory-text char] [--quick]
 
-Rows (speed: the model's int8 graph, the same corpus of distinct texts, JSON Lines in, Parquet out):
-  raw       the encoder session in-process, the corpus tokenised (one thread, as the engine does) and
-            run in length-sorted batches (loadtest.raw_onnx.ceiling), tokenising included; the best of
-            ``--batch-sizes`` is picked on a part of the corpus, then timed on all of it right before and
-            right after the job (their mean is the ceiling).
-  job       ``python -m app.bulk``'s data path in-process at that batch size: read the JSON Lines, embed
-            on the service's engine, write the shards and finish the folder (the model loaded before).
-  ray       the same on a local Ray with this machine's cores (``ray.init(num_cpus=cores)``, one actor):
-            the Ray Data pipeline and the commit, the actor's start and model load included.
-  memory    peak RSS (``VmHWM`` of the ``python -m app.bulk`` process) on the tiny model (or
-            ``--memory-model``) for each of ``--memory-rows`` rows; target: the largest ≤ 1.2 × the
-            smallest.
-
-Targets (issue 27): job ≥ 0.95 × raw; ray ≥ 0.85 × job; memory ratio ≤ 1.2. Ratios are within one run.
+Rows ``raw`` (tokenising included), ``job`` (``python -m app.bulk``'s data path in-process), ``ray`` (the
+same on a local Ray) and ``memory`` (peak RSS of ``python -m app.bulk`` per row count), then issue 27's
+targets: job ≥ 0.95 × raw; ray ≥ 0.85 × job; memory ratio ≤ 1.2. docs/performance.md has the details.
 """
 
 from __future__ import annotations

@@ -3,15 +3,8 @@
     python -m loadtest.grpc_http [--model DIR] [--clients 256] [--texts 32] [--duration 10] [--warmup 3]
                                  [--rounds 2] [--quick]
 
-One ``python -m app`` serves both protocols (``ZHEMBED_GRPC_PORT``; cache off, one intra-op thread,
-admission above the load), on the tiny 4-layer model of :mod:`loadtest.overhead` unless ``--model``.
-Each round runs the HTTP cell (``POST /embed``, :mod:`loadtest.loadgen`'s raw HTTP/1.1 client) and then
-the gRPC cells (``zhembed.v1.Zhembed/Embed`` with the same inputs, and text-embeddings-inference's
-``tei.v1.Embed/EmbedStream`` with one text per message): ``--clients`` closed-loop clients, each request
-``--texts`` distinct texts, so no cache or de-duplication serves one from another. The gRPC clients are
-``grpc.aio`` calls on one channel, in this process. Per cell: sentences/s, p50, server CPU per sentence
-(utime + stime of the server over the cell / sentences answered) and the client's cores (it shares the
-machine with the server). Rounds interleave the protocols so that drift hits both.
+Per round, a row per protocol (HTTP ``POST /embed``, gRPC ``zhembed.v1`` Embed, TEI's EmbedStream):
+sentences/s, p50, server µs per sentence and the client's cores, on the tiny model unless ``--model``.
 """
 
 from __future__ import annotations

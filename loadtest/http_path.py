@@ -2,17 +2,10 @@
 
     python -m loadtest.http_path [--requests 3000] [--repeats 5] [--keys] [--two-d]
 
-The app from ``create_app`` with a stub service whose ``embed`` answers a precomputed [texts, 768]
-answer (bert-base-chinese's width) on the next turn of the event loop, as the engine's answer comes;
-driven by ASGI calls on uvloop with uvicorn's receive semantics (the body, then nothing until the
-response is over). What it measures is everything outside the service: routing, middleware, body
-reading, JSON parsing, validation, options, encoding, JSON writing, headers, metrics. Cells: ``/embed``
-with 1 text and with 32 texts, floats and base64; µs of CPU (``time.process_time``) per request, the
-median over ``--repeats`` runs (and the least), for the app as served and, beside it, for the same
-request through the middleware stack and FastAPI route behind the data path (``app.api.http.fast``); and
-what this harness costs alone. ``--keys`` turns API keys on (every request presents one); ``--two-d``
-has the stub answer one 2-D array rather than one array per text. The issue's target: ≤ 250 µs per
-single-text request for the whole service, tokenising (~28 µs) included. About 15 s.
+The app from ``create_app`` with a stub service, driven by ASGI calls. Rows: ``/embed`` with 1 text and
+with 32 texts, floats and base64, and the harness alone; µs of CPU per request (median and least over
+``--repeats``) for the app as served and for the same request behind the data path. ``--keys`` turns API
+keys on; ``--two-d`` has the stub answer one 2-D array. docs/performance.md says what it counts.
 """
 
 from __future__ import annotations

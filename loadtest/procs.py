@@ -54,8 +54,8 @@ def thread_cpu_seconds(pid: int) -> dict[int, float]:
     """User + system CPU time of each of ``pid``'s live threads, by thread id."""
     out: dict[int, float] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            fields = _stat(int(task.name))
+        try:  # not /proc/TID/stat: that one is the whole process's
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:  # the thread ended
             continue
         out[int(task.name)] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS

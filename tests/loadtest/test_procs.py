@@ -93,19 +93,26 @@ def test_cpu_time_includes_the_worker_processes() -> None:
 
 
 def test_thread_cpu_is_counted_for_the_thread_that_spent_it() -> None:
+    burnt, done = threading.Event(), threading.Event()
+
     def burn() -> None:
         t = time.thread_time()
         while time.thread_time() - t < 0.3:
             pass
+        burnt.set()
+        done.wait()
 
-    worker = threading.Thread(target=burn)
-    worker.start()
-    tid = worker.native_id
-    worker.join(0.2)
-    busy = procs.thread_cpu_seconds(os.getpid()).get(tid or -1, 0.0)
-    worker.join()
-    assert busy > 0.05
-    assert tid not in procs.thread_cpu_seconds(os.getpid())  # an ended thread is gone
+    busy, idle = threading.Thread(target=burn), threading.Thread(target=done.wait)
+    busy.start()
+    idle.start()
+    burnt.wait()
+    seconds = procs.thread_cpu_seconds(os.getpid())
+    done.set()
+    busy.join()
+    idle.join()
+    assert seconds[busy.native_id or -1] >= 0.25
+    assert seconds[idle.native_id or -1] < 0.05
+    assert busy.native_id not in procs.thread_cpu_seconds(os.getpid())  # an ended thread is gone
 
 
 def test_the_tree_holds_every_child_and_each_process_its_own_memory() -> None:
