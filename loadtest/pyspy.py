@@ -4,16 +4,10 @@
     python -m loadtest.pyspy [--model DIR] [--variant int8] [--concurrency 32] [--texts 1] [--seconds 15]
                              [--cache-hits] [--nonblocking] [--inclusive json_response,Service.embed]
 
-Starts ``python -m app`` (cache off; with ``--cache-hits`` a cache holding the bench's hit set, which is
-then all the load asks for), drives it with loadtest.loadgen while ``py-spy record --threads
---native`` samples it, and aggregates the collapsed stacks: per thread, its share of the samples and the
-frames where that time is spent (the leaf frame, then the nearest Python frame with native leaves folded
-in). ``--inclusive`` also prints named functions' share of their thread's samples, callees included.
-Raw stacks are kept under loadtest/results/ for a flame graph.
-
-``--nonblocking`` samples without pausing the service and without native frames. ``--cache-hits``
-implies it: pausing the process for native stacks cut the 100%-hit load from ~2,500 to ~185 requests/s,
-so the profile would describe another workload.
+Per thread, its share of the samples and the frames where that time is spent (the leaf, then the nearest
+Python frame with native leaves folded in); ``--inclusive`` adds named functions' share, callees
+included. Raw stacks are kept under loadtest/results/ for a flame graph. ``--cache-hits`` (a cache
+holding the bench's hit set, all the load asks for) implies ``--nonblocking`` (no pause, no native frames).
 """
 
 from __future__ import annotations
