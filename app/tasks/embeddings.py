@@ -33,6 +33,7 @@ from app.tasks.options import (
     matryoshka_of,
     prompt_text,
     resolve_embed,
+    vector_key,
 )
 from app.tasks.prepare import (
     TOO_LONG_EMBED,
@@ -66,6 +67,9 @@ class Vectors:
     problems: dict[int, ServiceError] = field(default_factory=dict)
 
 
+_CALLS = 256  # distinct options resolved and kept (a full map starts again)
+
+
 @dataclass(frozen=True)
 class _Call:
     """A call's options resolved against the model once: what each sequence needs, how a long input is
@@ -77,6 +81,7 @@ class _Call:
     rules: Rules
     prompt: str  # put before each text; "" for none (and for token ids)
     width: int  # of the whole vectors (layers side by side widen them)
+    key_prefix: str  # the vector cache's key space (:func:`~app.tasks.options.vector_key`)
 
 
 @dataclass
@@ -102,6 +107,7 @@ class Embeddings:
         prompts = m.defaults.prompts
         encoded = core.model.tokenizer.encode_batch(list(prompts.values()), offsets=False) if prompts else []
         self.prompt_tokens = {name: len(e.ids) - 1 for name, e in zip(prompts, encoded, strict=True)}
+        self._calls: dict[tuple[EmbedOptions, str, bool], _Call] = {}
 
     @timed
     async def embed(self, inputs: str | list[str], options: EmbedOptions) -> Answer[np.ndarray]:
@@ -230,8 +236,7 @@ class Embeddings:
         # Permits cover every input, cached or not: they bound the in-flight map and the queues behind it.
         with self.core.engine.admit(len(keys)):
             if self.core.cache.enabled:
-                prefix = self._key_prefix(options, call.resolved, token_ids=given is not None)
-                stored = np.stack(await self.core.cache.vectors(prefix, keys, cached))
+                stored = np.stack(await self.core.cache.vectors(call.key_prefix, keys, cached))
                 vectors, tokens = np.ascontiguousarray(stored[:, :-1]), stored[:, -1].astype(np.int64)
             elif len(first) < len(keys):  # repeated inputs: each computed once
                 distinct = list(dict.fromkeys(keys))
@@ -290,13 +295,25 @@ class Embeddings:
         )
 
     def _call(self, options: EmbedOptions, too_long: str, token_ids: bool) -> _Call:
-        """``options`` resolved against the model.
+        """``options`` resolved against the model, once per distinct options: a request's options are
+        mostly the defaults, and resolving them costs more than the rest of a one-text request's own work.
+        At most :data:`_CALLS` are kept.
 
         Raises:
             ValidationFailed, Unsupported: options that do not fit the model (or its prompts).
         """
+        key = (options, too_long, token_ids)
+        if (call := self._calls.get(key)) is None:
+            call = self._resolve(options, too_long, token_ids)
+            if len(self._calls) >= _CALLS:
+                self._calls.clear()
+            self._calls[key] = call
+        return call
+
+    def _resolve(self, options: EmbedOptions, too_long: str, token_ids: bool) -> _Call:
         resolved = resolve_embed(options, self.core.model.num_layers, self.core.model.has_pooler)
-        self._check_dimensions(options, resolved)
+        width = self.width * len(resolved.layers) if resolved.mix.how == "concat" else self.width
+        check_dimensions(options.dimensions, width, self.matryoshka)
         pool_from = 0
         prompt = ""
         if not token_ids and (
@@ -310,7 +327,6 @@ class Embeddings:
                         "long_text 'chunk' cannot go with this model's prompts: its pooling leaves the prompt "
                         "out, and only the first window holds it; use long_text 'truncate'"
                     )
-        width = self.width * len(resolved.layers) if resolved.mix.how == "concat" else self.width
         return _Call(
             options,
             resolved,
@@ -321,6 +337,7 @@ class Embeddings:
             ),
             prompt,
             width,
+            cache_keys.space(self.core.model_digest, vector_key(options, resolved, token_ids)),
         )
 
     async def _compute(
@@ -367,32 +384,3 @@ class Embeddings:
         if options.dimensions is not None and options.dimensions < vectors.shape[1]:
             return layers.first_components(vectors, options.dimensions, options.normalize)
         return vectors
-
-    def _check_dimensions(self, options: EmbedOptions, resolved: Resolved) -> None:
-        """``options.dimensions`` against the width of the vectors asked for (layers side by side widen them)."""
-        width = self.width * len(resolved.layers) if resolved.mix.how == "concat" else self.width
-        check_dimensions(options.dimensions, width, self.matryoshka)
-
-    def _key_prefix(self, options: EmbedOptions, resolved: Resolved, token_ids: bool = False) -> str:
-        """Everything besides the text that changes a vector: model, pooling, layers and the rest; and
-        whether the "texts" are token ids written out (their own key space: ids "101,102" are not the
-        text "101,102"). Not ``dimensions``: the cache keeps whole vectors, cut after it (normalising a cut
-        of a normalised vector gives what normalising the cut of the raw one does)."""
-        return cache_keys.space(
-            self.core.model_digest,
-            {
-                "pooling": options.pooling,
-                "layers": list(resolved.layers),  # resolved: -1 and L are the same vector
-                "layer_combine": options.layer_combine,
-                # scaled to sum 1
-                "layer_weights": list(resolved.mix.weights) if resolved.mix.weights is not None else None,
-                "normalize": options.normalize,
-                "long_text": options.long_text,
-                "truncation_direction": options.truncation_direction,
-                "input": "token_ids" if token_ids else "text",
-                # The texts carry the prompt; its name keys whether it was pooled (include_prompt).
-                "prompt": options.prompt_name if not token_ids else None,
-                # A vector and, as its last component, the input's tokens (for OpenAI's usage).
-                "output": "vector+tokens",
-            },
-        )

@@ -278,3 +278,25 @@ def check_dimensions(dimensions: int | None, width: int, matryoshka: Matryoshka)
         raise ValidationFailed(
             f"dimensions {dimensions} is not one this model was trained for: send one of {choices}"
         )
+
+
+def vector_key(options: EmbedOptions, resolved: Resolved, token_ids: bool) -> dict[str, object]:
+    """Everything besides the text that changes a vector, for the vector cache's key space: pooling, layers
+    and the rest; and whether the "texts" are token ids written out (their own key space: ids "101,102"
+    are not the text "101,102"). Not ``dimensions``: the cache keeps whole vectors, cut after it
+    (normalising a cut of a normalised vector gives what normalising the cut of the raw one does)."""
+    return {
+        "pooling": options.pooling,
+        "layers": list(resolved.layers),  # resolved: -1 and L are the same vector
+        "layer_combine": options.layer_combine,
+        # scaled to sum 1
+        "layer_weights": list(resolved.mix.weights) if resolved.mix.weights is not None else None,
+        "normalize": options.normalize,
+        "long_text": options.long_text,
+        "truncation_direction": options.truncation_direction,
+        "input": "token_ids" if token_ids else "text",
+        # The texts carry the prompt; its name keys whether it was pooled (include_prompt).
+        "prompt": options.prompt_name if not token_ids else None,
+        # A vector and, as its last component, the input's tokens (for OpenAI's usage).
+        "output": "vector+tokens",
+    }
