@@ -112,6 +112,10 @@ def test_thread_cpu_is_counted_for_the_thread_that_spent_it() -> None:
     idle.join()
     assert seconds[busy.native_id or -1] >= 0.25
     assert seconds[idle.native_id or -1] < 0.05
+    # join() returns once the thread's Python code is done; the kernel drops its task a moment later
+    deadline = time.monotonic() + 30
+    while busy.native_id in procs.thread_cpu_seconds(os.getpid()) and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert busy.native_id not in procs.thread_cpu_seconds(os.getpid())  # an ended thread is gone
 
 
