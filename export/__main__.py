@@ -1,5 +1,5 @@
 """``python -m export --model SRC --out DIR [--revision REV] [--variants fp32,fp16,int8] [--opset N]
-[--twin] [--matryoshka-dimensions 768,256,64 | any] [--force]``."""
+[--twin] [--matryoshka-dimensions 768,256,64 | any] [--sparse max|sum] [--force]``."""
 
 from __future__ import annotations
 
@@ -63,6 +63,13 @@ def parse_args(argv: list[str] | None = None) -> ExportOptions:
         f"('{ANY_WIDTH}'), though its config.json does not say so (matryoshka_dimensions, is_matryoshka): "
         "requests may then ask for dimensions",
     )
+    parser.add_argument(
+        "--sparse",
+        choices=["max", "sum"],
+        default=None,
+        help="add the SPLADE graph (sparse vectors from the masked-LM head, pooled by max or sum over "
+        "tokens; TEI's --pooling splade); a SparseEncoder folder has it from its SpladePooling",
+    )
     parser.add_argument("--force", action="store_true", help="export even if --out is up to date")
     args = parser.parse_args(argv)
     return ExportOptions(
@@ -74,6 +81,7 @@ def parse_args(argv: list[str] | None = None) -> ExportOptions:
         twin=args.twin,
         force=args.force,
         matryoshka_dimensions=args.matryoshka_dimensions,
+        sparse=args.sparse,
     )
 
 

@@ -4,7 +4,9 @@ Two graphs serve every endpoint. The encoder returns each layer's hidden state a
 service fetches only the ones a batch needs), the pooler, and each layer's pooled vectors ``cls_{i}`` and
 ``mean_{i}`` [batch, hidden]: a pooled batch leaves the device as [batch, hidden], not [batch, seq, hidden]
 (bert-base, batch 32 × 256 tokens: 98 KB instead of 25 MB per layer). The masked-LM head is a separate
-small graph ``[k, hidden] → [k, vocab]`` so fill-mask runs it on [MASK] positions only.
+small graph ``[k, hidden] → [k, vocab]`` so fill-mask runs it on [MASK] positions only. With ``--sparse``,
+a third graph runs the same head on every token and pools SPLADE's weights inside it (:class:`_Splade`):
+``[batch, seq, hidden] → [batch, vocab]``, so the [batch, seq, vocab] logits never leave the graph.
 
 The pooling is elementwise (Mul, ReduceSum, Div, Clip; Gather for [CLS]), never a MatMul: the int8 rewrite
 quantises MatMuls, and pooling must stay exact float. ``pooling_nodes`` finds its nodes by the outputs they
@@ -28,7 +30,10 @@ from app.model.manifest import (
     MLM_OUTPUT,
     POOLED_MODES,
     POOLER_OUTPUT,
+    SPARSE_INPUTS,
+    SPARSE_OUTPUT,
     PooledMode,
+    Sparse,
     TensorSpec,
     layer_output_name,
     pooled_output_name,
@@ -285,3 +290,57 @@ def export_mlm_head(loaded: LoadedModel, path: Path, opset: int) -> None:
     assert loaded.mlm_head is not None, "export_mlm_head called for a model without a masked-LM head"
     hidden = torch.zeros(3, loaded.config.hidden_size, dtype=torch.float32)
     _export(loaded.mlm_head, (hidden,), path, mlm_inputs(loaded), mlm_outputs(loaded), opset)
+
+
+def log1p(x: torch.Tensor) -> torch.Tensor:
+    """log(1 + x) to float32's precision for small x too, in operators every ONNX runtime has (Kahan's
+    form: ``log(u) · x / (u − 1)`` with u = 1 + x, or x where u rounds to 1). ONNX has no Log1p, and
+    ``log(1 + x)`` alone loses the low digits of a small weight (x = 1e-4: 6e-4 of it)."""
+    u = 1.0 + x
+    shifted = u - 1.0
+    exact = torch.log(u) * x / torch.where(shifted == 0, torch.ones_like(shifted), shifted)
+    return torch.where(shifted == 0, x, exact)
+
+
+class _Splade(torch.nn.Module):
+    """SPLADE's sparse vector per sequence, as sentence-transformers' ``SpladePooling`` computes it:
+    ``pooling`` over the real tokens of log1p(relu(MLM logits × mask)) (log1p twice for ``log1p_relu``).
+
+    With max pooling the logits are pooled first: relu and log1p are monotonic, so the max of their
+    values is their value at the max, and the elementwise work is on [batch, vocab] only."""
+
+    def __init__(self, mlm_head: torch.nn.Module, sparse: Sparse) -> None:
+        super().__init__()
+        self.head = mlm_head
+        self.sparse = sparse
+
+    def activate(self, x: torch.Tensor) -> torch.Tensor:
+        x = log1p(torch.relu(x))
+        return log1p(x) if self.sparse.activation == "log1p_relu" else x
+
+    def forward(self, last_hidden_state: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        logits = self.head(last_hidden_state) * attention_mask.unsqueeze(-1).to(last_hidden_state.dtype)
+        if self.sparse.pooling == "max":
+            return self.activate(logits.amax(dim=1))
+        return self.activate(logits).sum(dim=1)
+
+
+def sparse_inputs(loaded: LoadedModel) -> list[TensorSpec]:
+    hidden, mask = SPARSE_INPUTS
+    return [
+        TensorSpec(name=hidden, dtype="float32", shape=[*BATCH_SEQ, loaded.config.hidden_size]),
+        TensorSpec(name=mask, dtype="int64", shape=list(BATCH_SEQ)),
+    ]
+
+
+def sparse_outputs(loaded: LoadedModel) -> list[TensorSpec]:
+    return [TensorSpec(name=SPARSE_OUTPUT, dtype="float32", shape=["batch", loaded.config.vocab_size])]
+
+
+def export_sparse(loaded: LoadedModel, path: Path, opset: int, sparse: Sparse) -> None:
+    """Write the fp32 sparse graph: the masked-LM head and SPLADE's pooling (:class:`_Splade`)."""
+    assert loaded.mlm_head is not None, "export_sparse called for a model without a masked-LM head"
+    hidden = torch.randn(2, 5, loaded.config.hidden_size, dtype=torch.float32)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.int64)
+    module = _Splade(loaded.mlm_head, sparse)
+    _export(module, (hidden, mask), path, sparse_inputs(loaded), sparse_outputs(loaded), opset)

@@ -22,8 +22,10 @@ import numpy as np
 from transformers import PreTrainedTokenizerFast
 
 from app.model.manifest import (
+    GRAPH_NAMES,
     LAST_HIDDEN_STATE,
     MLM_INPUT,
+    SPARSE_INPUTS,
     VARIANTS,
     GraphFile,
     GraphName,
@@ -31,6 +33,8 @@ from app.model.manifest import (
     ManifestError,
     ModelConfig,
     Source,
+    Sparse,
+    SparsePoolingStrategy,
     TensorSpec,
     TokenizerInfo,
     Validation,
@@ -58,6 +62,9 @@ class ExportOptions:
     force: bool = False
     # --matryoshka-dimensions: declares what the checkpoint's config.json does not (None: read it there).
     matryoshka_dimensions: matryoshka.Declared = None
+    # --sparse: add the SPLADE graph to a model with a masked-LM head, pooling by max or sum (TEI's
+    # --pooling splade); a SparseEncoder folder gets it from its SpladePooling without the flag.
+    sparse: SparsePoolingStrategy | None = None
 
     def fingerprint_fields(self) -> dict[str, object]:
         fields: dict[str, object] = {
@@ -69,6 +76,8 @@ class ExportOptions:
         }
         if self.matryoshka_dimensions is not None:  # only then: every other export keeps its fingerprint
             fields["matryoshka"] = matryoshka.as_flag(self.matryoshka_dimensions)
+        if self.sparse is not None:
+            fields["sparse"] = self.sparse
         return fields
 
 
@@ -219,13 +228,44 @@ def _calibration_feeds(
     """Inputs for int8 calibration: the calibration sentences, and for the head their last hidden states."""
     feeds = [b.feed() for b in validate.make_batches(tokenizer, validate.calibration_sentences())]
     out: dict[GraphName, list[dict[str, np.ndarray]]] = {"encoder": feeds}
-    if "mlm_head" in fp32:
+    if "mlm_head" in fp32 or "sparse" in fp32:
         encoder = validate.session(fp32["encoder"], "CPUExecutionProvider")
-        out["mlm_head"] = [
-            {MLM_INPUT: encoder.run([LAST_HIDDEN_STATE], f)[0][f["attention_mask"].astype(bool)]}
-            for f in feeds
-        ]
+        states = [encoder.run([LAST_HIDDEN_STATE], f)[0] for f in feeds]
+        masks = [f["attention_mask"] for f in feeds]
+        if "mlm_head" in fp32:
+            out["mlm_head"] = [{MLM_INPUT: h[m.astype(bool)]} for h, m in zip(states, masks, strict=True)]
+        if "sparse" in fp32:
+            out["sparse"] = [
+                dict(zip(SPARSE_INPUTS, hm, strict=True)) for hm in zip(states, masks, strict=True)
+            ]
     return out
+
+
+def _sparse(
+    src: Path, options: ExportOptions, has_mlm: bool
+) -> tuple[Sparse | None, sentence.SparseConfig | None]:
+    """What the sparse graph computes, from a SparseEncoder folder's SpladePooling or ``--sparse``; None
+    for none.
+
+    Raises:
+        source.ExportError: ``--sparse`` on a model without a masked-LM head, or against the folder's own
+            pooling.
+    """
+    folder = sentence.read_sparse(src)
+    if folder is not None and options.sparse is not None and options.sparse != folder.sparse.pooling:
+        raise source.ExportError(
+            f"--sparse {options.sparse} contradicts {src}'s SpladePooling ({folder.sparse.pooling}): leave "
+            "the flag out to serve the folder as it was trained"
+        )
+    chosen = (
+        folder.sparse if folder is not None else Sparse(pooling=options.sparse) if options.sparse else None
+    )
+    if chosen is not None and not has_mlm:
+        raise source.ExportError(
+            f"{src} has no masked-LM head (its checkpoint is not *ForMaskedLM or *ForPreTraining): sparse "
+            "vectors need one"
+        )
+    return chosen, folder
 
 
 def _export_into(
@@ -249,10 +289,15 @@ def _export_into(
         max_length = min(max_length, st.max_seq_length)
     head = heads.head(loaded.head_architecture, cfg)
     modes = graphs.graph_modes(st.pooling if st is not None else None)
+    sparse, sparse_folder = _sparse(src.folder, options, loaded.mlm_head is not None)
+    if sparse_folder is not None and sparse_folder.max_seq_length is not None:
+        max_length = min(max_length, sparse_folder.max_seq_length)
 
     with clock.step("save tokenizer"):
         tokenizer = source.load_tokenizer(src.folder, max_length)
-        if st is not None and st.do_lower_case:
+        if (st is not None and st.do_lower_case) or (
+            sparse_folder is not None and sparse_folder.do_lower_case
+        ):
             sentence.lowercase(tokenizer)
         saved = tokenizer.save_pretrained(tmp)
         token_files = {Path(p).name: sha256_file(Path(p)) for p in saved if Path(p).is_file()}
@@ -262,7 +307,7 @@ def _export_into(
 
     scratch = tmp / "scratch"
     scratch.mkdir()
-    names: dict[GraphName, str] = {"encoder": "encoder.{}.onnx", "mlm_head": "mlm_head.{}.onnx"}
+    names: dict[GraphName, str] = {g: f"{g}.{{}}.onnx" for g in GRAPH_NAMES}
     fp32: dict[GraphName, Path] = {"encoder": scratch / "encoder.fp32.onnx"}
     with clock.step("export encoder fp32", lambda: _mb(fp32["encoder"])):
         graphs.export_encoder(loaded, fp32["encoder"], options.opset, modes=modes)
@@ -270,17 +315,23 @@ def _export_into(
         fp32["mlm_head"] = scratch / "mlm_head.fp32.onnx"
         with clock.step("export mlm_head fp32", lambda: _mb(fp32["mlm_head"])):
             graphs.export_mlm_head(loaded, fp32["mlm_head"], options.opset)
+    if sparse is not None:
+        fp32["sparse"] = scratch / "sparse.fp32.onnx"
+        with clock.step("export sparse fp32", lambda: _mb(fp32["sparse"])):
+            graphs.export_sparse(loaded, fp32["sparse"], options.opset, sparse)
     io: dict[GraphName, tuple[list[TensorSpec], list[TensorSpec]]] = {
         "encoder": (graphs.encoder_inputs(), graphs.encoder_outputs(loaded, modes=modes))
     }
     if loaded.mlm_head is not None:
         io["mlm_head"] = (graphs.mlm_inputs(loaded), graphs.mlm_outputs(loaded))
+    if sparse is not None:
+        io["sparse"] = (graphs.sparse_inputs(loaded), graphs.sparse_outputs(loaded))
 
     sentences = validate.validation_sentences()
     batches = validate.make_batches(tokenizer, sentences)
     calibration = _calibration_feeds(tokenizer, fp32) if "int8" in options.variants else {}
     with clock.step("PyTorch reference"):
-        reference = validate.reference(loaded, batches)
+        reference = validate.reference(loaded, batches, sparse)
     # From here on only ONNX Runtime sessions are held: one model in memory at a time.
     has_pooler, has_mlm, weights = loaded.has_pooler, loaded.mlm_head is not None, loaded.weights
     checks = validate.Checks(
@@ -318,10 +369,13 @@ def _export_into(
         with clock.step(f"validate {variant}"):
             encoder = validate.session(tmp / files["encoder"][variant].file, provider)
             mlm = validate.session(tmp / files["mlm_head"][variant].file, provider) if has_mlm else None
+            splade = validate.session(tmp / files["sparse"][variant].file, provider) if sparse else None
             used = encoder.get_providers()[0]
-            raw = validate.measure_sessions(cfg.num_hidden_layers, checks, batches, reference, encoder, mlm)
+            raw = validate.measure_sessions(
+                cfg.num_hidden_layers, checks, batches, reference, encoder, mlm, splade
+            )
             result = validate.judge(variant, used, len(sentences), raw, weights, thresholds)
-            del encoder, mlm
+            del encoder, mlm, splade
         # The per-output minima (cosine_min/mean_3) go to the manifest; the log line keeps to the totals.
         totals = {k: v for k, v in raw.items() if validate.PER_OUTPUT not in k}
         clock.log(f"[export]   {variant} on {used}: " + ", ".join(f"{k}={v:.6g}" for k, v in totals.items()))
@@ -387,6 +441,7 @@ def _export_into(
             ),
         },
         created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        sparse=sparse,
     )
     manifest.dump(tmp)
     return manifest

@@ -22,13 +22,16 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from app.model.manifest import Defaults, DenseLayer, sha256_file
+from app.model.manifest import Defaults, DenseLayer, Sparse, sha256_file
 from export.source import ExportError
 
 MODULES = "modules.json"
 # The module types served, by the last part of their "type" ("sentence_transformers.models.Pooling", or
 # "sentence_transformers.sentence_transformer.modules.pooling.Pooling" in newer folders).
 SERVED = ("Transformer", "Pooling", "Dense", "Normalize")
+# A SparseEncoder folder's modules (read_sparse): MLMTransformer → SpladePooling, or an inference-free
+# SPLADE's, which are refused.
+SPARSE_MODULES = ("MLMTransformer", "SpladePooling", "SparseStaticEmbedding", "SparseAutoEncoder")
 # sentence-transformers' pooling modes → ours (app/engine/pooling.py).
 POOLING_MODES = {
     "cls": "cls",
@@ -108,6 +111,8 @@ def read(folder: Path) -> SentenceConfig | None:
     if not isinstance(entries, list) or not entries:
         raise ExportError(f"{path} lists no modules")
     types = [_type(e) for e in entries]
+    if any(t in SPARSE_MODULES for t in types):
+        return None  # a SparseEncoder folder: read_sparse's
     for entry, kind in zip(entries, types, strict=True):
         if kind not in SERVED:
             raise ExportError(
@@ -127,13 +132,7 @@ def read(folder: Path) -> SentenceConfig | None:
 
     bert = folder / "sentence_bert_config.json"
     settings = _json(bert) if bert.is_file() else {}
-    max_seq = settings.get("max_seq_length")
-    if max_seq is None:
-        # sentence-transformers 5 keeps it as the tokenizer's model_max_length (and do_lower_case as a
-        # Lowercase normalizer in tokenizer.json itself).
-        tokenizer_config = folder / "tokenizer_config.json"
-        limit = _json(tokenizer_config).get("model_max_length") if tokenizer_config.is_file() else None
-        max_seq = limit if isinstance(limit, int) and limit < 1_000_000 else None
+    max_seq = _max_seq_length(folder, settings)
     pooling_entry = entries[types.index("Pooling")]
     mode, include_prompt = _pooling(folder / str(pooling_entry.get("path", "")))
     dense = tuple(
@@ -154,12 +153,82 @@ def read(folder: Path) -> SentenceConfig | None:
         pooling=mode,
         include_prompt=include_prompt,
         normalize="Normalize" in types,
-        max_seq_length=int(max_seq) if isinstance(max_seq, int) else None,
+        max_seq_length=max_seq,
         do_lower_case=bool(settings.get("do_lower_case", False)),
         prompts=prompts,
         default_prompt_name=default_prompt,
         dense=dense,
         modules=tuple(types),
+    )
+
+
+def _max_seq_length(folder: Path, settings: dict[str, Any]) -> int | None:
+    """``max_seq_length`` of ``sentence_bert_config.json`` (``settings``), or as sentence-transformers 5
+    keeps it, the tokenizer's ``model_max_length`` (and do_lower_case as a Lowercase normalizer in
+    tokenizer.json itself)."""
+    max_seq = settings.get("max_seq_length")
+    if max_seq is None:
+        tokenizer_config = folder / "tokenizer_config.json"
+        limit = _json(tokenizer_config).get("model_max_length") if tokenizer_config.is_file() else None
+        max_seq = limit if isinstance(limit, int) and limit < 1_000_000 else None
+    return int(max_seq) if isinstance(max_seq, int) else None
+
+
+@dataclass(frozen=True)
+class SparseConfig:
+    """What a sentence-transformers ``SparseEncoder`` folder (MLMTransformer → SpladePooling) says."""
+
+    sparse: Sparse
+    max_seq_length: int | None
+    do_lower_case: bool
+
+
+def read_sparse(folder: Path) -> SparseConfig | None:
+    """The SPLADE settings of the ``SparseEncoder`` folder ``folder``: its SpladePooling's strategy and
+    activation, its max_seq_length; None when ``folder`` is not one (no ``modules.json``, or one without
+    sparse modules).
+
+    Raises:
+        ExportError: a sparse folder this service cannot serve, named with the reason (an inference-free
+            SPLADE's SparseStaticEmbedding or Router, a module after the pooling, a malformed config).
+    """
+    path = folder / MODULES
+    if not path.is_file():
+        return None
+    entries = _load(path)
+    if not isinstance(entries, list) or not entries:
+        raise ExportError(f"{path} lists no modules")
+    types = [_type(e) for e in entries]
+    if not any(t in SPARSE_MODULES for t in types):
+        return None
+    if "SparseStaticEmbedding" in types or "Router" in types:
+        raise ExportError(
+            f"{path}: modules {' → '.join(types)} are an inference-free (asymmetric) SPLADE, whose query side "
+            "is a SparseStaticEmbedding lookup and not the BERT: it cannot be served; served is "
+            "MLMTransformer → SpladePooling"
+        )
+    bert = folder / "sentence_bert_config.json"
+    settings = _json(bert) if bert.is_file() else {}
+    # sentence-transformers 5.4+ writes a Transformer with transformer_task "fill-mask"; earlier, MLMTransformer.
+    masked_lm = types[0] == "MLMTransformer" or (
+        types[0] == "Transformer" and settings.get("transformer_task") == "fill-mask"
+    )
+    if not masked_lm or types[1:] != ["SpladePooling"] or entries[0].get("path", "") != "":
+        raise ExportError(
+            f"{path}: modules {' → '.join(types)} cannot be served; served is a masked-LM Transformer "
+            "(MLMTransformer, or Transformer with transformer_task fill-mask; the folder itself) → SpladePooling"
+        )
+    raw = _json(folder / str(entries[1].get("path", "")) / "config.json")
+    pooling, activation = raw.get("pooling_strategy", "max"), raw.get("activation_function", "relu")
+    if pooling not in ("max", "sum") or activation not in ("relu", "log1p_relu"):
+        raise ExportError(
+            f"{folder}: SpladePooling {pooling!r} / {activation!r} cannot be served; served are the "
+            "pooling strategies max and sum and the activations relu and log1p_relu"
+        )
+    return SparseConfig(
+        sparse=Sparse(pooling=pooling, activation=activation),
+        max_seq_length=_max_seq_length(folder, settings),
+        do_lower_case=bool(settings.get("do_lower_case", False)),
     )
 
 

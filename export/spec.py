@@ -92,16 +92,19 @@ THRESHOLDS: dict[Variant, tuple[Threshold, ...]] = {
         # A sentence-transformers model's own vector (pooling + Dense) and a fine-tuned head's scores.
         Threshold("sentence_cosine_min", ">=", 0.99999),
         Threshold("head_score_max_abs_diff", "<=", 1e-4),
+        Threshold("sparse_cosine_min", ">=", 0.99999),
     ),
     "fp16": (
         Threshold("cosine_min", ">=", 0.999),
         Threshold("sentence_cosine_min", ">=", 0.999),
         Threshold("head_score_max_abs_diff", "<=", 1e-2),
+        Threshold("sparse_cosine_min", ">=", 0.999),
     ),
     "int8": (
         Threshold("cosine_min", ">=", 0.99, on_random=False),
         Threshold("sentence_cosine_min", ">=", 0.99, on_random=False),
         Threshold("head_score_max_abs_diff", "<=", 0.1, on_random=False),
+        Threshold("sparse_cosine_min", ">=", 0.99, on_random=False),
     ),
 }
 

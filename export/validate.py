@@ -11,7 +11,7 @@ masked-LM top-1 / top-5 agreement.
 from __future__ import annotations
 
 import importlib.resources
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +27,11 @@ from app.model.manifest import (
     LAST_HIDDEN_STATE,
     MLM_INPUT,
     POOLER_OUTPUT,
+    SPARSE_INPUTS,
+    SPARSE_OUTPUT,
     Metric,
     PooledMode,
+    Sparse,
     Validation,
     Variant,
     layer_output_name,
@@ -43,6 +46,9 @@ MASK_SHARE = 0.15
 # A metric of one output is named "{metric}/{output}" (``cosine_min/mean_3``) and judged by the threshold
 # of "{metric}".
 PER_OUTPUT = "/"
+# Sparse weights below this are left out of the relative and index comparisons: log1p(relu(z)) of a logit
+# z within float32's rounding of 0 (a weight of 1e-6 may be 0 in one graph and 2e-6 in the other).
+SPARSE_FLOOR = 1e-3
 
 
 class ValidationFailedError(ExportError):
@@ -89,6 +95,7 @@ class Reference:
     pooler: list[np.ndarray | None]
     mlm_logits: list[np.ndarray | None]  # [masked positions, vocab]
     head_logits: list[np.ndarray | None]  # a fine-tuned head's logits: [b, labels] or [b, s, labels]
+    sparse: list[np.ndarray] = field(default_factory=list)  # SPLADE's vectors [b, vocab], with --sparse
 
 
 @dataclass(frozen=True)
@@ -124,9 +131,19 @@ def make_batches(tokenizer: PreTrainedTokenizerFast, sentences: list[str]) -> li
     return batches
 
 
+def torch_splade(logits: torch.Tensor, mask: torch.Tensor, sparse: Sparse) -> torch.Tensor:
+    """SPLADE as sentence-transformers' SpladePooling computes it, in its order of operations: the
+    reference the sparse graph (which pools first, export/graphs.py) is held to."""
+    x = torch.log1p(torch.relu(logits * mask.unsqueeze(-1).to(logits.dtype)))
+    if sparse.activation == "log1p_relu":
+        x = torch.log1p(x)
+    return x.amax(dim=1) if sparse.pooling == "max" else x.sum(dim=1)
+
+
 @torch.no_grad()
-def reference(loaded: LoadedModel, batches: list[Batch]) -> Reference:
+def reference(loaded: LoadedModel, batches: list[Batch], sparse: Sparse | None = None) -> Reference:
     layers: list[list[np.ndarray]] = []
+    splade: list[np.ndarray] = []
     pooler: list[np.ndarray | None] = []
     logits: list[np.ndarray | None] = []
     heads: list[np.ndarray | None] = []
@@ -143,10 +160,13 @@ def reference(loaded: LoadedModel, batches: list[Batch]) -> Reference:
         if loaded.mlm_head is None:
             logits.append(None)
             continue
+        if sparse is not None:
+            mask = torch.from_numpy(b.attention_mask)
+            splade.append(torch_splade(loaded.mlm_head(out.last_hidden_state), mask, sparse).numpy())
         masked_out = loaded.bert(**{k: torch.from_numpy(v) for k, v in b.feed(masked=True).items()})
         hidden = masked_out.last_hidden_state[torch.from_numpy(b.masked)]
         logits.append(loaded.mlm_head(hidden).numpy())
-    return Reference(layers, pooler, logits, heads)
+    return Reference(layers, pooler, logits, heads, splade)
 
 
 def _pooled(
@@ -176,6 +196,7 @@ def measure_sessions(
     ref: Reference,
     encoder: ort.InferenceSession,
     head: ort.InferenceSession | None,
+    splade: ort.InferenceSession | None = None,
 ) -> dict[str, float]:
     """The raw metrics of one variant's sessions against the reference."""
     layers = [layer_output_name(i, num_layers) for i in range(1, num_layers + 1)]
@@ -193,6 +214,7 @@ def measure_sessions(
     max_abs = head_abs = 0.0
     top1: list[np.ndarray] = []
     top5: list[float] = []
+    sparse_pairs: list[tuple[np.ndarray, np.ndarray]] = []
     for i, b in enumerate(batches):
         got = dict(zip(names, encoder.run(names, b.feed()), strict=True))
         real = b.attention_mask.astype(bool)
@@ -223,6 +245,9 @@ def measure_sessions(
             a, t = _topk(logits, 5), _topk(ref_logits, 5)
             top1.append(a[:, 0] == t[:, 0])
             top5.extend(len(set(x) & set(y)) / 5 for x, y in zip(a.tolist(), t.tolist(), strict=True))
+        if splade is not None and ref.sparse:
+            feed = dict(zip(SPARSE_INPUTS, (got[LAST_HIDDEN_STATE], b.attention_mask), strict=True))
+            sparse_pairs.append((splade.run([SPARSE_OUTPUT], feed)[0], ref.sparse[i]))
     per_output = {name: np.concatenate(c) for name, c in cosines.items()}
     all_cos = np.concatenate(list(per_output.values()))
     metrics = {
@@ -237,10 +262,35 @@ def measure_sessions(
     if top1:
         metrics["mlm_top1"] = float(np.concatenate(top1).mean())
         metrics["mlm_top5"] = float(np.mean(top5))
+    if sparse_pairs:
+        metrics.update(sparse_metrics(*(np.concatenate(x) for x in zip(*sparse_pairs, strict=True))))
     metrics.update(
         {f"cosine_min{PER_OUTPUT}{name}": float(per_output[name].min()) for name in pooled.values()}
     )
     return metrics
+
+
+def sparse_metrics(got: np.ndarray, want: np.ndarray) -> dict[str, float]:
+    """The sparse graph's vectors ``got`` against PyTorch's ``want`` [sentences, vocab]: the least cosine;
+    the largest difference relative to the weight, over weights of at least ``SPARSE_FLOOR`` (smaller ones
+    sit at float32's rounding of a logit near 0); the share of sentences whose weights of at least that
+    floor are on the same indices; the least overlap of the 64 largest weights' indices."""
+    norms = np.linalg.norm(got, axis=-1) * np.linalg.norm(want, axis=-1)
+    both_zero = ~got.any(axis=-1) & ~want.any(axis=-1)  # two empty vectors agree; one empty one does not
+    cos = np.where(both_zero, 1.0, (got * want).sum(-1) / np.where(norms > 0, norms, np.inf))
+    big = want >= SPARSE_FLOOR
+    rel = np.abs(got - want)[big] / want[big]
+    same = [np.array_equal(g >= SPARSE_FLOOR, w) for g, w in zip(got, big, strict=True)]
+    k = min(64, want.shape[1])
+    overlap = [
+        len(set(x) & set(y)) / k for x, y in zip(_topk(got, k).tolist(), _topk(want, k).tolist(), strict=True)
+    ]
+    return {
+        "sparse_cosine_min": float(cos.min()),
+        "sparse_max_rel_diff": float(rel.max(initial=0.0)),
+        "sparse_same_indices": float(np.mean(same)),
+        "sparse_top64_overlap_min": float(min(overlap)),
+    }
 
 
 def judge(

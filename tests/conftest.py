@@ -72,6 +72,17 @@ def tiny_model_dir(tiny_source_dir: Path, tmp_path_factory: pytest.TempPathFacto
     return out
 
 
+@pytest.fixture(scope="session")
+def tiny_sparse_dir(tiny_source_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny BERT exported with its SPLADE graph (``--sparse max``), fp32 and int8."""
+    from export.pipeline import ExportOptions, run_export
+
+    out = tmp_path_factory.mktemp("tiny-sparse") / "model"
+    options = ExportOptions(out=out, model=str(tiny_source_dir), variants=("fp32", "int8"), sparse="max")
+    run_export(options, log=lambda _line: None)
+    return out
+
+
 # A tiny BERT whose config.json says it was trained for shorter vectors, as a Matryoshka checkpoint's does
 # (vLLM reads the same key): requests may ask for these widths of its 64.
 MATRYOSHKA_DIMENSIONS = [64, 32, 16]

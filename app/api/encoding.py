@@ -26,6 +26,8 @@ def encode_vectors(
     - ``base64``: per vector, its little-endian float32 bytes base64-encoded.
     - ``int8``: per vector ``{"values": [int in -127..127], "scale": float}``; the vector is
       ``values × scale`` (symmetric per-vector quantisation, scale = max |x| / 127; 1.0 for a zero vector).
+    - ``ubinary`` / ``binary``: per vector its signs packed one bit a component (:func:`binary_vectors`),
+      ``ceil(width / 8)`` numbers: 0..255, or the same bytes less 128 as -128..127.
     """
     if not isinstance(vectors, np.ndarray):
         if not len(vectors):
@@ -43,6 +45,8 @@ def encode_vectors(
             binascii.b2a_base64(raw[i : i + step], newline=False).decode("ascii")
             for i in range(0, len(m) * step, step)
         ]
+    if encoding in ("binary", "ubinary"):
+        return binary_vectors(m, signed=encoding == "binary")
     values, scales = int8_vectors(m)
     return [{"values": row, "scale": scale} for row, scale in zip(values, scales.tolist(), strict=True)]
 
@@ -56,6 +60,15 @@ def int8_vectors(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     scales = np.where(peaks > 0, peaks / 127, 1.0)
     values = np.clip(np.rint(vectors / scales.astype(np.float32)[:, None]), -127, 127).astype(np.int8)
     return values, scales
+
+
+def binary_vectors(vectors: np.ndarray, signed: bool) -> np.ndarray:
+    """float32 ``vectors`` [n, width] as one bit a component, 1 where it is above 0, packed big-end first
+    into ``ceil(width / 8)`` bytes a vector (the last padded with 0 bits): uint8 [n, bytes], or with
+    ``signed`` int8 (each byte less 128). The bytes of sentence-transformers' ``quantize_embeddings``
+    with ``precision="ubinary"`` / ``"binary"``, which a Hamming-distance index (faiss, usearch) reads."""
+    packed = np.packbits(vectors > 0, axis=-1)
+    return (packed ^ np.uint8(0x80)).view(np.int8) if signed else packed
 
 
 def encode_rows(rows: np.ndarray, encoding: FloatEncoding) -> np.ndarray | list[Any]:

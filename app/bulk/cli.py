@@ -58,9 +58,10 @@ def parser() -> argparse.ArgumentParser:
     io.add_argument("--id-field", default=None, help="the field holding each row's id; default FILE:LINE")
     io.add_argument(
         "--encoding",
-        choices=["float", "int8"],
+        choices=["float", "int8", "ubinary", "binary"],
         default="float",
-        help="float: float32 vectors; int8: int8 values and a per-row scale, as POST /embed's int8",
+        help="float: float32 vectors; int8: int8 values and a per-row scale; ubinary / binary: the signs "
+        "packed 8 a byte (uint8 / int8); each as POST /embed's encoding of that name",
     )
     io.add_argument(
         "--shard-rows",

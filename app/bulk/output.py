@@ -3,7 +3,8 @@
 ::
 
     DIR/part-00000.parquet …  id (string), embedding (fixed-size list of float32 [width]; with
-                              --encoding int8 of int8, plus scale (float64): vector ≈ embedding × scale),
+                              --encoding int8 of int8, plus scale (float64): vector ≈ embedding × scale;
+                              with ubinary / binary of uint8 / int8 [ceil(width / 8)], the packed signs),
                               tokens (int32); rows in input order, shard k holding input rows
                               [k × shard_rows, (k + 1) × shard_rows) less the bad ones
     DIR/_manifest.json        what made them (model digest as in the cache keys, variant, options,
@@ -33,7 +34,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from app.api.encoding import int8_vectors
+from app.api.encoding import binary_vectors, int8_vectors
 
 MANIFEST = "_manifest.json"
 ERRORS = "_errors.jsonl"
@@ -50,34 +51,39 @@ def shard_name(index: int) -> str:
     return f"part-{index:05d}.parquet"
 
 
+def embedding_type(width: int, encoding: str) -> pa.DataType:
+    """The embedding column of vectors ``width`` wide: ``width`` float32 or int8 a row, or for the
+    bit-packed encodings ``ceil(width / 8)`` uint8 (ubinary) or int8 (binary)."""
+    if encoding in ("binary", "ubinary"):
+        return pa.list_(pa.int8() if encoding == "binary" else pa.uint8(), -(-width // 8))
+    return pa.list_(pa.int8() if encoding == "int8" else pa.float32(), width)
+
+
 def schema(width: int, encoding: str) -> pa.Schema:
     """The shards' columns (the same from the single-machine job and from Ray)."""
+    columns = [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("embedding", embedding_type(width, encoding), nullable=False),
+    ]
     if encoding == "int8":
-        columns = [
-            pa.field("id", pa.string(), nullable=False),
-            pa.field("embedding", pa.list_(pa.int8(), width), nullable=False),
-            pa.field("scale", pa.float64(), nullable=False),
-        ]
-    else:
-        columns = [
-            pa.field("id", pa.string(), nullable=False),
-            pa.field("embedding", pa.list_(pa.float32(), width), nullable=False),
-        ]
+        columns.append(pa.field("scale", pa.float64(), nullable=False))
     return pa.schema([*columns, pa.field("tokens", pa.int32(), nullable=False)])
 
 
 def table(ids: list[str], vectors: np.ndarray, tokens: np.ndarray, encoding: str) -> pa.Table:
     """Rows of the shard schema from ``ids``, float32 ``vectors`` [n, width] and ``tokens`` [n]; with
-    ``encoding`` int8, the vectors as the API's int8 encoding gives them (values and a scale)."""
+    ``encoding`` int8, ubinary or binary, the vectors as the API's encoding of that name gives them (int8:
+    values and a scale)."""
     width = vectors.shape[1]
     columns: dict[str, pa.Array] = {"id": pa.array(ids, pa.string())}
     if encoding == "int8":
         values, scales = int8_vectors(vectors)
-        columns["embedding"] = pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), width)
         columns["scale"] = pa.array(scales, pa.float64())
+    elif encoding in ("binary", "ubinary"):
+        values = binary_vectors(vectors, signed=encoding == "binary")
     else:
-        flat = np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1)
-        columns["embedding"] = pa.FixedSizeListArray.from_arrays(pa.array(flat), width)
+        values = np.ascontiguousarray(vectors, dtype=np.float32)
+    columns["embedding"] = pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), values.shape[1])
     columns["tokens"] = pa.array(tokens.astype(np.int32, copy=False))
     return pa.Table.from_pydict(columns, schema=schema(width, encoding))
 

@@ -141,7 +141,8 @@ class Inference:
             job.fail(error)
 
     def run_batch(self, items: list[Seq]) -> FinishedBatch:
-        """Pad ``items`` into one batch, run the encoder (and the masked-LM head on masked positions)."""
+        """Pad ``items`` into one batch, run the encoder (and the masked-LM head on masked positions, the
+        sparse graph on the sequences that want SPLADE vectors)."""
         lengths = np.fromiter((item.length for item in items), np.int64, len(items))
         longest = int(lengths.max())
         attention_mask = (np.arange(longest)[None, :] < lengths[:, None]).astype(np.int64)
@@ -159,6 +160,7 @@ class Inference:
         last = self._names[self.model.num_layers]
         mask_rows: dict[int, slice] = {}
         positions: list[tuple[int, int]] = []
+        sparse_rows: list[int] = []
         seen: set[int] = set()  # needs already planned: a batch has few distinct ones
         for row, item in enumerate(items):
             need = item.need
@@ -166,6 +168,9 @@ class Inference:
                 wanted[last] = None
                 mask_rows[row] = slice(len(positions), len(positions) + len(need.mask_positions))
                 positions.extend((row, p) for p in need.mask_positions)
+            if need.sparse:
+                wanted[last] = None
+                sparse_rows.append(row)
             if id(need) in seen:
                 continue
             seen.add(id(need))
@@ -190,6 +195,12 @@ class Inference:
         if positions:
             rows, cols = zip(*positions, strict=True)
             logits = self.model.mask_logits(outputs[last][list(rows), list(cols)])
+        sparse = None
+        if sparse_rows:  # the rows that asked, cut to their own longest
+            width = int(lengths[sparse_rows].max())
+            sparse = self.model.sparse_vectors(
+                outputs[last][sparse_rows, :width], attention_mask[sparse_rows, :width]
+            )
         finished, cpu = time.perf_counter(), time.thread_time() - cpu
 
         self.stats.batches += 1
@@ -201,6 +212,8 @@ class Inference:
             outputs=outputs,
             mask_rows=mask_rows,
             mask_logits=logits,
+            sparse={row: k for k, row in enumerate(sparse_rows)},
+            sparse_vectors=sparse,
             output_names=self._names,
             pooled_names=self.pooled_names,
             started_at=started,

@@ -2,8 +2,8 @@
 
 On the inference thread, right after the batch ran (:mod:`app.engine.inference` says why): the pooled
 vectors each item asked for (the graph's own pooled outputs, or pooled here with :mod:`app.engine.pooling`
-when the graph has none), the unpadded token rows of items that want every token (/embed_all), and
-masked-LM probabilities. What is done per request with the results (layer
+when the graph has none), the unpadded token rows of items that want every token (/embed_all),
+masked-LM probabilities, and SPLADE vectors (/embed_sparse). What is done per request with the results (layer
 combination, window averages, normalisation) is in :mod:`app.tasks.layers`; wire encodings in the API layer.
 """
 
@@ -45,6 +45,9 @@ class FinishedBatch:
     # sequence index → rows of mask_logits that belong to it
     mask_rows: dict[int, slice]
     mask_logits: np.ndarray | None
+    # sequence index → its row of sparse_vectors (the SPLADE vectors [k, vocab] of the rows that asked)
+    sparse: dict[int, int]
+    sparse_vectors: np.ndarray | None
     output_names: dict[int, str]  # 1-based layer → encoder output name
     started_at: float
     finished_at: float
@@ -111,6 +114,10 @@ def split_batch(batch: FinishedBatch) -> list[tuple[Job, int]]:
                     job.token_states = [None] * job.count
                 for row, slot in zip(rows, slots, strict=True):
                     job.token_states[slot] = logits[row, None, : batch.sequences[row].length]
+        if need.sparse:
+            if batch.sparse_vectors is None:
+                raise InternalError("a sequence asked for a sparse vector but the batch ran no sparse graph")
+            _store_vectors(job, slots, batch.sparse_vectors[[batch.sparse[row] for row in rows]][:, None, :])
         if need.tokens:
             if not job.token_states:
                 job.token_states = [None] * job.count

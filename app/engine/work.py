@@ -37,6 +37,7 @@ class Need:
     ``tokens`` means it wants the full rows of its real tokens in each of ``layers`` (/embed_all).
     ``mask_positions`` are token positions to run the masked-LM head on.
     ``head``: it wants the fine-tuned head's logits (per sequence, or per real token for a tagger).
+    ``sparse``: it wants its SPLADE vector [vocab] (the sparse graph on its last hidden state).
     """
 
     layers: tuple[int, ...] = ()
@@ -45,6 +46,7 @@ class Need:
     mask_positions: tuple[int, ...] = ()
     pool_from: int = 0
     head: bool = False
+    sparse: bool = False
 
 
 @dataclass(frozen=True)
@@ -67,8 +69,8 @@ class Job:
     Results (filled by post-processing on the inference thread, read by the request once the future is
     done):
 
-    - ``vectors``: [sequences, len(layers), hidden] pooled vectors (pooler: one "layer"), or a sequence
-      head's logits [sequences, 1, labels];
+    - ``vectors``: [sequences, len(layers), hidden] pooled vectors (pooler: one "layer"), a sequence
+      head's logits [sequences, 1, labels], or SPLADE vectors [sequences, 1, vocab];
     - ``token_states``: per sequence [len(layers), length, hidden], every real token's state (/embed_all),
       or a tagger's logits [1, length, labels];
     - ``mask_probs``: per sequence one [vocab] probability row per mask position (fill-mask);

@@ -39,7 +39,13 @@ KIND_NAMES: dict[str, str] = {
     "tagger": "a token classifier (BertForTokenClassification)",
 }
 VARIANTS: tuple[Variant, ...] = ("fp32", "fp16", "int8")
-GraphName = Literal["encoder", "mlm_head"]
+GraphName = Literal["encoder", "mlm_head", "sparse"]
+GRAPH_NAMES: tuple[GraphName, ...] = ("encoder", "mlm_head", "sparse")
+# SPLADE: how the sparse graph pools log(1 + relu(MLM logits)) over a sequence's real tokens, and the
+# activation before (``log1p_relu``: log1p once more, as OpenSearch's models do); sentence-transformers'
+# SpladePooling vocabulary.
+SparsePoolingStrategy = Literal["max", "sum"]
+SparseActivation = Literal["relu", "log1p_relu"]
 
 # Names of the encoder graph's tensors. Layer i (1-based) is `hidden_state_{i}`, except the last layer,
 # which is `last_hidden_state` (one tensor cannot be two graph outputs).
@@ -48,6 +54,10 @@ LAST_HIDDEN_STATE = "last_hidden_state"
 POOLER_OUTPUT = "pooler_output"
 MLM_INPUT = "hidden"
 MLM_OUTPUT = "logits"
+# The sparse graph reads the encoder's last hidden state and the attention mask; it returns per sequence
+# one weight per vocabulary entry, [batch, vocab] (the [batch, seq, vocab] logits stay inside it).
+SPARSE_INPUTS = (LAST_HIDDEN_STATE, "attention_mask")
+SPARSE_OUTPUT = "sparse"
 # A fine-tuned head's logits, an encoder output: [batch, labels] (classifier, reranker) or
 # [batch, sequence, labels] (tagger).
 HEAD_OUTPUT = "head_logits"
@@ -203,6 +213,13 @@ class Validation(_Frozen):
     passed: bool
 
 
+class Sparse(_Frozen):
+    """What the sparse graph computes: SPLADE's ``pooling`` over tokens of ``activation`` then log1p."""
+
+    pooling: SparsePoolingStrategy = "max"
+    activation: SparseActivation = "relu"
+
+
 class Manifest(_Frozen):
     schema_version: int = SCHEMA_VERSION
     source: Source
@@ -222,6 +239,9 @@ class Manifest(_Frozen):
     options: dict[str, str | int | bool | list[str]]
     created_at: str
     extra_files: dict[str, str] = Field(default_factory=dict, description="Dense weights: file -> sha256")
+    sparse: Sparse | None = Field(
+        default=None, description="The sparse (SPLADE) graph's pooling, if exported."
+    )
 
     @property
     def variants(self) -> list[Variant]:

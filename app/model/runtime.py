@@ -18,10 +18,13 @@ from onnxruntime.capi.onnxruntime_pybind11_state import InvalidProtobuf as OrtIn
 
 from app.model import allocator
 from app.model.manifest import (
+    GRAPH_NAMES,
     HEAD_OUTPUT,
     MLM_INPUT,
     MLM_OUTPUT,
     POOLER_OUTPUT,
+    SPARSE_INPUTS,
+    SPARSE_OUTPUT,
     VNNI,
     GraphFile,
     Manifest,
@@ -162,6 +165,12 @@ class OnnxModel:
         head = manifest.graphs.get("mlm_head", {}).get(choice.variant)
         if manifest.config.has_mlm_head and head is not None:
             self._mlm = ort.InferenceSession(str(folder / head.file), options, providers=choice.providers)
+        self._sparse: ort.InferenceSession | None = None
+        sparse = manifest.graphs.get("sparse", {}).get(choice.variant)
+        if manifest.sparse is not None and sparse is not None:
+            self._sparse = ort.InferenceSession(
+                str(folder / sparse.file), options, providers=choice.providers
+            )
         return_freed_memory()
 
     @property
@@ -179,6 +188,11 @@ class OnnxModel:
     @property
     def has_mlm_head(self) -> bool:
         return self._mlm is not None
+
+    @property
+    def has_sparse(self) -> bool:
+        """Whether the export has the SPLADE graph (``python -m export --sparse``, or a SparseEncoder folder)."""
+        return self._sparse is not None
 
     @property
     def has_head(self) -> bool:
@@ -217,6 +231,14 @@ class OnnxModel:
         (logits,) = self._mlm.run([MLM_OUTPUT], {MLM_INPUT: hidden.astype(np.float32, copy=False)})
         return np.asarray(logits)
 
+    def sparse_vectors(self, hidden: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        """SPLADE vectors [k, vocab] of sequences' last hidden states [k, seq, hidden] and mask [k, seq]."""
+        if self._sparse is None:
+            raise RuntimeError("sparse_vectors called on a model without the sparse graph")
+        feed = dict(zip(SPARSE_INPUTS, (hidden.astype(np.float32, copy=False), attention_mask), strict=True))
+        (vectors,) = self._sparse.run([SPARSE_OUTPUT], feed)
+        return np.asarray(vectors)
+
 
 def return_freed_memory() -> None:
     """Give the freed heap back to the OS (glibc keeps it otherwise); the export stage calls it too.
@@ -246,7 +268,7 @@ def check_model(settings: Settings) -> tuple[Path, Manifest, Choice]:
     manifest = load_manifest(folder)
     choice = choose(manifest, settings.variant, settings.provider_list, ort.get_available_providers())
     files = manifest.files()
-    for graph in ("encoder", "mlm_head"):
+    for graph in GRAPH_NAMES:
         entry = manifest.graphs.get(graph, {}).get(choice.variant)
         if entry is not None:
             files[entry.file] = entry.sha256

@@ -4,6 +4,7 @@
 - :mod:`app.tasks.fill_mask`: ``/fill-mask``;
 - :mod:`app.tasks.heads`: ``/predict``, ``/rerank``, ``/token-classification``;
 - :mod:`app.tasks.tokens`: ``/tokenize`` and token vectors (``/embed_all``);
+- :mod:`app.tasks.sparse`: sparse (SPLADE) vectors (``/embed_sparse``);
 - :mod:`app.tasks.service`: the core with its tasks, and the warm-up; :mod:`app.tasks.info`: ``/info``.
 
 Every task prepares its inputs in one stage (:mod:`app.tasks.prepare`: the checks of each input, its

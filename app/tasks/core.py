@@ -72,11 +72,12 @@ class Core:
         self.defaults: EmbedOptions = model_defaults(m.defaults)
 
     def routes(self) -> list[str]:
-        """The data routes this model serves (the embedding routes, fill-mask with an MLM head, and its
-        head's routes)."""
+        """The data routes this model serves (the embedding routes, fill-mask with an MLM head, sparse
+        vectors with the sparse graph, and its head's routes)."""
         return [
             *EMBEDDING_ROUTES,
             *(("/fill-mask",) if self.model.has_mlm_head else ()),
+            *(("/embed_sparse",) if self.model.has_sparse else ()),
             *HEAD_ROUTES[self.kind],
         ]
 

@@ -86,6 +86,8 @@ def describe(service: Service) -> dict[str, Any]:
         "hidden_size": m.config.hidden_size,
         "has_pooler": service.model.has_pooler,
         "has_mlm_head": service.model.has_mlm_head,
+        # SPLADE's pooling and activation where the export has the sparse graph (/embed_sparse); else None.
+        "sparse": m.sparse.model_dump() if service.model.has_sparse and m.sparse is not None else None,
         "max_input_length": m.tokenizer.max_length,
         "max_input_chars": s.max_input_chars,
         "max_inputs_per_request": s.max_inputs_per_request,

@@ -25,9 +25,11 @@ LayerCombine = Literal["concat", "mean", "weighted", "difference"]
 LongText = Literal["error", "truncate", "chunk"]
 # Which end truncation keeps: "right" keeps the start of the text.
 Direction = Literal["right", "left"]
-# How a vector is written on the wire; token vectors (/embed_all) and OpenAI's API know the first two.
-Encoding = Literal["float", "base64", "int8"]
+# How a vector is written on the wire (app/api/encoding.py); token vectors (/embed_all) know the first two,
+# OpenAI's ``encoding_format`` the first two and the bit-packed pair.
+Encoding = Literal["float", "base64", "int8", "binary", "ubinary"]
 FloatEncoding = Literal["float", "base64"]
+OpenAIEncoding = Literal["float", "base64", "binary", "ubinary"]
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,10 @@
 
 ``Service`` is the :class:`~app.tasks.core.Core` (the model, engine, cache, metrics, readiness and the
 shared steps) with a room per task: ``embeddings`` (``/embed``, ``/``, ``/v1/embeddings``,
-``/similarity``), ``fill_mask``, ``heads`` (``/predict``, ``/rerank``, ``/token-classification``) and
-``tokens`` (``/tokenize``, ``/embed_all``). It knows nothing of HTTP or gRPC: the tasks
-raise the typed errors of :mod:`app.errors` and return arrays and plain data with their timings; wire
-encodings and header names belong to :mod:`app.api`.
+``/similarity``), ``fill_mask``, ``heads`` (``/predict``, ``/rerank``, ``/token-classification``),
+``tokens`` (``/tokenize``, ``/embed_all``) and ``sparse`` (``/embed_sparse``). It knows nothing of HTTP
+or gRPC: the tasks raise the typed errors of :mod:`app.errors` and return arrays and plain data with
+their timings; wire encodings and header names belong to :mod:`app.api`.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from app.tasks.fill_mask import FillMask
 from app.tasks.heads import Heads
 from app.tasks.options import listed
 from app.tasks.prepare import TOO_LONG_EMBED
+from app.tasks.sparse import SparseEmbeddings
 from app.tasks.tokens import Tokens
 from app.telemetry.metrics import Metrics
 from app.telemetry.timings import Timings
@@ -52,6 +53,7 @@ class Service(Core):
         self.fill_mask = FillMask(self)
         self.heads = Heads(self)
         self.tokens = Tokens(self)
+        self.sparse = SparseEmbeddings(self)
 
     async def warmup(self) -> None:
         """Embed and fill a few inputs of typical shapes so the first real request pays no set-up (the app
@@ -67,3 +69,5 @@ class Service(Core):
             info = self.model.manifest.tokenizer
             ids = np.array([info.cls_id, info.mask_id, info.sep_id], dtype=np.int64)
             await self.run([ids], [Need(mask_positions=(1,))])
+            if self.model.has_sparse:
+                await self.run([ids], [Need(sparse=True)])

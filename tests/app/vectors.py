@@ -29,3 +29,19 @@ def assert_same_vectors(got: ArrayLike, want: ArrayLike, err_msg: str = "") -> N
         f"{err_msg} {int((off > BATCHING_TOLERANCE).sum())} of {off.size} components differ by up to "
         f"{worst:.2e} of their vector's length (tolerance {BATCHING_TOLERANCE:.0e})"
     )
+
+
+def assert_same_bits(packed: ArrayLike, floats: ArrayLike, signed: bool) -> None:
+    """``packed`` (a ubinary or, with ``signed``, binary answer: bytes as numbers) holds the signs of
+    ``floats`` (the float answer, batched apart): every bit is 1 where the component is above 0, except
+    where the component is within :data:`BATCHING_TOLERANCE` of 0, where batching may flip its sign."""
+    b = np.asarray(floats, np.float32)
+    raw = np.asarray(packed, np.int16) + (128 if signed else 0)
+    assert raw.min(initial=0) >= 0 and raw.max(initial=0) <= 255, "bytes out of range"
+    bits = np.unpackbits(raw.astype(np.uint8), axis=-1)[..., : b.shape[-1]]
+    assert bits.shape == b.shape, f"{bits.shape} bits for vectors of {b.shape}"
+    length = np.linalg.norm(b, axis=-1, keepdims=True)
+    sure = np.abs(b) > BATCHING_TOLERANCE * length
+    assert np.array_equal(bits[sure], (b > 0)[sure]), (
+        f"{int((bits[sure] != (b > 0)[sure]).sum())} bits differ"
+    )

@@ -8,7 +8,7 @@ from pydantic import BaseModel, Discriminator, Field, Tag
 
 from app.api.schemas.common import StrictRequest, Text
 from app.api.schemas.embeddings import DIMENSIONS
-from app.tasks.options import FloatEncoding
+from app.tasks.options import OpenAIEncoding
 
 
 def _openai_form(value: Any) -> str | None:
@@ -47,8 +47,10 @@ class OpenAIEmbeddingRequest(StrictRequest):
         default=None,
         description="Accepted for compatibility (any name); answers carry the served model name.",
     )
-    encoding_format: FloatEncoding = Field(
-        default="float", description="float: numbers; base64: little-endian float32 bytes."
+    encoding_format: OpenAIEncoding = Field(
+        default="float",
+        description="float: numbers; base64: little-endian float32 bytes; ubinary / binary: the signs, one "
+        "bit a component, packed into bytes as numbers 0..255 / -128..127 (as /embed's encoding).",
     )
     user: str | None = Field(default=None, description="Accepted for compatibility and ignored.")
     dimensions: int | None = Field(default=None, description=DIMENSIONS)
@@ -69,7 +71,7 @@ class OpenAIModelList(BaseModel):
 class OpenAIEmbedding(BaseModel):
     object: Literal["embedding"] = "embedding"
     index: int
-    embedding: list[float] | str
+    embedding: list[float] | str = Field(description="Numbers (float, binary, ubinary) or a base64 string.")
 
 
 class OpenAIUsage(BaseModel):

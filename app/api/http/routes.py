@@ -18,6 +18,8 @@ from app.api.schemas.embeddings import (
     EmbedAllResponse,
     EmbedRequest,
     EmbedResponse,
+    EmbedSparseRequest,
+    EmbedSparseResponse,
     RootRequest,
     SimilarityInputs,
     SimilarityRequest,
@@ -37,6 +39,7 @@ from app.model.tokenizer import TextInput
 from app.tasks.info import describe
 from app.tasks.options import FloatEncoding
 from app.tasks.service import Service, Timings, TokenVectors
+from app.tasks.sparse import SparseVector
 from app.telemetry.metrics import CONTENT_TYPE, Metrics
 
 router = APIRouter()
@@ -161,6 +164,25 @@ async def root(body: RootRequest, request: Request, service: ServiceDep) -> Resp
         request, service.embeddings.embed(body.inputs, body.options(service.defaults))
     )
     return json_response(encode_vectors(answer.value, body.encoding), answer.timings)
+
+
+def sparse_payload(vectors: list[SparseVector]) -> list[list[dict[str, float]]]:
+    """TEI's /embed_sparse answer: per input its non-zero weights as ``{"index", "value"}``, by index."""
+    return [
+        [{"index": i, "value": v} for i, v in zip(x.indices.tolist(), x.values.tolist(), strict=True)]
+        for x in vectors
+    ]
+
+
+@router.post(
+    "/embed_sparse", response_model=EmbedSparseResponse, responses=openapi_responses(EmptyInput, Unsupported)
+)
+async def embed_sparse(body: EmbedSparseRequest, request: Request, service: ServiceDep) -> Response:
+    """Per input its sparse (SPLADE) vector: a weight per vocabulary entry, the zero ones left out."""
+    answer = await unless_disconnected(
+        request, service.sparse.embed_sparse(body.inputs, body.long_text(), body.direction(), body.top_k)
+    )
+    return json_response(sparse_payload(answer.value), answer.timings)
 
 
 @router.post("/embed_all", response_model=EmbedAllResponse, responses=openapi_responses(EmptyInput))

@@ -8,13 +8,14 @@ from typing import Any
 import grpc
 import numpy as np
 
-from app.api.encoding import encode_vectors
+from app.api.encoding import binary_vectors, encode_vectors
 from app.api.rpc import wire
 from app.api.rpc.calls import Calls, streaming, unary, validated
 from app.api.rpc.proto import zhembed_pb2 as pb
 from app.api.rpc.proto import zhembed_pb2_grpc as rpc
 from app.api.schemas.embeddings import EmbedRequest, SimilarityRequest
 from app.api.schemas.fill_mask import FillMaskRequest
+from app.errors import ValidationFailed
 from app.tasks.service import Service
 from app.telemetry.timings import Timings
 
@@ -42,7 +43,19 @@ def timings(t: Timings) -> pb.Timings:
     )
 
 
+# zhembed.v1.Encoding's values, each as the HTTP routes name it.
+ENCODINGS = {
+    pb.ENCODING_FLOAT: "float",
+    pb.ENCODING_INT8: "int8",
+    pb.ENCODING_UBINARY: "ubinary",
+    pb.ENCODING_BINARY: "binary",
+}
+
+
 def vectors(matrix: np.ndarray, encoding: int) -> list[pb.Vector]:
+    if encoding in (pb.ENCODING_UBINARY, pb.ENCODING_BINARY):
+        packed = binary_vectors(np.asarray(matrix, dtype=np.float32), signed=encoding == pb.ENCODING_BINARY)
+        return [pb.Vector(packed=row.tobytes()) for row in packed]
     if encoding == pb.ENCODING_INT8:
         encoded: list[Any] = list(encode_vectors(matrix, "int8"))
         return [
@@ -61,6 +74,11 @@ class Zhembed(rpc.ZhembedServicer):
         fields = {"inputs": list(request.inputs), **options(request.options)}
         fields.update({n: getattr(request, n) for n in ("normalize", "dimensions") if request.HasField(n)})
         body = validated(EmbedRequest, fields)
+        if request.encoding not in ENCODINGS:  # before the work: a number this server does not know
+            known = ", ".join(f"{n} ({name})" for n, name in ENCODINGS.items())
+            raise ValidationFailed(
+                f"encoding {request.encoding} is not one of zhembed.v1.Encoding's: {known}"
+            )
         answer = await service.embeddings.embed(body.inputs, body.options(service.defaults))
         return pb.EmbedResponse(
             vectors=vectors(np.asarray(answer.value), request.encoding), timings=timings(answer.timings)

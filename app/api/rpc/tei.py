@@ -22,9 +22,9 @@ from app.api.rpc import wire
 from app.api.rpc.calls import Calls, streaming, unary, validated
 from app.api.rpc.proto import tei_pb2 as pb
 from app.api.rpc.proto import tei_pb2_grpc as rpc
-from app.api.schemas.embeddings import EmbedAllRequest, EmbedRequest
+from app.api.schemas.embeddings import EmbedAllRequest, EmbedRequest, EmbedSparseRequest
 from app.api.schemas.heads import PredictRequest, RerankRequest
-from app.errors import EmptyInput, Unsupported, ValidationFailed
+from app.errors import EmptyInput, ValidationFailed
 from app.tasks.options import prompt_text
 from app.tasks.service import Service
 from app.telemetry.timings import Timings
@@ -132,9 +132,27 @@ class Embed(rpc.EmbedServicer):
     EmbedAllStream = streaming("/tei.v1.Embed/EmbedAllStream", _embed_all)
 
     @staticmethod
-    async def _sparse(service: Service, request: Any) -> pb.EmbedSparseResponse:
-        raise Unsupported(
-            "sparse embeddings need a SPLADE model; this model is a dense BERT encoder: use Embed"
+    async def _sparse(service: Service, request: pb.EmbedSparseRequest) -> pb.EmbedSparseResponse:
+        if request.HasField("prompt_name"):
+            raise ValidationFailed(
+                "prompt_name is not supported on EmbedSparse: send the text with its prompt"
+            )
+        body = validated(
+            EmbedSparseRequest,
+            {
+                "inputs": request.inputs,
+                "truncate": request.truncate,
+                "truncation_direction": _direction(request.truncation_direction),
+            },
+        )
+        answer = await service.sparse.embed_sparse(body.inputs, body.long_text(), body.direction())
+        (vector,) = answer.value
+        values = [
+            pb.SparseValue(index=i, value=v)
+            for i, v in zip(vector.indices.tolist(), vector.values.tolist(), strict=True)
+        ]
+        return pb.EmbedSparseResponse(
+            sparse_embeddings=values, metadata=metadata(answer.timings, len(request.inputs))
         )
 
     EmbedSparse = unary("/tei.v1.Embed/EmbedSparse", _sparse)

@@ -122,7 +122,9 @@ class EmbedFields(PoolingFields):
     encoding: Encoding = Field(
         default="float",
         description="float: numbers; base64: little-endian float32 bytes; int8: {values, scale} with "
-        "vector = values × scale (of the vector cut to dimensions, when asked).",
+        "vector = values × scale; ubinary: the signs, one bit a component, packed into bytes 0..255 "
+        "(ceil(width / 8) a vector); binary: the same bytes less 128 (-128..127). Of the vector cut to "
+        "dimensions, when asked. binary and ubinary are sentence-transformers' quantize_embeddings bytes.",
     )
 
     def _normalize(self, default: bool) -> bool:
@@ -222,3 +224,42 @@ class RootRequest(EmbedFields):
             custom_error_message="must be a string, a list of strings, or {source_sentence, sentences}",
         ),
     ]
+
+
+class EmbedSparseRequest(StrictRequest):
+    """TEI's /embed_sparse: its fields, and ``top_k``."""
+
+    inputs: Inputs
+    truncate: bool = Field(default=False, description="TEI: truncate inputs over the model's length.")
+    truncation_direction: Literal["right", "left", "Right", "Left"] = Field(
+        default="right", description="Which end truncation keeps: right keeps the start."
+    )
+    top_k: int | None = Field(
+        default=None,
+        description="Keep each vector's k largest weights (in index order still); default every non-zero one.",
+    )
+    prompt_name: str | None = Field(
+        default=None,
+        description="TEI's field; not taken here (refused when sent): send the text with its prompt.",
+    )
+
+    @model_validator(mode="after")
+    def _no_prompt(self) -> Self:
+        if self.prompt_name is not None:
+            raise ValueError("prompt_name is not supported on /embed_sparse: send the text with its prompt")
+        return self
+
+    def long_text(self) -> LongText:
+        return "truncate" if self.truncate else "error"
+
+    def direction(self) -> Direction:
+        return "left" if self.truncation_direction.lower() == "left" else "right"
+
+
+class SparseValue(BaseModel):
+    index: int = Field(description="The vocabulary entry (token id).")
+    value: float = Field(description="Its weight, > 0: log(1 + relu(logit)), pooled over the input's tokens.")
+
+
+# Per input, its non-zero weights in index order (TEI's shape).
+EmbedSparseResponse = list[list[SparseValue]]

@@ -1,14 +1,16 @@
-"""Wire encodings: float, base64 and int8, for a request's vectors, one vector, and token rows."""
+"""Wire encodings: float, base64, int8 and the bit-packed ubinary / binary, for a request's vectors, one
+vector, and token rows."""
 
 from __future__ import annotations
 
 import base64
+from typing import Literal
 
 import numpy as np
 import orjson
 import pytest
 
-from app.api.encoding import encode_rows, encode_vectors
+from app.api.encoding import binary_vectors, encode_rows, encode_vectors
 from app.tasks.options import Encoding
 
 
@@ -101,6 +103,33 @@ def test_int8_scales_and_values_equal_the_per_vector_ones() -> None:
 def test_no_vectors_encode_to_an_empty_list() -> None:
     assert orjson.dumps(encode_vectors([], "float"), option=orjson.OPT_SERIALIZE_NUMPY) == b"[]"
     empty = np.zeros((0, 4), np.float32)
-    encodings: tuple[Encoding, ...] = ("float", "base64", "int8")
+    encodings: tuple[Encoding, ...] = ("float", "base64", "int8", "binary", "ubinary")
     for encoding in encodings:
         assert orjson.dumps(encode_vectors(empty, encoding), option=orjson.OPT_SERIALIZE_NUMPY) == b"[]"
+
+
+@pytest.mark.parametrize("width", [768, 384, 13, 1])
+def test_binary_and_ubinary_are_the_bytes_of_quantize_embeddings(width: int) -> None:
+    from sentence_transformers import quantize_embeddings
+
+    vectors = random_vectors(9, width)
+    vectors[1, : width // 2] = 0.0  # exact zeros are 0 bits, as "> 0" makes them
+    pairs: tuple[tuple[Literal["binary", "ubinary"], type[np.generic]], ...] = (
+        ("binary", np.int8),
+        ("ubinary", np.uint8),
+    )
+    for precision, dtype in pairs:
+        want = quantize_embeddings(vectors, precision=precision)
+        got = binary_vectors(vectors, signed=precision == "binary")
+        assert got.dtype == want.dtype == dtype and got.shape == (9, -(-width // 8))
+        assert got.tobytes() == want.tobytes()
+        wire = orjson.dumps(encode_vectors(vectors, precision), option=orjson.OPT_SERIALIZE_NUMPY)
+        assert orjson.loads(wire) == want.tolist()
+
+
+def test_ubinary_bits_are_the_signs_big_end_first() -> None:
+    v = np.array([[1.0, -1.0, 0.5, 0.0, -2.0, 3.0, 1e-30, -1e-30, 7.0]], np.float32)
+    (ubinary,) = binary_vectors(v, signed=False).tolist()
+    assert ubinary == [0b10100110, 0b10000000]  # the ninth bit starts a second byte, padded with 0s
+    (binary,) = binary_vectors(v, signed=True).tolist()
+    assert binary == [0b10100110 - 128, 0b10000000 - 128]

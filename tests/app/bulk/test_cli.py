@@ -14,6 +14,7 @@ import pytest
 
 from app.bulk.cli import EXIT_CANNOT_RUN, EXIT_OK, EXIT_SKIPPED
 from tests.app.bulk.conftest import TEXTS, manifest, run_bulk, shards, write_jsonl
+from tests.app.vectors import assert_same_bits
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -106,6 +107,17 @@ def test_int8_output_is_what_post_embed_sends_for_int8(
     wire = client.post("/embed", json={"inputs": TEXTS, "encoding": "int8"}).json()
     assert np.abs(values.astype(int) - np.array([w["values"] for w in wire])).max() <= 1  # a float's last bit
     assert np.allclose(table.column("scale").to_pylist(), [w["scale"] for w in wire], rtol=1e-5)
+
+
+def test_binary_output_is_what_post_embed_sends_for_binary(
+    client: httpx.Client, tiny_model_dir: Path, corpus: Path, tmp_path: Path
+) -> None:
+    assert run_bulk(tiny_model_dir, corpus, tmp_path / "out", "--encoding", "binary") == EXIT_OK
+    table = shards(tmp_path / "out")
+    values = np.asarray(table.column("embedding").combine_chunks().flatten()).reshape(len(TEXTS), -1)
+    assert values.dtype == np.int8 and values.shape[1] == 64 // 8
+    floats = client.post("/embed", json={"inputs": TEXTS}).json()
+    assert_same_bits(values, floats, signed=True)
 
 
 def test_the_zhembed_command_runs_each_stage_importing_only_it() -> None:

@@ -4,14 +4,14 @@ back with pyarrow and pandas; int8 is the API's int8; another job's folder is to
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from app.api.encoding import encode_vectors
+from app.api.encoding import binary_vectors, encode_vectors
 from app.bulk.output import ERRORS, MANIFEST, OutputDir, ShardWriter, mismatch, schema, table
 
 
@@ -80,6 +80,29 @@ def test_int8_columns_are_the_apis_int8_encoding() -> None:
     assert values.dtype == np.int8
     assert np.array_equal(values, np.stack([w["values"] for w in wire]))
     assert got.column("scale").to_pylist() == [w["scale"] for w in wire]
+
+
+def test_binary_columns_are_the_packed_signs_and_read_back_as_bytes(tmp_path: Path) -> None:
+    from sentence_transformers import quantize_embeddings
+
+    vectors = np.random.default_rng(1).standard_normal((6, 20)).astype(np.float32)  # 20 bits: 3 bytes
+    pairs: tuple[tuple[Literal["binary", "ubinary"], type[np.generic]], ...] = (
+        ("ubinary", np.uint8),
+        ("binary", np.int8),
+    )
+    for encoding, item in pairs:
+        got = table([str(i) for i in range(6)], vectors, np.arange(6), encoding)
+        assert got.schema == schema(20, encoding) and got.column_names == ["id", "embedding", "tokens"]
+        values = np.asarray(got.column("embedding").combine_chunks().flatten()).reshape(6, 3)
+        assert values.dtype == item
+        assert values.tobytes() == quantize_embeddings(vectors, precision=encoding).tobytes()
+        assert values.tobytes() == binary_vectors(vectors, signed=encoding == "binary").tobytes()
+        (tmp_path / encoding).mkdir()
+        writer = ShardWriter(tmp_path / encoding, 0, width=20, encoding=encoding)
+        writer.add([str(i) for i in range(6)], vectors, np.arange(6))
+        writer.commit()
+        back = pd.read_parquet(tmp_path / encoding)
+        assert np.array_equal(np.stack(back["embedding"].to_list()), values)
 
 
 def test_a_different_job_is_told_apart_by_its_first_difference() -> None:

@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x61pp/api/rpc/proto/zhembed.proto\x12\nzhembed.v1\"\x91\x02\n\x0c\x45mbedOptions\x12\x14\n\x07pooling\x18\x01 \x01(\tH\x00\x88\x01\x01\x12\x0e\n\x06layers\x18\x02 \x03(\x05\x12\x1a\n\rlayer_combine\x18\x03 \x01(\tH\x01\x88\x01\x01\x12\x15\n\rlayer_weights\x18\x04 \x03(\x02\x12\x16\n\tlong_text\x18\x05 \x01(\tH\x02\x88\x01\x01\x12!\n\x14truncation_direction\x18\x06 \x01(\tH\x03\x88\x01\x01\x12\x18\n\x0bprompt_name\x18\x07 \x01(\tH\x04\x88\x01\x01\x42\n\n\x08_poolingB\x10\n\x0e_layer_combineB\x0c\n\n_long_textB\x17\n\x15_truncation_directionB\x0e\n\x0c_prompt_name\"\\\n\x07Timings\x12\x10\n\x08queue_ms\x18\x01 \x01(\x01\x12\x17\n\x0ftokenization_ms\x18\x02 \x01(\x01\x12\x14\n\x0cinference_ms\x18\x03 \x01(\x01\x12\x10\n\x08total_ms\x18\x04 \x01(\x01\"\xbf\x01\n\x0c\x45mbedRequest\x12\x0e\n\x06inputs\x18\x01 \x03(\t\x12)\n\x07options\x18\x02 \x01(\x0b\x32\x18.zhembed.v1.EmbedOptions\x12\x16\n\tnormalize\x18\x03 \x01(\x08H\x00\x88\x01\x01\x12&\n\x08\x65ncoding\x18\x04 \x01(\x0e\x32\x14.zhembed.v1.Encoding\x12\x17\n\ndimensions\x18\x05 \x01(\rH\x01\x88\x01\x01\x42\x0c\n\n_normalizeB\r\n\x0b_dimensions\"5\n\x06Vector\x12\x0e\n\x06values\x18\x01 \x03(\x02\x12\x0c\n\x04int8\x18\x02 \x01(\x0c\x12\r\n\x05scale\x18\x03 \x01(\x02\"Z\n\rEmbedResponse\x12#\n\x07vectors\x18\x01 \x03(\x0b\x32\x12.zhembed.v1.Vector\x12$\n\x07timings\x18\x02 \x01(\x0b\x32\x13.zhembed.v1.Timings\"\x1c\n\x04Pair\x12\t\n\x01\x61\x18\x01 \x01(\t\x12\t\n\x01\x62\x18\x02 \x01(\t\"\x8b\x01\n\x11SimilarityRequest\x12\x17\n\x0fsource_sentence\x18\x01 \x01(\t\x12\x11\n\tsentences\x18\x02 \x03(\t\x12\x1f\n\x05pairs\x18\x03 \x03(\x0b\x32\x10.zhembed.v1.Pair\x12)\n\x07options\x18\x04 \x01(\x0b\x32\x18.zhembed.v1.EmbedOptions\"J\n\x12SimilarityResponse\x12\x0e\n\x06scores\x18\x01 \x03(\x02\x12$\n\x07timings\x18\x02 \x01(\x0b\x32\x13.zhembed.v1.Timings\"A\n\x0f\x46illMaskRequest\x12\x0e\n\x06inputs\x18\x01 \x03(\t\x12\r\n\x05top_k\x18\x02 \x01(\r\x12\x0f\n\x07targets\x18\x03 \x03(\t\"N\n\tCandidate\x12\r\n\x05score\x18\x01 \x01(\x02\x12\r\n\x05token\x18\x02 \x01(\x05\x12\x11\n\ttoken_str\x18\x03 \x01(\t\x12\x10\n\x08sequence\x18\x04 \x01(\t\"1\n\x04Mask\x12)\n\ncandidates\x18\x01 \x03(\x0b\x32\x15.zhembed.v1.Candidate\"-\n\nMaskAnswer\x12\x1f\n\x05masks\x18\x01 \x03(\x0b\x32\x10.zhembed.v1.Mask\"a\n\x10\x46illMaskResponse\x12\'\n\x07\x61nswers\x18\x01 \x03(\x0b\x32\x16.zhembed.v1.MaskAnswer\x12$\n\x07timings\x18\x02 \x01(\x0b\x32\x13.zhembed.v1.Timings*1\n\x08\x45ncoding\x12\x12\n\x0e\x45NCODING_FLOAT\x10\x00\x12\x11\n\rENCODING_INT8\x10\x01\x32\xa3\x02\n\x07Zhembed\x12<\n\x05\x45mbed\x12\x18.zhembed.v1.EmbedRequest\x1a\x19.zhembed.v1.EmbedResponse\x12\x46\n\x0b\x45mbedStream\x12\x18.zhembed.v1.EmbedRequest\x1a\x19.zhembed.v1.EmbedResponse(\x01\x30\x01\x12K\n\nSimilarity\x12\x1d.zhembed.v1.SimilarityRequest\x1a\x1e.zhembed.v1.SimilarityResponse\x12\x45\n\x08\x46illMask\x12\x1b.zhembed.v1.FillMaskRequest\x1a\x1c.zhembed.v1.FillMaskResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x61pp/api/rpc/proto/zhembed.proto\x12\nzhembed.v1\"\x91\x02\n\x0c\x45mbedOptions\x12\x14\n\x07pooling\x18\x01 \x01(\tH\x00\x88\x01\x01\x12\x0e\n\x06layers\x18\x02 \x03(\x05\x12\x1a\n\rlayer_combine\x18\x03 \x01(\tH\x01\x88\x01\x01\x12\x15\n\rlayer_weights\x18\x04 \x03(\x02\x12\x16\n\tlong_text\x18\x05 \x01(\tH\x02\x88\x01\x01\x12!\n\x14truncation_direction\x18\x06 \x01(\tH\x03\x88\x01\x01\x12\x18\n\x0bprompt_name\x18\x07 \x01(\tH\x04\x88\x01\x01\x42\n\n\x08_poolingB\x10\n\x0e_layer_combineB\x0c\n\n_long_textB\x17\n\x15_truncation_directionB\x0e\n\x0c_prompt_name\"\\\n\x07Timings\x12\x10\n\x08queue_ms\x18\x01 \x01(\x01\x12\x17\n\x0ftokenization_ms\x18\x02 \x01(\x01\x12\x14\n\x0cinference_ms\x18\x03 \x01(\x01\x12\x10\n\x08total_ms\x18\x04 \x01(\x01\"\xbf\x01\n\x0c\x45mbedRequest\x12\x0e\n\x06inputs\x18\x01 \x03(\t\x12)\n\x07options\x18\x02 \x01(\x0b\x32\x18.zhembed.v1.EmbedOptions\x12\x16\n\tnormalize\x18\x03 \x01(\x08H\x00\x88\x01\x01\x12&\n\x08\x65ncoding\x18\x04 \x01(\x0e\x32\x14.zhembed.v1.Encoding\x12\x17\n\ndimensions\x18\x05 \x01(\rH\x01\x88\x01\x01\x42\x0c\n\n_normalizeB\r\n\x0b_dimensions\"E\n\x06Vector\x12\x0e\n\x06values\x18\x01 \x03(\x02\x12\x0c\n\x04int8\x18\x02 \x01(\x0c\x12\r\n\x05scale\x18\x03 \x01(\x02\x12\x0e\n\x06packed\x18\x04 \x01(\x0c\"Z\n\rEmbedResponse\x12#\n\x07vectors\x18\x01 \x03(\x0b\x32\x12.zhembed.v1.Vector\x12$\n\x07timings\x18\x02 \x01(\x0b\x32\x13.zhembed.v1.Timings\"\x1c\n\x04Pair\x12\t\n\x01\x61\x18\x01 \x01(\t\x12\t\n\x01\x62\x18\x02 \x01(\t\"\x8b\x01\n\x11SimilarityRequest\x12\x17\n\x0fsource_sentence\x18\x01 \x01(\t\x12\x11\n\tsentences\x18\x02 \x03(\t\x12\x1f\n\x05pairs\x18\x03 \x03(\x0b\x32\x10.zhembed.v1.Pair\x12)\n\x07options\x18\x04 \x01(\x0b\x32\x18.zhembed.v1.EmbedOptions\"J\n\x12SimilarityResponse\x12\x0e\n\x06scores\x18\x01 \x03(\x02\x12$\n\x07timings\x18\x02 \x01(\x0b\x32\x13.zhembed.v1.Timings\"A\n\x0f\x46illMaskRequest\x12\x0e\n\x06inputs\x18\x01 \x03(\t\x12\r\n\x05top_k\x18\x02 \x01(\r\x12\x0f\n\x07targets\x18\x03 \x03(\t\"N\n\tCandidate\x12\r\n\x05score\x18\x01 \x01(\x02\x12\r\n\x05token\x18\x02 \x01(\x05\x12\x11\n\ttoken_str\x18\x03 \x01(\t\x12\x10\n\x08sequence\x18\x04 \x01(\t\"1\n\x04Mask\x12)\n\ncandidates\x18\x01 \x03(\x0b\x32\x15.zhembed.v1.Candidate\"-\n\nMaskAnswer\x12\x1f\n\x05masks\x18\x01 \x03(\x0b\x32\x10.zhembed.v1.Mask\"a\n\x10\x46illMaskResponse\x12\'\n\x07\x61nswers\x18\x01 \x03(\x0b\x32\x16.zhembed.v1.MaskAnswer\x12$\n\x07timings\x18\x02 \x01(\x0b\x32\x13.zhembed.v1.Timings*\\\n\x08\x45ncoding\x12\x12\n\x0e\x45NCODING_FLOAT\x10\x00\x12\x11\n\rENCODING_INT8\x10\x01\x12\x14\n\x10\x45NCODING_UBINARY\x10\x02\x12\x13\n\x0f\x45NCODING_BINARY\x10\x03\x32\xa3\x02\n\x07Zhembed\x12<\n\x05\x45mbed\x12\x18.zhembed.v1.EmbedRequest\x1a\x19.zhembed.v1.EmbedResponse\x12\x46\n\x0b\x45mbedStream\x12\x18.zhembed.v1.EmbedRequest\x1a\x19.zhembed.v1.EmbedResponse(\x01\x30\x01\x12K\n\nSimilarity\x12\x1d.zhembed.v1.SimilarityRequest\x1a\x1e.zhembed.v1.SimilarityResponse\x12\x45\n\x08\x46illMask\x12\x1b.zhembed.v1.FillMaskRequest\x1a\x1c.zhembed.v1.FillMaskResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'app.api.rpc.proto.zhembed_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ENCODING']._serialized_start=1350
-  _globals['_ENCODING']._serialized_end=1399
+  _globals['_ENCODING']._serialized_start=1366
+  _globals['_ENCODING']._serialized_end=1458
   _globals['_EMBEDOPTIONS']._serialized_start=48
   _globals['_EMBEDOPTIONS']._serialized_end=321
   _globals['_TIMINGS']._serialized_start=323
@@ -40,25 +40,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EMBEDREQUEST']._serialized_start=418
   _globals['_EMBEDREQUEST']._serialized_end=609
   _globals['_VECTOR']._serialized_start=611
-  _globals['_VECTOR']._serialized_end=664
-  _globals['_EMBEDRESPONSE']._serialized_start=666
-  _globals['_EMBEDRESPONSE']._serialized_end=756
-  _globals['_PAIR']._serialized_start=758
-  _globals['_PAIR']._serialized_end=786
-  _globals['_SIMILARITYREQUEST']._serialized_start=789
-  _globals['_SIMILARITYREQUEST']._serialized_end=928
-  _globals['_SIMILARITYRESPONSE']._serialized_start=930
-  _globals['_SIMILARITYRESPONSE']._serialized_end=1004
-  _globals['_FILLMASKREQUEST']._serialized_start=1006
-  _globals['_FILLMASKREQUEST']._serialized_end=1071
-  _globals['_CANDIDATE']._serialized_start=1073
-  _globals['_CANDIDATE']._serialized_end=1151
-  _globals['_MASK']._serialized_start=1153
-  _globals['_MASK']._serialized_end=1202
-  _globals['_MASKANSWER']._serialized_start=1204
-  _globals['_MASKANSWER']._serialized_end=1249
-  _globals['_FILLMASKRESPONSE']._serialized_start=1251
-  _globals['_FILLMASKRESPONSE']._serialized_end=1348
-  _globals['_ZHEMBED']._serialized_start=1402
-  _globals['_ZHEMBED']._serialized_end=1693
+  _globals['_VECTOR']._serialized_end=680
+  _globals['_EMBEDRESPONSE']._serialized_start=682
+  _globals['_EMBEDRESPONSE']._serialized_end=772
+  _globals['_PAIR']._serialized_start=774
+  _globals['_PAIR']._serialized_end=802
+  _globals['_SIMILARITYREQUEST']._serialized_start=805
+  _globals['_SIMILARITYREQUEST']._serialized_end=944
+  _globals['_SIMILARITYRESPONSE']._serialized_start=946
+  _globals['_SIMILARITYRESPONSE']._serialized_end=1020
+  _globals['_FILLMASKREQUEST']._serialized_start=1022
+  _globals['_FILLMASKREQUEST']._serialized_end=1087
+  _globals['_CANDIDATE']._serialized_start=1089
+  _globals['_CANDIDATE']._serialized_end=1167
+  _globals['_MASK']._serialized_start=1169
+  _globals['_MASK']._serialized_end=1218
+  _globals['_MASKANSWER']._serialized_start=1220
+  _globals['_MASKANSWER']._serialized_end=1265
+  _globals['_FILLMASKRESPONSE']._serialized_start=1267
+  _globals['_FILLMASKRESPONSE']._serialized_end=1364
+  _globals['_ZHEMBED']._serialized_start=1461
+  _globals['_ZHEMBED']._serialized_end=1752
 # @@protoc_insertion_point(module_scope)

@@ -11,8 +11,12 @@ class Encoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ENCODING_FLOAT: _ClassVar[Encoding]
     ENCODING_INT8: _ClassVar[Encoding]
+    ENCODING_UBINARY: _ClassVar[Encoding]
+    ENCODING_BINARY: _ClassVar[Encoding]
 ENCODING_FLOAT: Encoding
 ENCODING_INT8: Encoding
+ENCODING_UBINARY: Encoding
+ENCODING_BINARY: Encoding
 
 class EmbedOptions(_message.Message):
     __slots__ = ("pooling", "layers", "layer_combine", "layer_weights", "long_text", "truncation_direction", "prompt_name")
@@ -59,14 +63,16 @@ class EmbedRequest(_message.Message):
     def __init__(self, inputs: _Optional[_Iterable[str]] = ..., options: _Optional[_Union[EmbedOptions, _Mapping]] = ..., normalize: _Optional[bool] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., dimensions: _Optional[int] = ...) -> None: ...
 
 class Vector(_message.Message):
-    __slots__ = ("values", "int8", "scale")
+    __slots__ = ("values", "int8", "scale", "packed")
     VALUES_FIELD_NUMBER: _ClassVar[int]
     INT8_FIELD_NUMBER: _ClassVar[int]
     SCALE_FIELD_NUMBER: _ClassVar[int]
+    PACKED_FIELD_NUMBER: _ClassVar[int]
     values: _containers.RepeatedScalarFieldContainer[float]
     int8: bytes
     scale: float
-    def __init__(self, values: _Optional[_Iterable[float]] = ..., int8: _Optional[bytes] = ..., scale: _Optional[float] = ...) -> None: ...
+    packed: bytes
+    def __init__(self, values: _Optional[_Iterable[float]] = ..., int8: _Optional[bytes] = ..., scale: _Optional[float] = ..., packed: _Optional[bytes] = ...) -> None: ...
 
 class EmbedResponse(_message.Message):
     __slots__ = ("vectors", "timings")

@@ -38,6 +38,7 @@ def test_every_post_data_route_and_only_those_is_served_fast() -> None:
         "/",
         "/embed",
         "/embed_all",
+        "/embed_sparse",
         "/embeddings",
         "/fill-mask",
         "/predict",

@@ -13,7 +13,7 @@ import pytest
 
 from app.settings import Settings
 from tests.app.conftest import Running, serving
-from tests.app.vectors import assert_same_vectors
+from tests.app.vectors import assert_same_bits, assert_same_vectors
 
 TEXTS = ["你好", "今天天气很好，我们去公园散步吧。"]
 
@@ -46,6 +46,16 @@ def test_openai_client_gets_the_same_vectors_as_embed(
         else:
             vector = np.asarray(got.embedding, dtype=np.float32)
         assert_same_vectors(vector, expected)
+
+
+@pytest.mark.parametrize("encoding_format", ["binary", "ubinary"])
+def test_binary_encoding_formats_pack_the_signs_as_embed_does(
+    client: httpx.Client, encoding_format: str
+) -> None:
+    response = client.post("/v1/embeddings", json={"input": TEXTS, "encoding_format": encoding_format})
+    assert response.status_code == 200, response.text
+    packed = [d["embedding"] for d in response.json()["data"]]
+    assert_same_bits(packed, native(client, TEXTS), signed=encoding_format == "binary")
 
 
 def test_openai_client_default_and_single_string_on_the_alias(server: Running, client: httpx.Client) -> None:

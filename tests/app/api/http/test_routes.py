@@ -11,7 +11,7 @@ import pytest
 from fastapi import FastAPI
 
 from tests.app.conftest import Running, TorchReference, cosine
-from tests.app.vectors import assert_same_vectors
+from tests.app.vectors import assert_same_bits, assert_same_vectors
 
 TEXTS = ["你好", "今天天气很好，我们去公园散步吧。", "北京是中华人民共和国的首都，有三千多年的建城史。"]
 TIMING_HEADERS = ("x-queue-time", "x-tokenization-time", "x-inference-time", "x-total-time")
@@ -70,6 +70,18 @@ def test_embed_int8_decodes_close_to_the_float_vectors(client: httpx.Client) -> 
         decoded = values * encoded["scale"]
         assert np.abs(decoded - want).max() <= encoded["scale"] / 2 + 1e-6
         assert cosine(decoded, want) >= 0.999
+
+
+@pytest.mark.parametrize("encoding", ["binary", "ubinary"])
+def test_embed_binary_packs_the_signs_of_the_float_vectors(client: httpx.Client, encoding: str) -> None:
+    # 64 dimensions: 8 bytes; widths that are not a multiple of 8 are tested in tests/app/api/test_encoding.py
+    response = client.post("/embed", json={"inputs": TEXTS, "encoding": encoding})
+    assert response.status_code == 200, response.text
+    packed = response.json()
+    floats = embed(client, inputs=TEXTS)
+    assert [len(p) for p in packed] == [-(-len(f) // 8) for f in floats] == [8] * len(TEXTS)
+    assert all(isinstance(x, int) for p in packed for x in p)
+    assert_same_bits(packed, floats, signed=encoding == "binary")
 
 
 def test_embed_single_string_gives_one_vector_and_timing_headers(client: httpx.Client) -> None:
@@ -144,6 +156,7 @@ def test_similarity_pairs(client: httpx.Client, torch_ref: TorchReference) -> No
         {"pooling": "cls", "layers": [1, 3], "normalize": False},
         {"encoding": "base64"},
         {"encoding": "int8"},
+        {"encoding": "ubinary"},
     ],
 )
 def test_root_route_embeds_texts_as_embed_does(client: httpx.Client, options: dict[str, object]) -> None:
@@ -203,3 +216,13 @@ def test_fastapi_native_telemetry_is_off(server: Running) -> None:
         pytest.skip("this FastAPI has no native telemetry")
     config = server.app._telemetry
     assert (config["tracing"], config["metrics"], config["logs"]) == (False, False, False)
+
+
+def test_embed_sparse_on_a_model_without_the_sparse_graph_says_how_to_get_one(client: httpx.Client) -> None:
+    response = client.post("/embed_sparse", json={"inputs": TEXTS})
+    assert response.status_code == 400 and response.json()["error_type"] == "unsupported"
+    assert (
+        "has no sparse (SPLADE) output: export it with `python -m export --sparse max`"
+        in response.json()["error"]
+    )
+    assert "/embed_sparse" not in client.get("/info").json()["routes"]

@@ -32,7 +32,7 @@ from tests.app.api.rpc.grpc_process import (
     start_grpc_server,
     stop_grpc_server,
 )
-from tests.app.vectors import BATCHING_TOLERANCE, assert_same_vectors
+from tests.app.vectors import BATCHING_TOLERANCE, assert_same_bits, assert_same_vectors
 
 TEXTS = ["今天天气很好", "北京是中国的首都。", "你好", "这家餐厅的菜很好吃，服务也很周到。"]
 
@@ -170,6 +170,15 @@ def test_zhembed_v1_says_what_tei_cannot(server: Server, stubs: dict[str, Module
         # Batched apart, a component may round to the next int8 level: one level at most.
         assert np.abs(np.frombuffer(v.int8, dtype=np.int8).astype(int) - np.array(h["values"])).max() <= 1
         assert v.scale == pytest.approx(h["scale"], rel=BATCHING_TOLERANCE)
+    for encoding, signed in ((zpb.ENCODING_UBINARY, False), (zpb.ENCODING_BINARY, True)):
+        packed = ours.Embed(zpb.EmbedRequest(inputs=TEXTS[:2], encoding=encoding)).vectors
+        rows = [np.frombuffer(v.packed, dtype=np.int8 if signed else np.uint8) for v in packed]
+        assert all(len(v.values) == 0 and not v.int8 for v in packed)
+        assert_same_bits(np.stack(rows), f32(post(server, "/embed", {"inputs": TEXTS[:2]})), signed)
+    with pytest.raises(grpc.RpcError) as unknown:
+        ours.Embed(zpb.EmbedRequest(inputs=TEXTS[:1], encoding=9))
+    assert unknown.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "encoding 9 is not one of zhembed.v1.Encoding's: 0 (float)" in (unknown.value.details() or "")
     scores = ours.Similarity(zpb.SimilarityRequest(source_sentence=TEXTS[0], sentences=TEXTS[1:]))
     http_scores = post(
         server, "/similarity", {"inputs": {"source_sentence": TEXTS[0], "sentences": TEXTS[1:]}}

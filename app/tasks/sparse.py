@@ -1,0 +1,138 @@
+"""Sparse vectors (SPLADE, ``POST /embed_sparse``, TEI's ``EmbedSparse``): per input a weight for each
+vocabulary entry the model's masked-LM head finds in it, the zero weights left out.
+
+The export's sparse graph computes them (export/graphs.py): the engine runs it on the sequences' last
+hidden states in the same batch as the encoder, so a [batch, seq, vocab] tensor never leaves ONNX
+Runtime. The cache keeps each vector as its non-zero entries (int32 indices, float32 weights), a few
+hundred bytes rather than the vocabulary's 84 KB; ``top_k`` is applied after it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from app.cache import keys as cache_keys
+from app.engine.work import Need
+from app.errors import Unsupported, ValidationFailed
+from app.tasks.answers import Answer, timed, timings_of
+from app.tasks.core import Core
+from app.tasks.options import Direction, LongText, listed
+from app.tasks.prepare import from_encodings
+
+TOO_LONG_SPARSE = "send truncate: true to keep its start (truncation_direction left keeps its end)"
+
+
+@dataclass(frozen=True)
+class SparseVector:
+    """One input's sparse vector: its non-zero weights' vocabulary ``indices`` (ascending, int32) and
+    ``values`` (float32, > 0)."""
+
+    indices: np.ndarray
+    values: np.ndarray
+
+    def top(self, k: int | None) -> SparseVector:
+        """The ``k`` largest weights (ties: the lower index), still in index order; all with None."""
+        if k is None or k >= len(self.values):
+            return self
+        kept = np.sort(np.argsort(-self.values, kind="stable")[:k])
+        return SparseVector(self.indices[kept], self.values[kept])
+
+
+def pack(vector: np.ndarray) -> np.ndarray:
+    """A dense [vocab] vector as the cache keeps it: its non-zero indices (int32, as float32 bytes) then
+    their weights, one float32 array of twice their number."""
+    indices = np.flatnonzero(vector).astype(np.int32)
+    return np.concatenate([indices.view(np.float32), vector[indices].astype(np.float32)])
+
+
+def unpack(packed: np.ndarray) -> SparseVector:
+    """:func:`pack`'s array back as a :class:`SparseVector`."""
+    half = len(packed) // 2
+    return SparseVector(packed[:half].view(np.int32), packed[half:])
+
+
+def check_top_k(top_k: int | None) -> None:
+    """Raises ValidationFailed for a ``top_k`` under 1."""
+    if top_k is not None and top_k < 1:
+        raise ValidationFailed(
+            f"top_k must be at least 1 (or left out for every non-zero weight), not {top_k}"
+        )
+
+
+class SparseEmbeddings:
+    """The sparse-vector task over the shared :class:`~app.tasks.core.Core`."""
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+
+    def check(self) -> None:
+        """Raises NotReady while warming up, Unsupported for a model exported without the sparse graph."""
+        self.core.check_ready()
+        if not self.core.model.has_sparse:
+            raise Unsupported(
+                f"this model ({self.core.served_name}) has no sparse (SPLADE) output: export it with "
+                "`python -m export --sparse max` (a BERT with a masked-LM head), or serve a sentence-"
+                "transformers SparseEncoder folder"
+            )
+
+    @timed
+    async def embed_sparse(
+        self,
+        inputs: str | list[str],
+        long_text: LongText = "error",
+        direction: Direction = "right",
+        top_k: int | None = None,
+    ) -> Answer[list[SparseVector]]:
+        """Each input's sparse vector, in input order (``top_k``: only its largest weights).
+
+        Raises:
+            NotReady, Unsupported: see :meth:`check`.
+            EmptyInput, ValidationFailed: no inputs, an empty one, one over the model's length (without
+                ``long_text`` "truncate"), too many, a ``top_k`` under 1.
+        """
+        self.check()
+        check_top_k(top_k)
+        if long_text == "chunk":
+            raise ValidationFailed(
+                "sparse vectors are not averaged over windows: send truncate: true or shorten the text"
+            )
+        names = listed("inputs", inputs)
+        texts = self.core.texts(inputs, names)
+        rules = self.core.rules(TOO_LONG_SPARSE, long_text, direction)
+        sparse = self.core.model.manifest.sparse
+        options: dict[str, object] = dict.fromkeys(cache_keys.OPTION_FIELDS)
+        options.update(
+            pooling=f"splade-{sparse.pooling}-{sparse.activation}" if sparse else "splade",
+            long_text=long_text,
+            truncation_direction=direction,
+            input="text",
+            output="sparse",
+        )
+        prefix = cache_keys.space(self.core.model_digest, options)
+        first = {text: i for i, text in reversed(list(enumerate(texts)))}
+        jobs = []
+        tokenized_ms = 0.0
+
+        async def compute(todo: list[str]) -> list[np.ndarray]:
+            nonlocal tokenized_ms
+            encodings, took = await self.core.tokenize(todo, offsets=False)
+            tokenized_ms += took
+            prepared = from_encodings(encodings, rules, lambda i: names.item(first[todo[i]]))
+            prepared.refuse()
+            job = await self.core.run(prepared.ids, Need(sparse=True))
+            jobs.append(job)
+            assert job.vectors is not None
+            return [pack(v) for v in job.vectors[:, 0]]
+
+        with self.core.engine.admit(len(texts)):
+            if self.core.cache.enabled:
+                packed = await self.core.cache.vectors(prefix, texts, compute)
+            else:
+                distinct = list(first)
+                row = {text: k for k, text in enumerate(distinct)}
+                computed = await compute(distinct)
+                packed = [computed[row[t]] for t in texts]
+        vectors = [unpack(p).top(top_k) for p in packed]
+        return Answer(vectors, timings_of(jobs, tokenized_ms))

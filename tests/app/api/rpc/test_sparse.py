@@ -1,0 +1,132 @@
+"""Sparse (SPLADE) vectors through every way in: ``POST /embed_sparse`` against sentence-transformers'
+SparseEncoder, TEI's ``EmbedSparse`` and its stream (a client generated from the proto) against the HTTP
+route, ``top_k``, the cache, and the refusals; on ``python -m app`` serving the tiny BERT exported with
+``--sparse max``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+
+from export.validate import SPARSE_FLOOR
+from tests.app.api.rpc.grpc_process import Server, post, rpc_error, start_grpc_server, stop_grpc_server
+
+TEXTS = [
+    "你好",
+    "今天天气很好，我们去公园散步吧。",
+    "北京是中华人民共和国的首都，有三千多年的建城史。",
+    "这家餐厅的菜很好吃，服务也很周到，下次还会再来。",
+    "机器学习和自然语言处理",
+    "长城" * 20,
+]
+VOCAB = 21128
+
+
+@pytest.fixture(scope="module")
+def sparse_server(tiny_sparse_dir: Path) -> Iterator[Server]:
+    running = start_grpc_server(tiny_sparse_dir, ZHEMBED_CACHE_BYTES=str(8 << 20))
+    yield running
+    stop_grpc_server(running)
+
+
+def dense(answer: list[dict[str, float]]) -> np.ndarray:
+    """One input's TEI-shaped answer as a [vocab] vector (zeros where it lists nothing)."""
+    out = np.zeros(VOCAB, np.float32)
+    for entry in answer:
+        out[int(entry["index"])] = entry["value"]
+    return out
+
+
+def test_embed_sparse_equals_sentence_transformers_sparse_encoder(
+    sparse_server: Server, tiny_source_dir: Path
+) -> None:
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+
+    model = SparseEncoder(modules=[MLMTransformer(str(tiny_source_dir)), SpladePooling("max")], device="cpu")
+    want = model.encode(TEXTS, convert_to_sparse_tensor=False).numpy()
+    answer = post(sparse_server, "/embed_sparse", {"inputs": TEXTS})
+    assert len(answer) == len(TEXTS)
+    for entries, expected in zip(answer, want, strict=True):
+        indices = [e["index"] for e in entries]
+        assert indices == sorted(indices) and all(e["value"] > 0 for e in entries)  # zeros left out
+        got = dense(entries)
+        big = expected >= SPARSE_FLOOR
+        assert np.array_equal(got >= SPARSE_FLOOR, big)
+        assert float((np.abs(got - expected)[big] / expected[big]).max()) <= 1e-3
+
+
+def test_top_k_keeps_the_largest_weights_in_index_order(sparse_server: Server) -> None:
+    everything = post(sparse_server, "/embed_sparse", {"inputs": TEXTS[1]})[0]
+    top = post(sparse_server, "/embed_sparse", {"inputs": TEXTS[1], "top_k": 8})[0]
+    assert len(top) == 8 and [e["index"] for e in top] == sorted(e["index"] for e in top)
+    largest = sorted(everything, key=lambda e: -e["value"])[:8]
+    assert {e["index"] for e in top} == {e["index"] for e in largest}
+    assert post(sparse_server, "/embed_sparse", {"inputs": TEXTS[1], "top_k": 10**6})[0] == everything
+
+
+def test_a_repeated_text_comes_from_the_cache_as_it_was_first_answered(sparse_server: Server) -> None:
+    text = "缓存里的稀疏向量"
+
+    def hits() -> float:
+        metrics = httpx.get(sparse_server.url + "/metrics", timeout=30).text
+        return sum(
+            float(line.rpartition(" ")[2])
+            for line in metrics.splitlines()
+            if line.startswith("zhembed_cache_hits_total")
+        )
+
+    first = post(sparse_server, "/embed_sparse", {"inputs": [text]})
+    before = hits()
+    assert post(sparse_server, "/embed_sparse", {"inputs": [text, text]}) == first * 2
+    assert hits() == before + 1  # one lookup: the repeat within the request is the same key
+    # Another key space than /embed's: the dense vector of the same text is not served from it.
+    assert len(post(sparse_server, "/embed", {"inputs": text})[0]) == 64
+
+
+def test_tei_embed_sparse_and_its_stream_equal_the_http_route(
+    sparse_server: Server, stubs: dict[str, ModuleType]
+) -> None:
+    pb, rpc = stubs["tei_pb2"], stubs["tei_pb2_grpc"]
+    embed = rpc.EmbedStub(sparse_server.channel)
+    http = post(sparse_server, "/embed_sparse", {"inputs": TEXTS[:3]})
+    for text, want in zip(TEXTS[:3], http, strict=True):
+        got = embed.EmbedSparse(pb.EmbedSparseRequest(inputs=text))
+        assert [(v.index, v.value) for v in got.sparse_embeddings] == [
+            (e["index"], pytest.approx(e["value"], rel=1e-6)) for e in want
+        ]
+        assert got.metadata.compute_chars == len(text) and got.metadata.total_time_ns > 0
+    streamed = list(embed.EmbedSparseStream(iter(pb.EmbedSparseRequest(inputs=t) for t in TEXTS[:3])))
+    assert [[v.index for v in r.sparse_embeddings] for r in streamed] == [
+        [e["index"] for e in w] for w in http
+    ]
+
+
+def test_over_long_inputs_bad_options_and_a_prompt_are_refused(
+    sparse_server: Server, stubs: dict[str, ModuleType]
+) -> None:
+    long = "长城" * 100  # over the tiny model's 128 tokens
+    refused = post(sparse_server, "/embed_sparse", {"inputs": long}, status=422)
+    assert "inputs has 202 tokens" in refused["error"] and "truncate: true" in refused["error"]
+    assert len(post(sparse_server, "/embed_sparse", {"inputs": long, "truncate": True})) == 1
+    assert "top_k" in post(sparse_server, "/embed_sparse", {"inputs": "a", "top_k": 0}, status=422)["error"]
+    assert post(sparse_server, "/embed_sparse", {"inputs": ""}, status=400)["error_type"] == "empty"
+    post(sparse_server, "/embed_sparse", {"inputs": "a", "prompt_name": "query"}, status=422)
+    pb, rpc = stubs["tei_pb2"], stubs["tei_pb2_grpc"]
+    embed = rpc.EmbedStub(sparse_server.channel)
+    error = rpc_error(embed.EmbedSparse, pb.EmbedSparseRequest(inputs=long))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "202 tokens" in (error.details() or "")
+    error = rpc_error(embed.EmbedSparse, pb.EmbedSparseRequest(inputs="a", prompt_name="query"))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "prompt_name" in (error.details() or "")
+
+
+def test_info_lists_the_route_and_what_the_graph_computes(sparse_server: Server) -> None:
+    info = httpx.get(sparse_server.url + "/info", timeout=30).json()
+    assert "/embed_sparse" in info["routes"]
+    assert info["sparse"] == {"pooling": "max", "activation": "relu"}

@@ -1,0 +1,184 @@
+"""The sparse (SPLADE) graph: its arithmetic, its export and validation, sentence-transformers' SparseEncoder
+folders, and what is refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+from app.model.manifest import LAST_HIDDEN_STATE, SPARSE_OUTPUT, Sparse, Variant, load_manifest
+from export import graphs, sentence
+from export.pipeline import ExportOptions, run_export
+from export.source import ExportError
+from export.validate import SPARSE_FLOOR, torch_splade
+from tests.conftest import TINY_CONFIG
+
+TEXTS = [
+    "你好",
+    "今天天气很好，我们去公园散步吧。",
+    "北京是中华人民共和国的首都，有三千多年的建城史。",
+    "这家餐厅的菜很好吃，服务也很周到，下次还会再来。",
+    "机器学习",
+]
+
+
+def _quiet(_line: str) -> None:
+    pass
+
+
+def test_log1p_keeps_float32_precision_where_log_of_1_plus_x_does_not() -> None:
+    x = torch.tensor([0.0, 1e-9, 3e-7, 1e-4, 0.01, 0.5, 1.0, 7.0, 1e4], dtype=torch.float32)
+    want = torch.log1p(x.double())
+    got = graphs.log1p(x).double()
+    rel = ((got - want).abs() / want.clamp(min=1e-30))[1:]
+    assert float(rel.max()) < 1e-6 and float(got[0]) == 0.0
+    naive = torch.log(1.0 + x).double()
+    assert float(((naive - want).abs() / want.clamp(min=1e-30))[1:4].max()) > 1e-4  # what Kahan's form fixes
+
+
+@pytest.mark.parametrize("pooling", ["max", "sum"])
+@pytest.mark.parametrize("activation", ["relu", "log1p_relu"])
+def test_the_graphs_module_computes_what_splade_pooling_does(pooling: str, activation: str) -> None:
+    """Max pooling pools the logits before the activation: the same numbers as activating every token."""
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 50)
+    hidden = torch.randn(3, 6, 8)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0]])
+    sparse = Sparse(pooling=pooling, activation=activation)  # type: ignore[arg-type]
+    with torch.no_grad():
+        got = graphs._Splade(head, sparse)(hidden, mask)
+        want = torch_splade(head(hidden), mask, sparse)
+    assert got.shape == (3, 50) and bool((got >= 0).all()) and bool((got == 0).any())
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+    # A padded position changes nothing: its logits are masked out.
+    with torch.no_grad():
+        moved = graphs._Splade(head, sparse)(hidden + (1 - mask).unsqueeze(-1) * 5.0, mask)
+    torch.testing.assert_close(moved, got, rtol=1e-6, atol=1e-7)
+
+
+@pytest.fixture()
+def sparse_export(tiny_sparse_dir: Path) -> Path:
+    return tiny_sparse_dir
+
+
+def _splade_of(model: Path, variant: Variant, texts: list[str]) -> np.ndarray:
+    """The export's sparse vectors of ``texts``: the encoder's last hidden state through the sparse graph."""
+    from tokenizers import Tokenizer
+
+    manifest = load_manifest(model)
+    tokenizer = Tokenizer.from_file(str(model / "tokenizer.json"))
+    tokenizer.enable_padding(pad_id=manifest.tokenizer.pad_id)
+    enc = tokenizer.encode_batch(texts)
+    ids = np.array([e.ids for e in enc], np.int64)
+    mask = np.array([e.attention_mask for e in enc], np.int64)
+    encoder = ort.InferenceSession(str(model / manifest.graphs["encoder"][variant].file))
+    feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+    (hidden,) = encoder.run([LAST_HIDDEN_STATE], feed)
+    splade = ort.InferenceSession(str(model / manifest.graphs["sparse"][variant].file))
+    return np.asarray(splade.run([SPARSE_OUTPUT], {LAST_HIDDEN_STATE: hidden, "attention_mask": mask})[0])
+
+
+def test_the_flag_adds_a_validated_sparse_graph_per_variant(sparse_export: Path) -> None:
+    manifest = load_manifest(sparse_export)
+    assert manifest.sparse == Sparse(pooling="max", activation="relu")
+    assert sorted(manifest.graphs["sparse"]) == ["fp32", "int8"]
+    spec = manifest.graphs["sparse"]["fp32"]
+    assert [s.name for s in spec.inputs] == [LAST_HIDDEN_STATE, "attention_mask"]
+    assert [(s.name, s.shape) for s in spec.outputs] == [(SPARSE_OUTPUT, ["batch", 21128])]
+    fp32 = manifest.validation["fp32"].metrics
+    assert fp32["sparse_cosine_min"].enforced and fp32["sparse_cosine_min"].value >= 0.99999
+    assert fp32["sparse_same_indices"].value == 1.0 and fp32["sparse_top64_overlap_min"].value >= 0.95
+    int8 = manifest.validation["int8"].metrics
+    assert 0 < int8["sparse_cosine_min"].value <= 1 and "sparse_top64_overlap_min" in int8
+    assert manifest.options.get("variants") == ["fp32", "int8"]
+
+
+def test_the_export_equals_sentence_transformers_sparse_encoder(
+    sparse_export: Path, tiny_source_dir: Path
+) -> None:
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+
+    model = SparseEncoder(modules=[MLMTransformer(str(tiny_source_dir)), SpladePooling("max")], device="cpu")
+    want = model.encode(TEXTS, convert_to_sparse_tensor=False).numpy()
+    got = _splade_of(sparse_export, "fp32", TEXTS)
+    assert got.shape == want.shape == (len(TEXTS), 21128)
+    big = want >= SPARSE_FLOOR
+    assert np.array_equal(got >= SPARSE_FLOOR, big)
+    rel = np.abs(got - want)[big] / want[big]
+    assert float(rel.max()) <= 1e-3, float(rel.max())
+
+
+def test_a_sparse_encoder_folder_is_served_as_it_was_trained(tiny_source_dir: Path, tmp_path: Path) -> None:
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+
+    folder = tmp_path / "splade"
+    modules = [MLMTransformer(str(tiny_source_dir), max_seq_length=64), SpladePooling("sum", "log1p_relu")]
+    SparseEncoder(modules=modules, device="cpu").save(str(folder))
+    config = sentence.read_sparse(folder)
+    assert config is not None and config.sparse == Sparse(pooling="sum", activation="log1p_relu")
+    assert config.max_seq_length == 64 and sentence.read(folder) is None
+    out = tmp_path / "model"
+    run_export(ExportOptions(out=out, model=str(folder), variants=("fp32",)), _quiet)
+    manifest = load_manifest(out)
+    assert manifest.sparse == config.sparse and manifest.tokenizer.max_length == 64
+    assert manifest.validation["fp32"].metrics["sparse_cosine_min"].value >= 0.99999
+    with pytest.raises(ExportError, match=r"--sparse max contradicts .* SpladePooling \(sum\)"):
+        run_export(
+            ExportOptions(out=tmp_path / "other", model=str(folder), variants=("fp32",), sparse="max"), _quiet
+        )
+
+
+def test_an_inference_free_splade_folder_is_refused_by_name(tmp_path: Path) -> None:
+    (tmp_path / "modules.json").write_text(
+        json.dumps(
+            [
+                {
+                    "idx": 0,
+                    "name": "0",
+                    "path": "",
+                    "type": "sentence_transformers.sparse_encoder.modules.Router",
+                },
+                {"idx": 1, "name": "1", "path": "1_SpladePooling", "type": "SpladePooling"},
+            ]
+        )
+    )
+    with pytest.raises(ExportError, match=r"inference-free .* SparseStaticEmbedding lookup"):
+        sentence.read_sparse(tmp_path)
+    (tmp_path / "modules.json").write_text(
+        json.dumps(
+            [
+                {"path": "", "type": "MLMTransformer"},
+                {"path": "1", "type": "SpladePooling"},
+                {"type": "Normalize"},
+            ]
+        )
+    )
+    with pytest.raises(ExportError, match="MLMTransformer → SpladePooling → Normalize cannot be served"):
+        sentence.read_sparse(tmp_path)
+
+
+def test_the_flag_on_a_model_without_a_masked_lm_head_is_refused(tmp_path: Path) -> None:
+    from transformers import BertConfig, BertModel
+
+    from export.source import bert_base_chinese_vocab, write_source_folder
+
+    source = tmp_path / "plain"
+    write_source_folder(source, TINY_CONFIG, bert_base_chinese_vocab())
+    BertModel(BertConfig.from_dict(TINY_CONFIG)).save_pretrained(source)
+    with pytest.raises(ExportError, match=r"has no masked-LM head .* sparse vectors need one"):
+        run_export(
+            ExportOptions(out=tmp_path / "out", model=str(source), variants=("fp32",), sparse="max"), _quiet
+        )
+
+
+def test_the_flag_enters_the_fingerprint_only_when_given() -> None:
+    plain = ExportOptions(out=Path("x")).fingerprint_fields()
+    assert "sparse" not in plain
+    assert ExportOptions(out=Path("x"), sparse="sum").fingerprint_fields() == {**plain, "sparse": "sum"}
