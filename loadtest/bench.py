@@ -124,33 +124,35 @@ def service_rows(
     flops_per_sentence = float(np.mean([shape.flops(len(x)) for x in ids]))
     with ServiceProcess("app", _service_env(opts, 0), opts.logs / "service.log") as svc:
         facts["memory_after_start"] = svc.processes().as_json()
-        for per_request in opts.texts:
+        for route, per_request, c in (
+            (r, t, c) for t in opts.texts for c in opts.concurrency for r in opts.routes
+        ):
             make = loadgen.cycle(request_bodies(corpus, per_request), per_request)
-            for c in opts.concurrency:
-                before_raw = bracket() if bracket and c == 32 and per_request == 1 else None
-                before = svc.engine_stats()
-                row = _row("service", f"service c={c} x{per_request}", svc, make, Cell(c, per_request), opts)
-                after = svc.engine_stats()
-                after_raw = bracket() if bracket and before_raw is not None else None
-                padding = _padding(before, after)
-                batches = after.get("batches", 0) - before.get("batches", 0)
-                items = after.get("batched_items", 0) - before.get("batched_items", 0)
-                note = f"padding {padding:.1%}" if padding is not None else ""
-                if batches:
-                    note += f"; mean batch {items / batches:.1f}"
-                row.note = "; ".join(x for x in (note, row.note) if x)
-                rate = row.sentences_per_s or 0.0
-                row.useful_gflops = rate * flops_per_sentence / 1e9
-                row.extra.update(padding_share=padding, engine_before=before, engine_after=after)
-                if raw_best is not None:
-                    row.vs_raw = rate / raw_best.sentences_per_s
-                    if after_raw is not None and before_raw is not None:
-                        adjacent = (before_raw + after_raw) / 2
-                        row.vs_raw = rate / adjacent
-                        row.extra["raw_adjacent_sentences_per_s"] = [before_raw, after_raw]
-                        row.note += f"; vs raw pass adjacent ({before_raw:.1f}/{after_raw:.1f} s/s)"
-                rows.append(row)
-                print(format_row(row), flush=True)
+            before_raw = bracket() if bracket and c == 32 and per_request == 1 else None
+            before = svc.engine_stats()
+            label = f"service c={c} x{per_request}" + ("" if route == "/embed" else f" {route}")
+            row = _row("service", label, svc, make, Cell(c, per_request, route=route), opts)
+            after = svc.engine_stats()
+            after_raw = bracket() if bracket and before_raw is not None else None
+            padding = _padding(before, after)
+            batches = after.get("batches", 0) - before.get("batches", 0)
+            items = after.get("batched_items", 0) - before.get("batched_items", 0)
+            note = f"padding {padding:.1%}" if padding is not None else ""
+            if batches:
+                note += f"; mean batch {items / batches:.1f}"
+            row.note = "; ".join(x for x in (note, row.note) if x)
+            rate = row.sentences_per_s or 0.0
+            row.useful_gflops = rate * flops_per_sentence / 1e9
+            row.extra.update(padding_share=padding, engine_before=before, engine_after=after)
+            if raw_best is not None:
+                row.vs_raw = rate / raw_best.sentences_per_s
+                if after_raw is not None and before_raw is not None:
+                    adjacent = (before_raw + after_raw) / 2
+                    row.vs_raw = rate / adjacent
+                    row.extra["raw_adjacent_sentences_per_s"] = [before_raw, after_raw]
+                    row.note += f"; vs raw pass adjacent ({before_raw:.1f}/{after_raw:.1f} s/s)"
+            rows.append(row)
+            print(format_row(row), flush=True)
         facts["memory_steady"] = svc.processes().as_json()
     return rows, facts
 
@@ -235,6 +237,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=float, default=None, help="unmeasured seconds before each cell")
     p.add_argument("--concurrency", type=ints, default="1,8,32,128")
     p.add_argument("--texts", type=ints, default="1,16", help="texts per request")
+    p.add_argument(
+        "--routes",
+        type=lambda v: v.split(","),
+        default=["/embed"],
+        help="routes of the service rows, each cell on each in turn (e.g. /embed,/embed_sparse)",
+    )
     p.add_argument("--batch-sizes", type=ints, default="1,4,8,16", help="raw-ceiling batch sizes to try")
     p.add_argument("--raw-seconds", type=float, default=3.0, help="least time per raw batch size")
     p.add_argument("--naive-max-concurrency", type=int, default=32)

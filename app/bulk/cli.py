@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from app.bulk import flags
-from app.bulk.output import ERRORS, OutputDir
+from app.bulk.output import ERRORS, OutputDir, SparseMode
 from app.bulk.sources import FORMATS, Fields, InputError, find_inputs
 
 EXIT_OK = 0
@@ -62,6 +62,23 @@ def parser() -> argparse.ArgumentParser:
         default="float",
         help="float: float32 vectors; int8: int8 values and a per-row scale; ubinary / binary: the signs "
         "packed 8 a byte (uint8 / int8); each as POST /embed's encoding of that name",
+    )
+    sparse = io.add_mutually_exclusive_group()
+    sparse.add_argument(
+        "--sparse",
+        action="store_true",
+        help="also a sparse column: each row's SPLADE weights as POST /embed_sparse answers them (a model "
+        "exported with --sparse, or a SparseEncoder folder); the encoder runs twice a row",
+    )
+    sparse.add_argument(
+        "--sparse-only", action="store_true", help="the sparse column instead of the dense one"
+    )
+    io.add_argument(
+        "--sparse-top-k",
+        type=int,
+        default=None,
+        metavar="K",
+        help="with --sparse or --sparse-only: only each row's K largest weights (as top_k)",
     )
     io.add_argument(
         "--shard-rows",
@@ -150,7 +167,20 @@ def _run(args: argparse.Namespace) -> int:
     files = find_inputs(args.input, forced, fields, exclude=args.output)
     settings = flags.settings_of(args, args.model)
     given = flags.given_options(args)
-    job = BulkSpec(files, fields, args.output, args.shard_rows, args.encoding, args.input, forced)
+    mode: SparseMode = "only" if args.sparse_only else "beside" if args.sparse else "off"
+    if args.sparse_top_k is not None and mode == "off":
+        raise flags.UsageError("--sparse-top-k needs --sparse or --sparse-only")
+    job = BulkSpec(
+        files,
+        fields,
+        args.output,
+        args.shard_rows,
+        args.encoding,
+        args.input,
+        forced,
+        mode,
+        args.sparse_top_k,
+    )
     if args.ray is not None:
         from app.bulk.ray_job import run_ray
 
@@ -165,7 +195,7 @@ async def _local(job: Any, settings: Any, given: dict[str, Any], args: argparse.
     from app.bulk.progress import Progress
     from app.bulk.runner import manifest_of, prepare, run_local
 
-    embedder = Embedder(settings, given, job.fields.text, args.window)
+    embedder = Embedder(settings, given, job.fields.text, args.window, sparse=job.sparse, top_k=job.top_k)
     try:
         await embedder.check()
         state, manifest = prepare(

@@ -24,13 +24,16 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from app.bulk.output import SparseMode
 from app.bulk.sources import Rows
 from app.cache.vectors import VectorCache
 from app.engine.engine import Engine
+from app.errors import ValidationFailed
 from app.model.runtime import OnnxModel, load_model
 from app.settings import Settings
 from app.tasks.options import EmbedOptions, Names
 from app.tasks.service import Service
+from app.tasks.sparse import SparseVector, check_top_k
 from app.telemetry.metrics import Metrics
 
 # Texts per engine call: small, so that a call's answer is ready soon after its texts ran (results
@@ -49,9 +52,10 @@ class Embedded:
     what is wrong with each of the others."""
 
     keep: list[int]
-    vectors: np.ndarray  # float32 [len(keep), width]
+    vectors: np.ndarray  # float32 [len(keep), width] ([len(keep), 0] with --sparse-only)
     tokens: np.ndarray  # int32 [len(keep)]: [CLS], [SEP] and the prompt included, before any truncation
     bad: dict[int, str]
+    sparse: list[SparseVector] | None = None  # with --sparse or --sparse-only: the rows' sparse vectors
 
 
 def engine_settings(settings: Settings, window: int) -> Settings:
@@ -78,6 +82,8 @@ class Embedder:
         text_field: str,
         window: int,
         model: OnnxModel | None = None,
+        sparse: SparseMode = "off",
+        top_k: int | None = None,
     ) -> None:
         """Load the model the settings name (unless ``model`` is given) and start the engine.
 
@@ -86,6 +92,9 @@ class Embedder:
             given: the ``EmbedOptions`` fields given on the command line; the model's defaults for the rest.
             text_field: how messages name a text (``--text-field``).
             window: texts in the engine at once.
+            sparse: also (``beside``) or only (``only``) each row's sparse vector, as ``/embed_sparse``
+                answers it with the same ``long_text`` and ``truncation_direction``.
+            top_k: with ``sparse``, only each vector's ``top_k`` largest weights.
 
         Raises:
             ManifestError: the model cannot be loaded.
@@ -93,6 +102,9 @@ class Embedder:
         self.settings = engine_settings(settings, window)
         self.window = window
         self.field = text_field
+        self.given = given
+        self.sparse: SparseMode = sparse
+        self.top_k = top_k
         self.model = model if model is not None else load_model(self.settings)
         metrics = Metrics()
         self.engine = Engine(self.model, self.settings, metrics)
@@ -114,6 +126,19 @@ class Embedder:
         Raises:
             ValidationFailed, Unsupported, EmptyInput: the options do not fit the model.
         """
+        if self.sparse != "off":
+            self.service.sparse.check()
+            self.service.sparse.check_long_text(self.options.long_text)
+            check_top_k(self.top_k)
+        if self.sparse == "only":
+            dense_only = sorted(set(self.given) - {"long_text", "truncation_direction"})
+            if dense_only:
+                flags = ", ".join("--" + name.replace("_", "-") for name in dense_only)
+                raise ValidationFailed(
+                    f"{flags}: dense-vector options, and --sparse-only makes no dense vectors"
+                )
+            self.width = 0
+            return
         got = await self.service.embeddings.rows(["检查"], self.options, self._names(), TOO_LONG_BULK)
         self.width = int(got.vectors.shape[1])  # concatenated layers make it a multiple of the model's
 
@@ -154,11 +179,33 @@ class Embedder:
         """The vectors of ``rows``' good texts, and why each of the others is refused: one engine call."""
         bad = dict(rows.bad)
         todo = [i for i, text in enumerate(rows.texts) if text is not None and i not in bad]
-        texts = [rows.texts[i] or "" for i in todo]
-        got = await self.service.embeddings.rows(texts, self.options, self._names(), TOO_LONG_BULK)
-        bad.update((todo[k], problem.message) for k, problem in got.problems.items())
-        keep = [i for k, i in enumerate(todo) if k not in got.problems]
-        return Embedded(keep, got.vectors, got.tokens.astype(np.int32), bad)
+        if self.sparse == "only":
+            keep, vectors, tokens = todo, np.empty((0, 0), np.float32), np.empty(0, np.int32)
+        else:
+            texts = [rows.texts[i] or "" for i in todo]
+            got = await self.service.embeddings.rows(texts, self.options, self._names(), TOO_LONG_BULK)
+            bad.update((todo[k], problem.message) for k, problem in got.problems.items())
+            keep = [i for k, i in enumerate(todo) if k not in got.problems]
+            vectors, tokens = got.vectors, got.tokens.astype(np.int32)
+        if self.sparse == "off":
+            return Embedded(keep, vectors, tokens, bad)
+        # The rows the dense vectors kept (all good ones with --sparse-only), through the sparse graph: a
+        # second pass of the encoder over them with --sparse (what is refused is refused by both).
+        sparse = await self.service.sparse.rows(
+            [rows.texts[i] or "" for i in keep],
+            self.options.long_text,
+            self.options.truncation_direction,
+            self._names(),
+            TOO_LONG_BULK,
+            self.top_k,
+        )
+        bad.update((keep[k], problem.message) for k, problem in sparse.problems.items())
+        good = [k for k in range(len(keep)) if k not in sparse.problems]
+        kept = [keep[k] for k in good]
+        if self.sparse == "only":
+            dense = np.empty((len(kept), 0), np.float32)
+            return Embedded(kept, dense, sparse.tokens.astype(np.int32), bad, sparse.vectors)
+        return Embedded(kept, vectors[good], tokens[good], bad, sparse.vectors)
 
     def _names(self) -> Names:
         return Names(self.field, lambda _i: self.field)

@@ -5,6 +5,8 @@
     DIR/part-00000.parquet …  id (string), embedding (fixed-size list of float32 [width]; with
                               --encoding int8 of int8, plus scale (float64): vector ≈ embedding × scale;
                               with ubinary / binary of uint8 / int8 [ceil(width / 8)], the packed signs),
+                              with --sparse also sparse (list of struct index int32, value float32: the
+                              non-zero weights, as POST /embed_sparse; --sparse-only: no embedding),
                               tokens (int32); rows in input order, shard k holding input rows
                               [k × shard_rows, (k + 1) × shard_rows) less the bad ones
     DIR/_manifest.json        what made them (model digest as in the cache keys, variant, options,
@@ -27,7 +29,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import orjson
@@ -35,6 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from app.api.encoding import binary_vectors, int8_vectors
+from app.tasks.sparse import SparseVector
 
 MANIFEST = "_manifest.json"
 ERRORS = "_errors.jsonl"
@@ -43,8 +46,13 @@ SHARD = re.compile(r"^part-(\d{5,})\.parquet$")
 # Rows per Parquet row group: readers fetch a group at a time; ~25 MB of 768-wide float32 vectors.
 ROW_GROUP_ROWS = 8192
 # What identifies a job: a rerun into the same folder continues it only if all of these match.
-IDENTITY = ("model", "options", "encoding", "input", "shard_rows")
+IDENTITY = ("model", "options", "encoding", "sparse", "input", "shard_rows")
 MODEL_IDENTITY = ("digest", "variant")  # the graph file and tokenizer, and which variant of it
+
+
+# --sparse: the sparse column "beside" the dense one, "only" it, or none ("off").
+SparseMode = Literal["off", "beside", "only"]
+SPARSE_TYPE = pa.list_(pa.struct([pa.field("index", pa.int32()), pa.field("value", pa.float32())]))
 
 
 def shard_name(index: int) -> str:
@@ -59,33 +67,63 @@ def embedding_type(width: int, encoding: str) -> pa.DataType:
     return pa.list_(pa.int8() if encoding == "int8" else pa.float32(), width)
 
 
-def schema(width: int, encoding: str) -> pa.Schema:
-    """The shards' columns (the same from the single-machine job and from Ray)."""
-    columns = [
-        pa.field("id", pa.string(), nullable=False),
-        pa.field("embedding", embedding_type(width, encoding), nullable=False),
-    ]
-    if encoding == "int8":
-        columns.append(pa.field("scale", pa.float64(), nullable=False))
+def schema(width: int, encoding: str, sparse: SparseMode = "off") -> pa.Schema:
+    """The shards' columns (the same from the single-machine job and from Ray): with ``sparse`` "beside"
+    a ``sparse`` column after the dense one, with "only" instead of it."""
+    columns = [pa.field("id", pa.string(), nullable=False)]
+    if sparse != "only":
+        columns.append(pa.field("embedding", embedding_type(width, encoding), nullable=False))
+        if encoding == "int8":
+            columns.append(pa.field("scale", pa.float64(), nullable=False))
+    if sparse != "off":
+        columns.append(pa.field("sparse", SPARSE_TYPE, nullable=False))
     return pa.schema([*columns, pa.field("tokens", pa.int32(), nullable=False)])
 
 
-def table(ids: list[str], vectors: np.ndarray, tokens: np.ndarray, encoding: str) -> pa.Table:
+def sparse_column(vectors: list[SparseVector]) -> pa.Array:
+    """``vectors`` as the ``sparse`` column: per row its non-zero weights as (index, value), index order."""
+    offsets = np.zeros(len(vectors) + 1, np.int32)
+    np.cumsum([len(v.indices) for v in vectors], out=offsets[1:])
+    indices = np.concatenate([v.indices for v in vectors]) if vectors else np.empty(0, np.int32)
+    values = np.concatenate([v.values for v in vectors]) if vectors else np.empty(0, np.float32)
+    entries = pa.StructArray.from_arrays(
+        [pa.array(indices.astype(np.int32, copy=False)), pa.array(values.astype(np.float32, copy=False))],
+        fields=list(SPARSE_TYPE.value_type),
+    )
+    return pa.ListArray.from_arrays(pa.array(offsets), entries, type=SPARSE_TYPE)
+
+
+def table(
+    ids: list[str],
+    vectors: np.ndarray,
+    tokens: np.ndarray,
+    encoding: str,
+    sparse: list[SparseVector] | None = None,
+    mode: SparseMode = "off",
+) -> pa.Table:
     """Rows of the shard schema from ``ids``, float32 ``vectors`` [n, width] and ``tokens`` [n]; with
     ``encoding`` int8, ubinary or binary, the vectors as the API's encoding of that name gives them (int8:
-    values and a scale)."""
+    values and a scale); with ``mode`` "beside" or "only", the rows' ``sparse`` vectors (with "only" the
+    dense ``vectors`` are not written: [n, 0] will do)."""
     width = vectors.shape[1]
     columns: dict[str, pa.Array] = {"id": pa.array(ids, pa.string())}
-    if encoding == "int8":
-        values, scales = int8_vectors(vectors)
-        columns["scale"] = pa.array(scales, pa.float64())
-    elif encoding in ("binary", "ubinary"):
-        values = binary_vectors(vectors, signed=encoding == "binary")
-    else:
-        values = np.ascontiguousarray(vectors, dtype=np.float32)
-    columns["embedding"] = pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), values.shape[1])
+    if mode != "only":
+        if encoding == "int8":
+            values, scales = int8_vectors(vectors)
+            columns["scale"] = pa.array(scales, pa.float64())
+        elif encoding in ("binary", "ubinary"):
+            values = binary_vectors(vectors, signed=encoding == "binary")
+        else:
+            values = np.ascontiguousarray(vectors, dtype=np.float32)
+        columns["embedding"] = pa.FixedSizeListArray.from_arrays(
+            pa.array(values.reshape(-1)), values.shape[1]
+        )
+    if mode != "off":
+        if sparse is None or len(sparse) != len(ids):
+            raise ValueError(f"sparse {mode!r} needs a sparse vector per row")
+        columns["sparse"] = sparse_column(sparse)
     columns["tokens"] = pa.array(tokens.astype(np.int32, copy=False))
-    return pa.Table.from_pydict(columns, schema=schema(width, encoding))
+    return pa.Table.from_pydict(columns, schema=schema(width, encoding, mode))
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -105,24 +143,33 @@ def error_lines(errors: list[tuple[str, str]]) -> bytes:
 class ShardWriter:
     """One shard on its way: row groups into ``.part-NNNNN.parquet.tmp``, renamed on :meth:`commit`."""
 
-    def __init__(self, folder: Path, index: int, width: int, encoding: str) -> None:
+    def __init__(
+        self, folder: Path, index: int, width: int, encoding: str, sparse: SparseMode = "off"
+    ) -> None:
         self.folder = folder
         self.index = index
         self.encoding = encoding
+        self.sparse = sparse
         self.path = folder / shard_name(index)
         self.tmp = folder / f".{self.path.name}.tmp"
         self._writer = pq.ParquetWriter(
-            self.tmp, schema(width, encoding), compression="snappy", use_dictionary=["id"]
+            self.tmp, schema(width, encoding, sparse), compression="snappy", use_dictionary=["id"]
         )
-        self._parts: list[tuple[list[str], np.ndarray, np.ndarray]] = []
+        self._parts: list[tuple[list[str], np.ndarray, np.ndarray, list[SparseVector]]] = []
         self._buffered = 0
         self.errors: list[tuple[str, str]] = []
         self.rows = 0  # rows written
         self.seen = 0  # input rows of the shard handled, bad ones included (the caller counts)
 
-    def add(self, ids: list[str], vectors: np.ndarray, tokens: np.ndarray) -> None:
+    def add(
+        self,
+        ids: list[str],
+        vectors: np.ndarray,
+        tokens: np.ndarray,
+        sparse: list[SparseVector] | None = None,
+    ) -> None:
         if ids:
-            self._parts.append((ids, vectors, tokens))
+            self._parts.append((ids, vectors, tokens, sparse or []))
             self._buffered += len(ids)
             self.rows += len(ids)
         if self._buffered >= ROW_GROUP_ROWS:
@@ -134,7 +181,9 @@ class ShardWriter:
         ids = [i for part in self._parts for i in part[0]]
         vectors = np.concatenate([part[1] for part in self._parts])
         tokens = np.concatenate([part[2] for part in self._parts])
-        self._writer.write_table(table(ids, vectors, tokens, self.encoding), row_group_size=len(ids))
+        sparse = [v for part in self._parts for v in part[3]]
+        rows = table(ids, vectors, tokens, self.encoding, sparse, self.sparse)
+        self._writer.write_table(rows, row_group_size=len(ids))
         self._parts, self._buffered = [], 0
 
     def commit(self) -> None:

@@ -38,11 +38,12 @@ import orjson
 import pyarrow as pa
 
 from app.bulk.embedder import Embedder
-from app.bulk.output import OutputDir, error_lines, schema, shard_name, table, write_atomic
+from app.bulk.output import OutputDir, SparseMode, error_lines, schema, shard_name, table, write_atomic
 from app.bulk.runner import BulkSpec, manifest_of, prepare
 from app.bulk.sources import Fields, InputFile, Rows, read
 from app.model.runtime import check_model
 from app.settings import Settings
+from app.tasks.sparse import SparseVector
 
 # The read blocks' columns: each row's id, its text (null for a bad row) and why it is bad (null if not).
 READ_SCHEMA = pa.schema(
@@ -97,12 +98,15 @@ class EmbedBatch:
         window: int,
         encoding: str,
         errors_dir: str,
+        sparse: SparseMode = "off",
+        top_k: int | None = None,
     ) -> None:
         self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
-        self.embedder = Embedder(settings, given, text_field, window)
+        self.embedder = Embedder(settings, given, text_field, window, sparse=sparse, top_k=top_k)
         self.loop.run_until_complete(self.embedder.check())  # and the width of an all-bad batch's columns
         self.encoding = encoding
+        self.sparse: SparseMode = sparse
         self.errors_dir = Path(errors_dir)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -111,31 +115,36 @@ class EmbedBatch:
         rows = Rows(
             ids, batch.column("text").to_pylist(), {i: e for i, e in enumerate(errors) if e is not None}
         )
-        kept, vectors, tokens, bad = self.loop.run_until_complete(self._embed(rows))
+        kept, vectors, tokens, sparse, bad = self.loop.run_until_complete(self._embed(rows))
         if bad:
             # Named after the batch's rows: a retry of this batch writes the same file.
             name = hashlib.sha256(orjson.dumps([ids[0], ids[-1], len(ids)])).hexdigest()[:24]
             self.errors_dir.mkdir(parents=True, exist_ok=True)
             write_atomic(self.errors_dir / f"{name}.jsonl", error_lines(bad))
-        return table(kept, vectors, tokens, self.encoding)
+        return table(kept, vectors, tokens, self.encoding, sparse, self.sparse)
 
-    async def _embed(self, rows: Rows) -> tuple[list[str], np.ndarray, np.ndarray, list[tuple[str, str]]]:
-        """The batch's rows through :meth:`Embedder.stream`: the ids kept, their vectors and tokens, and
-        the bad rows with their messages."""
+    async def _embed(
+        self, rows: Rows
+    ) -> tuple[list[str], np.ndarray, np.ndarray, list[SparseVector], list[tuple[str, str]]]:
+        """The batch's rows through :meth:`Embedder.stream`: the ids kept, their vectors, tokens and
+        sparse vectors (with --sparse), and the bad rows with their messages."""
         kept: list[str] = []
         vectors: list[np.ndarray] = []
         tokens: list[np.ndarray] = []
+        sparse: list[SparseVector] = []
         bad: list[tuple[str, str]] = []
         async for _, part, answer in self.embedder.stream([(None, rows)]):
             kept.extend(part.ids[i] for i in answer.keep)
             vectors.append(answer.vectors)
             tokens.append(answer.tokens)
+            sparse.extend(answer.sparse or [])
             bad.extend((part.ids[i], message) for i, message in sorted(answer.bad.items()))
         width = self.embedder.width
         return (
             kept,
             np.concatenate(vectors) if vectors else np.empty((0, width), np.float32),
             np.concatenate(tokens) if tokens else np.empty(0, np.int32),
+            sparse,
             bad,
         )
 
@@ -165,7 +174,7 @@ def prepare_ray(
     """
     folder, _, _ = check_model(settings)
     settings = settings.model_copy(update={"model": str(folder)})
-    embedder = Embedder(settings, given, job.fields.text, args.window)
+    embedder = Embedder(settings, given, job.fields.text, args.window, sparse=job.sparse, top_k=job.top_k)
     try:
         asyncio.run(embedder.check())
         manifest = manifest_of(job, embedder, args.model or settings.model)
@@ -211,6 +220,8 @@ def execute(
                 "window": args.window,
                 "encoding": job.encoding,
                 "errors_dir": str(staging / "errors"),
+                "sparse": job.sparse,
+                "top_k": job.top_k,
             },
             batch_size=args.window,
             batch_format="pyarrow",
@@ -219,7 +230,9 @@ def execute(
             num_gpus=args.ray_gpus or None,
         )
         ds.write_parquet(
-            str(staging / "parts"), schema=schema(width, job.encoding), min_rows_per_file=job.shard_rows
+            str(staging / "parts"),
+            schema=schema(width, job.encoding, job.sparse),
+            min_rows_per_file=job.shard_rows,
         )
     finally:
         if started:

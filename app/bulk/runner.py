@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from app.bulk.embedder import Embedder
-from app.bulk.output import OutputDir, ShardWriter, mismatch, now
+from app.bulk.output import OutputDir, ShardWriter, SparseMode, mismatch, now
 from app.bulk.progress import Progress
 from app.bulk.sources import Fields, InputFile, Rows, count_rows, read
 from app.errors import InternalError
@@ -38,6 +38,8 @@ class BulkSpec:
     encoding: str
     input_spec: str  # --input as given
     format: str | None  # --format, None: by file names
+    sparse: SparseMode = "off"  # --sparse: "beside"; --sparse-only: "only"
+    top_k: int | None = None  # --sparse-top-k
 
 
 def manifest_of(job: BulkSpec, embedder: Embedder, source: str) -> dict[str, Any]:
@@ -54,6 +56,7 @@ def manifest_of(job: BulkSpec, embedder: Embedder, source: str) -> dict[str, Any
         # Every EmbedOptions field, resolved against the model's defaults: what the cache keys hold.
         "options": {k: list(v) if isinstance(v, tuple) else v for k, v in vars(embedder.options).items()},
         "encoding": job.encoding,
+        "sparse": None if job.sparse == "off" else {"mode": job.sparse, "top_k": job.top_k},
         "input": {
             "input": job.input_spec,
             "format": job.format,
@@ -154,9 +157,9 @@ async def run_local(
             if writer is not None and writer.index != shard:
                 raise InternalError(f"shard {shard} began before shard {writer.index} had all its rows")
             if writer is None:
-                writer = ShardWriter(job.output, shard, embedder.width, job.encoding)
+                writer = ShardWriter(job.output, shard, embedder.width, job.encoding, job.sparse)
             keep = answer.keep
-            writer.add([rows.ids[i] for i in keep], answer.vectors, answer.tokens)
+            writer.add([rows.ids[i] for i in keep], answer.vectors, answer.tokens, answer.sparse)
             writer.errors.extend((rows.ids[i], message) for i, message in sorted(answer.bad.items()))
             writer.seen += len(rows)
             progress.update(len(rows), len(keep), int(np.sum(answer.tokens, dtype=np.int64)))

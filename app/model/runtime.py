@@ -155,8 +155,8 @@ def shared_cpu_arena() -> bool:
     doubles each extension, so a batch a little larger than any before added a region as large as the
     arena so far, most of it touched by the next few batches of other shapes: a worker's memory stepped up
     by 5-9 MB at random minutes of a soak, after an hour still. Measured on the int8 twin (the engine
-    alone, 600 batches of the corpus's shapes after the warm-up): +9.4 MB with the default, +0.2 MB with
-    this arena, at the same speed (docs/performance.md, issue 31, step 14).
+    alone, 600 batches of the corpus's shapes after the warm-up): +17.5 MB with the default, +0.2 MB with
+    this arena, at the same speed (docs/performance.md, issue 31, step 15).
     """
     info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
     # max_mem 0: no cap; -1: ONNX Runtime's defaults for the first chunk and the dead bytes kept per chunk.

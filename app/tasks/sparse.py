@@ -15,11 +15,11 @@ import numpy as np
 
 from app.cache import keys as cache_keys
 from app.engine.work import Need
-from app.errors import Unsupported, ValidationFailed
+from app.errors import ServiceError, Unsupported, ValidationFailed
 from app.tasks.answers import Answer, timed, timings_of
 from app.tasks.core import Core
-from app.tasks.options import Direction, LongText, listed
-from app.tasks.prepare import from_encodings
+from app.tasks.options import Direction, LongText, Names, listed
+from app.tasks.prepare import Rules, from_encodings, text_problems
 
 TOO_LONG_SPARSE = "send truncate: true to keep its start (truncation_direction left keeps its end)"
 
@@ -53,6 +53,16 @@ def unpack(packed: np.ndarray) -> SparseVector:
     return SparseVector(packed[:half].view(np.int32), packed[half:])
 
 
+@dataclass(frozen=True)
+class SparseRows:
+    """The bulk job's sparse answer for a call's texts: the vectors of the good ones (in text order), their
+    tokens ([CLS] and [SEP] included, before any truncation), and each other text's problem by index."""
+
+    vectors: list[SparseVector]
+    tokens: np.ndarray  # int64 [len(vectors)]
+    problems: dict[int, ServiceError]
+
+
 def check_top_k(top_k: int | None) -> None:
     """Raises ValidationFailed for a ``top_k`` under 1."""
     if top_k is not None and top_k < 1:
@@ -77,6 +87,62 @@ class SparseEmbeddings:
                 "transformers SparseEncoder folder"
             )
 
+    def check_long_text(self, long_text: LongText) -> None:
+        """Raises ValidationFailed for "chunk": a sparse vector is one sequence's, not a mean of windows."""
+        if long_text == "chunk":
+            raise ValidationFailed(
+                "sparse vectors are not averaged over windows: send truncate: true or shorten the text"
+            )
+
+    def _options(self, long_text: LongText, direction: Direction) -> dict[str, object]:
+        """The cache key's options of sparse vectors made with these rules."""
+        sparse = self.core.model.manifest.sparse
+        options: dict[str, object] = dict.fromkeys(cache_keys.OPTION_FIELDS)
+        options.update(
+            pooling=f"splade-{sparse.pooling}-{sparse.activation}" if sparse else "splade",
+            long_text=long_text,
+            truncation_direction=direction,
+            input="text",
+            output="sparse",
+        )
+        return options
+
+    async def rows(
+        self,
+        texts: list[str],
+        long_text: LongText,
+        direction: Direction,
+        names: Names,
+        too_long: str,
+        top_k: int | None = None,
+    ) -> SparseRows:
+        """Each text's sparse vector, or why it is refused: the bulk job's call. Nothing is cached; a text
+        a request would be refused for is left out and its problem kept, in the words a request gets,
+        while the others run: one engine call, whatever is wrong (as ``Embeddings.rows``).
+
+        Raises:
+            NotReady, Unsupported, ValidationFailed: see :meth:`check`, :meth:`check_long_text`,
+                :func:`check_top_k`.
+        """
+        self.check()
+        self.check_long_text(long_text)
+        check_top_k(top_k)
+        problems = text_problems(texts, self.core.settings.max_input_chars, names.item)
+        good = [i for i in range(len(texts)) if i not in problems]
+        if not good:
+            return SparseRows([], np.empty(0, np.int64), problems)
+        rules = self.core.rules(too_long, long_text, direction)
+        with self.core.engine.admit(len(good)):
+            encodings, _ = await self.core.tokenize([texts[i] for i in good], offsets=False)
+            prepared = from_encodings(encodings, rules, lambda k: names.item(good[k]))
+            problems.update((good[k], problem) for k, problem in prepared.problems.items())
+            if not prepared.ids:
+                return SparseRows([], np.empty(0, np.int64), problems)
+            job = await self.core.run(prepared.ids, Need(sparse=True))
+        assert job.vectors is not None
+        vectors = [unpack(pack(v)).top(top_k) for v in job.vectors[:, 0]]
+        return SparseRows(vectors, prepared.tokens.astype(np.int64), dict(sorted(problems.items())))
+
     @timed
     async def embed_sparse(
         self,
@@ -94,23 +160,11 @@ class SparseEmbeddings:
         """
         self.check()
         check_top_k(top_k)
-        if long_text == "chunk":
-            raise ValidationFailed(
-                "sparse vectors are not averaged over windows: send truncate: true or shorten the text"
-            )
+        self.check_long_text(long_text)
         names = listed("inputs", inputs)
         texts = self.core.texts(inputs, names)
-        rules = self.core.rules(TOO_LONG_SPARSE, long_text, direction)
-        sparse = self.core.model.manifest.sparse
-        options: dict[str, object] = dict.fromkeys(cache_keys.OPTION_FIELDS)
-        options.update(
-            pooling=f"splade-{sparse.pooling}-{sparse.activation}" if sparse else "splade",
-            long_text=long_text,
-            truncation_direction=direction,
-            input="text",
-            output="sparse",
-        )
-        prefix = cache_keys.space(self.core.model_digest, options)
+        rules: Rules = self.core.rules(TOO_LONG_SPARSE, long_text, direction)
+        prefix = cache_keys.space(self.core.model_digest, self._options(long_text, direction))
         first = {text: i for i, text in reversed(list(enumerate(texts)))}
         jobs = []
         tokenized_ms = 0.0
