@@ -98,11 +98,11 @@ def _type(entry: dict[str, Any]) -> str:
     return str(entry.get("type", "")).rpartition(".")[2]
 
 
-def read(folder: Path) -> SentenceConfig | None:
-    """The settings of the sentence-transformers folder ``folder``; None when it has no ``modules.json``.
+def _modules(folder: Path) -> tuple[Path, list[Any], list[str]] | None:
+    """``folder``'s ``modules.json``, its entries and their module types; None when it has none.
 
     Raises:
-        ExportError: a module that cannot be served (named), or a malformed file.
+        ExportError: a file that lists no modules.
     """
     path = folder / MODULES
     if not path.is_file():
@@ -110,7 +110,19 @@ def read(folder: Path) -> SentenceConfig | None:
     entries = _load(path)
     if not isinstance(entries, list) or not entries:
         raise ExportError(f"{path} lists no modules")
-    types = [_type(e) for e in entries]
+    return path, entries, [_type(e) for e in entries]
+
+
+def read(folder: Path) -> SentenceConfig | None:
+    """The settings of the sentence-transformers folder ``folder``; None when it has no ``modules.json``.
+
+    Raises:
+        ExportError: a module that cannot be served (named), or a malformed file.
+    """
+    listed = _modules(folder)
+    if listed is None:
+        return None
+    path, entries, types = listed
     if any(t in SPARSE_MODULES for t in types):
         return None  # a SparseEncoder folder: read_sparse's
     for entry, kind in zip(entries, types, strict=True):
@@ -192,13 +204,10 @@ def read_sparse(folder: Path) -> SparseConfig | None:
         ExportError: a sparse folder this service cannot serve, named with the reason (an inference-free
             SPLADE's SparseStaticEmbedding or Router, a module after the pooling, a malformed config).
     """
-    path = folder / MODULES
-    if not path.is_file():
+    listed = _modules(folder)
+    if listed is None:
         return None
-    entries = _load(path)
-    if not isinstance(entries, list) or not entries:
-        raise ExportError(f"{path} lists no modules")
-    types = [_type(e) for e in entries]
+    path, entries, types = listed
     if not any(t in SPARSE_MODULES for t in types):
         return None
     if "SparseStaticEmbedding" in types or "Router" in types:
