@@ -6,7 +6,6 @@ says in one log line what it chose and why.
 
 from __future__ import annotations
 
-import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,35 +137,7 @@ def session_options(provider: str, intra_op_threads: int = 0) -> ort.SessionOpti
         # A memory pattern is planned and kept per input shape, and every batch shape is new: off, it
         # saves ~30 MB after a few hundred batches at no measured cost in speed (CPU, 2 threads).
         options.enable_mem_pattern = False
-        options.add_session_config_entry("session.use_env_allocators", "1" if shared_cpu_arena() else "0")
     return options
-
-
-# OrtArenaCfg's arena_extend_strategy: 0 kNextPowerOfTwo (ONNX Runtime's default), 1 kSameAsRequested.
-SAME_AS_REQUESTED = 1
-
-
-@functools.cache
-def shared_cpu_arena() -> bool:
-    """Register, once per process, the CPU arena every session of the process allocates from; whether it took.
-
-    One arena for the encoder, the masked-LM head and the sparse graph (each session has its own
-    otherwise), grown by what a batch asks and no more (``kSameAsRequested``). ONNX Runtime's default
-    doubles each extension, so a batch a little larger than any before added a region as large as the
-    arena so far, most of it touched by the next few batches of other shapes: a worker's memory stepped up
-    by 5-9 MB at random minutes of a soak, after an hour still. Measured on the int8 twin (the engine
-    alone, 600 batches of the corpus's shapes after the warm-up): +17.5 MB with the default, +0.2 MB with
-    this arena, at the same speed (docs/performance.md, issue 31, step 15).
-    """
-    info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
-    # max_mem 0: no cap; -1: ONNX Runtime's defaults for the first chunk and the dead bytes kept per chunk.
-    config = ort.OrtArenaCfg(0, SAME_AS_REQUESTED, -1, -1)
-    try:
-        ort.create_and_register_allocator(info, config)
-    except (OrtFail, RuntimeError) as exc:  # an ONNX Runtime built without it: each session's own arena
-        log.warning("the shared CPU arena could not be registered (%s); each session keeps its own", exc)
-        return False
-    return True
 
 
 class OnnxModel:
