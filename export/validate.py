@@ -182,7 +182,10 @@ def _torch_sentence(layer: np.ndarray, mask: np.ndarray, checks: Checks) -> np.n
 
 
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+    """Row by row; two all-zero rows agree (1), one all-zero row against another does not (0)."""
+    norms = np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)
+    both_zero = ~a.any(axis=-1) & ~b.any(axis=-1)
+    return np.where(both_zero, 1.0, (a * b).sum(-1) / np.where(norms > 0, norms, np.inf))
 
 
 def _topk(logits: np.ndarray, k: int) -> np.ndarray:
@@ -275,9 +278,7 @@ def sparse_metrics(got: np.ndarray, want: np.ndarray) -> dict[str, float]:
     the largest difference relative to the weight, over weights of at least ``SPARSE_FLOOR`` (smaller ones
     sit at float32's rounding of a logit near 0); the share of sentences whose weights of at least that
     floor are on the same indices; the least overlap of the 64 largest weights' indices."""
-    norms = np.linalg.norm(got, axis=-1) * np.linalg.norm(want, axis=-1)
-    both_zero = ~got.any(axis=-1) & ~want.any(axis=-1)  # two empty vectors agree; one empty one does not
-    cos = np.where(both_zero, 1.0, (got * want).sum(-1) / np.where(norms > 0, norms, np.inf))
+    cos = _cosines(got, want)
     big = want >= SPARSE_FLOOR
     rel = np.abs(got - want)[big] / want[big]
     same = [np.array_equal(g >= SPARSE_FLOOR, w) for g, w in zip(got, big, strict=True)]

@@ -33,7 +33,7 @@ from app.model.runtime import OnnxModel, load_model
 from app.settings import Settings
 from app.tasks.options import EmbedOptions, Names
 from app.tasks.service import Service
-from app.tasks.sparse import SparseVector, check_top_k
+from app.tasks.sparse import SparseRows, SparseVector, check_top_k
 from app.telemetry.metrics import Metrics
 
 # Texts per engine call: small, so that a call's answer is ready soon after its texts ran (results
@@ -176,36 +176,43 @@ class Embedder:
             raise broken
 
     async def embed(self, rows: Rows) -> Embedded:
-        """The vectors of ``rows``' good texts, and why each of the others is refused: one engine call."""
+        """The vectors of ``rows``' good texts, and why each of the others is refused: one engine call
+        (two with --sparse: the sparse graph's pass over the rows the dense one kept)."""
         bad = dict(rows.bad)
         todo = [i for i, text in enumerate(rows.texts) if text is not None and i not in bad]
         if self.sparse == "only":
-            keep, vectors, tokens = todo, np.empty((0, 0), np.float32), np.empty(0, np.int32)
-        else:
-            texts = [rows.texts[i] or "" for i in todo]
-            got = await self.service.embeddings.rows(texts, self.options, self._names(), TOO_LONG_BULK)
-            bad.update((todo[k], problem.message) for k, problem in got.problems.items())
-            keep = [i for k, i in enumerate(todo) if k not in got.problems]
-            vectors, tokens = got.vectors, got.tokens.astype(np.int32)
+            kept, sparse = await self._sparse(rows, todo, bad)
+            return Embedded(
+                kept,
+                np.empty((len(kept), 0), np.float32),
+                sparse.tokens.astype(np.int32),
+                bad,
+                sparse.vectors,
+            )
+        texts = [rows.texts[i] or "" for i in todo]
+        got = await self.service.embeddings.rows(texts, self.options, self._names(), TOO_LONG_BULK)
+        bad.update((todo[k], problem.message) for k, problem in got.problems.items())
+        keep = [i for k, i in enumerate(todo) if k not in got.problems]
+        tokens = got.tokens.astype(np.int32)
         if self.sparse == "off":
-            return Embedded(keep, vectors, tokens, bad)
-        # The rows the dense vectors kept (all good ones with --sparse-only), through the sparse graph: a
-        # second pass of the encoder over them with --sparse (what is refused is refused by both).
+            return Embedded(keep, got.vectors, tokens, bad)
+        kept, sparse = await self._sparse(rows, keep, bad)
+        good = np.isin(keep, kept)  # the same rules as the dense pass: it keeps them all, unless a prompt
+        return Embedded(kept, got.vectors[good], tokens[good], bad, sparse.vectors)
+
+    async def _sparse(self, rows: Rows, todo: list[int], bad: dict[int, str]) -> tuple[list[int], SparseRows]:
+        """The sparse vectors of ``rows``' texts at ``todo``: the positions kept and the answer; the
+        others' problems go into ``bad``."""
         sparse = await self.service.sparse.rows(
-            [rows.texts[i] or "" for i in keep],
+            [rows.texts[i] or "" for i in todo],
             self.options.long_text,
             self.options.truncation_direction,
             self._names(),
             TOO_LONG_BULK,
             self.top_k,
         )
-        bad.update((keep[k], problem.message) for k, problem in sparse.problems.items())
-        good = [k for k in range(len(keep)) if k not in sparse.problems]
-        kept = [keep[k] for k in good]
-        if self.sparse == "only":
-            dense = np.empty((len(kept), 0), np.float32)
-            return Embedded(kept, dense, sparse.tokens.astype(np.int32), bad, sparse.vectors)
-        return Embedded(kept, vectors[good], tokens[good], bad, sparse.vectors)
+        bad.update((todo[k], problem.message) for k, problem in sparse.problems.items())
+        return [i for k, i in enumerate(todo) if k not in sparse.problems], sparse
 
     def _names(self) -> Names:
         return Names(self.field, lambda _i: self.field)

@@ -65,9 +65,9 @@ class Service(Core):
             await self.embeddings.rows(
                 batch, replace(self.defaults, long_text="truncate"), listed("inputs", batch), TOO_LONG_EMBED
             )
+        info = self.model.manifest.tokenizer
+        ids = np.array([info.cls_id, info.mask_id, info.sep_id], dtype=np.int64)
         if self.model.has_mlm_head:
-            info = self.model.manifest.tokenizer
-            ids = np.array([info.cls_id, info.mask_id, info.sep_id], dtype=np.int64)
             await self.run([ids], [Need(mask_positions=(1,))])
-            if self.model.has_sparse:
-                await self.run([ids], [Need(sparse=True)])
+        if self.model.has_sparse:  # its own graph, with or without the masked-LM head's
+            await self.run([ids], [Need(sparse=True)])

@@ -19,7 +19,7 @@ from app.errors import ServiceError, Unsupported, ValidationFailed
 from app.tasks.answers import Answer, timed, timings_of
 from app.tasks.core import Core
 from app.tasks.options import Direction, LongText, Names, listed
-from app.tasks.prepare import Rules, from_encodings, text_problems
+from app.tasks.prepare import from_encodings, text_problems
 
 TOO_LONG_SPARSE = "send truncate: true to keep its start (truncation_direction left keeps its end)"
 
@@ -32,6 +32,12 @@ class SparseVector:
     indices: np.ndarray
     values: np.ndarray
 
+    @staticmethod
+    def of(vector: np.ndarray) -> SparseVector:
+        """The non-zero entries of a dense [vocab] vector."""
+        indices = np.flatnonzero(vector).astype(np.int32)
+        return SparseVector(indices, vector[indices].astype(np.float32))
+
     def top(self, k: int | None) -> SparseVector:
         """The ``k`` largest weights (ties: the lower index), still in index order; all with None."""
         if k is None or k >= len(self.values):
@@ -43,8 +49,8 @@ class SparseVector:
 def pack(vector: np.ndarray) -> np.ndarray:
     """A dense [vocab] vector as the cache keeps it: its non-zero indices (int32, as float32 bytes) then
     their weights, one float32 array of twice their number."""
-    indices = np.flatnonzero(vector).astype(np.int32)
-    return np.concatenate([indices.view(np.float32), vector[indices].astype(np.float32)])
+    entries = SparseVector.of(vector)
+    return np.concatenate([entries.indices.view(np.float32), entries.values])
 
 
 def unpack(packed: np.ndarray) -> SparseVector:
@@ -140,7 +146,7 @@ class SparseEmbeddings:
                 return SparseRows([], np.empty(0, np.int64), problems)
             job = await self.core.run(prepared.ids, Need(sparse=True))
         assert job.vectors is not None
-        vectors = [unpack(pack(v)).top(top_k) for v in job.vectors[:, 0]]
+        vectors = [SparseVector.of(v).top(top_k) for v in job.vectors[:, 0]]
         return SparseRows(vectors, prepared.tokens.astype(np.int64), dict(sorted(problems.items())))
 
     @timed
@@ -163,7 +169,7 @@ class SparseEmbeddings:
         self.check_long_text(long_text)
         names = listed("inputs", inputs)
         texts = self.core.texts(inputs, names)
-        rules: Rules = self.core.rules(TOO_LONG_SPARSE, long_text, direction)
+        rules = self.core.rules(TOO_LONG_SPARSE, long_text, direction)
         prefix = cache_keys.space(self.core.model_digest, self._options(long_text, direction))
         first = {text: i for i, text in reversed(list(enumerate(texts)))}
         jobs = []

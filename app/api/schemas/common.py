@@ -1,12 +1,14 @@
 """What every request shape is made of: texts that must be valid Unicode, a text or a list of them,
-strict types, a token's description."""
+strict types, TEI's truncation fields, a token's description."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag
 from pydantic_core import PydanticCustomError
+
+from app.tasks.options import Direction, LongText
 
 
 def _utf8(text: str) -> str:
@@ -46,6 +48,21 @@ UNION_TAGS = frozenset({"text", "list", "ids", "id_lists", "texts", "similarity"
 class StrictRequest(BaseModel):
     # Strict: "1" is not a number and 1 is not a string. Unknown fields are ignored, as TEI does.
     model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class TruncateFields(StrictRequest):
+    """TEI's ``truncate`` and ``truncation_direction``, on the routes that take no ``long_text``."""
+
+    truncate: bool = Field(default=False, description="TEI: truncate inputs over the model's length.")
+    truncation_direction: Literal["right", "left", "Right", "Left"] = Field(
+        default="right", description="Which end truncation keeps: right keeps the start."
+    )
+
+    def long_text(self) -> LongText:
+        return "truncate" if self.truncate else "error"
+
+    def direction(self) -> Direction:
+        return "left" if self.truncation_direction.lower() == "left" else "right"
 
 
 class Token(BaseModel):

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, Discriminator, Field, Tag, model_validator
 
-from app.api.schemas.common import Inputs, Pair, StrictRequest, Text, Token, text_or_list
+from app.api.schemas.common import Inputs, Pair, StrictRequest, Text, Token, TruncateFields, text_or_list
 from app.engine import pooling
 from app.tasks.options import (
     Direction,
@@ -226,14 +226,10 @@ class RootRequest(EmbedFields):
     ]
 
 
-class EmbedSparseRequest(StrictRequest):
+class EmbedSparseRequest(TruncateFields):
     """TEI's /embed_sparse: its fields, and ``top_k``."""
 
     inputs: Inputs
-    truncate: bool = Field(default=False, description="TEI: truncate inputs over the model's length.")
-    truncation_direction: Literal["right", "left", "Right", "Left"] = Field(
-        default="right", description="Which end truncation keeps: right keeps the start."
-    )
     top_k: int | None = Field(
         default=None,
         description="Keep each vector's k largest weights (in index order still); default every non-zero one.",
@@ -248,12 +244,6 @@ class EmbedSparseRequest(StrictRequest):
         if self.prompt_name is not None:
             raise ValueError("prompt_name is not supported on /embed_sparse: send the text with its prompt")
         return self
-
-    def long_text(self) -> LongText:
-        return "truncate" if self.truncate else "error"
-
-    def direction(self) -> Direction:
-        return "left" if self.truncation_direction.lower() == "left" else "right"
 
 
 class SparseValue(BaseModel):

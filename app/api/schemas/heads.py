@@ -6,11 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Discriminator, Field, Tag
 
-from app.api.schemas.common import Inputs, Pair, StrictRequest, Text
-from app.tasks.options import (
-    Direction,
-    LongText,
-)
+from app.api.schemas.common import Inputs, Pair, StrictRequest, Text, TruncateFields
 
 
 def _predict_form(value: Any) -> str | None:
@@ -36,20 +32,7 @@ PredictSequence = Annotated[
 ]
 
 
-class HeadFields(StrictRequest):
-    truncate: bool = Field(default=False, description="TEI: truncate inputs over the model's length.")
-    truncation_direction: Literal["right", "left", "Right", "Left"] = Field(
-        default="right", description="Which end truncation keeps: right keeps the start."
-    )
-
-    def long_text(self) -> LongText:
-        return "truncate" if self.truncate else "error"
-
-    def direction(self) -> Direction:
-        return "left" if self.truncation_direction.lower() == "left" else "right"
-
-
-class PredictRequest(HeadFields):
+class PredictRequest(TruncateFields):
     """TEI's /predict: one input (a text, or a pair ``[text, text_pair]``) or a batch of them."""
 
     inputs: Annotated[
@@ -81,7 +64,7 @@ class LabelScore(BaseModel):
 PredictResponse = list[LabelScore] | list[list[LabelScore]]
 
 
-class RerankRequest(HeadFields):
+class RerankRequest(TruncateFields):
     query: Text
     texts: list[Text]
     raw_scores: bool = Field(default=False, description="Logits instead of the model's scores (sigmoid).")
@@ -109,7 +92,7 @@ class TokenClassificationParameters(StrictRequest):
     )
 
 
-class TokenClassificationRequest(HeadFields):
+class TokenClassificationRequest(TruncateFields):
     inputs: Inputs
     aggregation_strategy: AggregationName = Field(
         default="simple",

@@ -39,12 +39,17 @@ def shards(out: Path) -> pa.Table:
     return pa.concat_tables([pq.read_table(p) for p in parts])
 
 
+def embeddings(table: pa.Table) -> np.ndarray:
+    """The embedding column of ``table`` as one [rows, width] array, in its own type."""
+    return np.asarray(table.column("embedding").combine_chunks().flatten()).reshape(table.num_rows, -1)
+
+
 def vectors(out: Path) -> dict[str, np.ndarray]:
     """id → vector of everything in ``out`` (every id once: checked)."""
     t = shards(out)
     ids = t.column("id").to_pylist()
     assert len(ids) == len(set(ids)), "an id is written twice"
-    matrix = np.asarray(t.column("embedding").combine_chunks().flatten()).reshape(len(ids), -1)
+    matrix = embeddings(t)
     return dict(zip(ids, matrix, strict=True))
 
 

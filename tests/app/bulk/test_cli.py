@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from app.bulk.cli import EXIT_CANNOT_RUN, EXIT_OK, EXIT_SKIPPED
-from tests.app.bulk.conftest import TEXTS, manifest, run_bulk, shards, write_jsonl
+from tests.app.bulk.conftest import TEXTS, embeddings, manifest, run_bulk, shards, write_jsonl
 from tests.app.vectors import assert_same_bits
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -103,7 +103,7 @@ def test_int8_output_is_what_post_embed_sends_for_int8(
 ) -> None:
     assert run_bulk(tiny_model_dir, corpus, tmp_path / "out", "--encoding", "int8") == EXIT_OK
     table = shards(tmp_path / "out")
-    values = np.asarray(table.column("embedding").combine_chunks().flatten()).reshape(len(TEXTS), -1)
+    values = embeddings(table)
     wire = client.post("/embed", json={"inputs": TEXTS, "encoding": "int8"}).json()
     assert np.abs(values.astype(int) - np.array([w["values"] for w in wire])).max() <= 1  # a float's last bit
     assert np.allclose(table.column("scale").to_pylist(), [w["scale"] for w in wire], rtol=1e-5)
@@ -114,7 +114,7 @@ def test_binary_output_is_what_post_embed_sends_for_binary(
 ) -> None:
     assert run_bulk(tiny_model_dir, corpus, tmp_path / "out", "--encoding", "binary") == EXIT_OK
     table = shards(tmp_path / "out")
-    values = np.asarray(table.column("embedding").combine_chunks().flatten()).reshape(len(TEXTS), -1)
+    values = embeddings(table)
     assert values.dtype == np.int8 and values.shape[1] == 64 // 8
     floats = client.post("/embed", json={"inputs": TEXTS}).json()
     assert_same_bits(values, floats, signed=True)

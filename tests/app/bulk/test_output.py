@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 
 from app.api.encoding import binary_vectors, encode_vectors
 from app.bulk.output import ERRORS, MANIFEST, OutputDir, ShardWriter, mismatch, schema, table
+from tests.app.bulk.conftest import embeddings
 
 
 def test_a_shard_is_invisible_until_committed_and_then_holds_its_rows(tmp_path: Path) -> None:
@@ -26,9 +27,7 @@ def test_a_shard_is_invisible_until_committed_and_then_holds_its_rows(tmp_path: 
     got = pq.read_table(tmp_path / "part-00003.parquet")
     assert got.schema == schema(4, "float")
     assert got.column("id").to_pylist() == ["a", "b"]
-    assert np.array_equal(
-        np.asarray(got.column("embedding").combine_chunks().flatten()).reshape(2, 4), vectors
-    )
+    assert np.array_equal(embeddings(got), vectors)
     assert got.column("tokens").to_pylist() == [3, 4]
     assert OutputDir(tmp_path).shard_errors(3) == b'{"id":"c","error":"text is empty"}\n'
     assert not list(tmp_path.glob(".*.tmp"))
@@ -75,7 +74,7 @@ def test_int8_columns_are_the_apis_int8_encoding() -> None:
     vectors = rng.standard_normal((5, 16)).astype(np.float32)
     vectors[2] = 0
     got = table([str(i) for i in range(5)], vectors, np.arange(5), "int8")
-    values = np.asarray(got.column("embedding").combine_chunks().flatten()).reshape(5, 16)
+    values = embeddings(got)
     wire: list[Any] = list(encode_vectors(vectors, "int8"))
     assert values.dtype == np.int8
     assert np.array_equal(values, np.stack([w["values"] for w in wire]))
@@ -93,7 +92,7 @@ def test_binary_columns_are_the_packed_signs_and_read_back_as_bytes(tmp_path: Pa
     for encoding, item in pairs:
         got = table([str(i) for i in range(6)], vectors, np.arange(6), encoding)
         assert got.schema == schema(20, encoding) and got.column_names == ["id", "embedding", "tokens"]
-        values = np.asarray(got.column("embedding").combine_chunks().flatten()).reshape(6, 3)
+        values = embeddings(got)
         assert values.dtype == item
         assert values.tobytes() == quantize_embeddings(vectors, precision=encoding).tobytes()
         assert values.tobytes() == binary_vectors(vectors, signed=encoding == "binary").tobytes()
