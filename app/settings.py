@@ -148,6 +148,17 @@ class Settings(BaseSettings):
         description="Token budget of one batch, padding included: batch size × longest ≤ this.",
     )
     max_batch_size: int = Field(default=8, ge=1, description="Most inputs in one batch.")
+    # A batch's activations grow with size × longest² (the attention's scores); the ONNX Runtime arena keeps
+    # the most any batch has needed, so this bound is a worker's memory ceiling (docs/performance.md,
+    # issue 31 step 17). On CUDA the device's memory is another matter: no bound unless set.
+    max_batch_attention: int | None = Field(
+        default=None,
+        ge=0,
+        description="Attention budget of one batch: batch size × longest² ≤ this, which bounds what a "
+        "batch holds in memory (the warm-up runs the largest batch it allows, so a worker's memory is at "
+        "its ceiling once ready). Unset: 524288 (8 × 256²; at 512 tokens, 2 a batch) on CPU, none on CUDA; "
+        "0: none.",
+    )
     max_wait_ms: float = Field(
         default=2.0,
         ge=0,

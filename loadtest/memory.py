@@ -5,7 +5,8 @@
 
 Each variant (``default``, ``trim-off``, ``mmap-only``, ``trim-only``, ``mmap-env``, ``arena-off``,
 ``arena-shrink``: docs/performance.md says what each is) runs the engine as a worker builds it, with
-closed-loop clients sending 1 to ``--max-texts`` numbered corpus texts. The table: USS after the first
+closed-loop clients sending 1 to ``--max-texts`` numbered corpus texts (``--max-chars``: each repeated or
+cut to a random length). The table: USS once warmed up (the worker's warm-up included), after the first
 ``--step`` requests, at the middle and at the end, the most seen, the growth, and requests/s.
 """
 
@@ -33,6 +34,9 @@ VARIANTS: dict[str, dict[str, str]] = {
     "mmap-env": {**OFF, "MALLOC_MMAP_THRESHOLD_": "131072"},
     "arena-off": {"LAB_ARENA_OFF": "1"},
     "arena-shrink": {"LAB_SHRINK_EVERY": "64"},
+    "no-ceiling": {"LAB_NO_CEILING": "1"},
+    "no-bound": {"ZHEMBED_MAX_BATCH_ATTENTION": "0"},
+    "as-before": {"ZHEMBED_MAX_BATCH_ATTENTION": "0", "LAB_NO_CEILING": "1"},
 }
 
 
@@ -89,6 +93,10 @@ async def child(args: argparse.Namespace) -> dict[str, Any]:
         runtime.OnnxModel.encode = encode  # type: ignore[method-assign,assignment]
     settings = Settings(**fields(args.model, args.variant, 100_000, intra_op_threads=args.threads))
     service, engine = await in_process(settings)
+    if os.environ.get("LAB_NO_CEILING"):
+        type(engine.limits).largest = lambda self, max_length: []  # type: ignore[method-assign]
+    await service.warmup()  # as a worker does before it accepts
+    ready = procs.memory(os.getpid()).uss / procs.MB
     corpus = load_corpus()
     rng = random.Random(args.seed)
     counter = iter(range(10_000_000))
@@ -102,6 +110,10 @@ async def child(args: argparse.Namespace) -> dict[str, Any]:
         while sent < args.requests:
             sent += 1
             texts = unique_texts(corpus, next(counter) * args.max_texts, rng.randint(1, args.max_texts))
+            if args.max_chars:  # any mix of lengths: each text repeated or cut to 1 to max_chars characters
+                texts = [
+                    (t * (args.max_chars // len(t) + 1))[: rng.randint(1, args.max_chars)] for t in texts
+                ]
             await service.embeddings.embed(texts, EmbedOptions())
             if sent % args.step == 0:
                 # USS: what this process alone holds (PSS would move with what its library sharers do).
@@ -117,6 +129,7 @@ async def child(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "growth_by_kind": {k: kinds[-1][k] - kinds[0][k] for k in kinds[0]},
         "readings": readings,
+        "ready": ready,
         "seconds": time.perf_counter() - started,
         "batches": engine.batcher.stats.batches,
         "trim_ms": 1000 * engine.inference.trimmer.seconds / max(engine.inference.trimmer.trims, 1),
@@ -127,7 +140,7 @@ def summary(name: str, result: dict[str, Any], requests: int) -> str:
     uss = [mb for _, mb in result["readings"]]
     first, middle, last = uss[0], uss[len(uss) // 2], uss[-1]
     return (
-        f"{name:<11}{first:>9.1f}{middle:>9.1f}{last:>9.1f}{max(uss):>9.1f}"
+        f"{name:<11}{result['ready']:>9.1f}{first:>9.1f}{middle:>9.1f}{last:>9.1f}{max(uss):>9.1f}"
         f"{(last - first) / first:>+9.1%}{requests / result['seconds']:>9.1f}{result['batches']:>9}"
         f"{result['trim_ms']:>9.2f}  "
         + " ".join(f"{k} {v:+.1f}" for k, v in result["growth_by_kind"].items())
@@ -143,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step", type=int, default=250)
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--max-texts", type=int, default=8)
+    p.add_argument(
+        "--max-chars", type=int, default=0, help="texts of 1 to this many characters (0: the corpus's own)"
+    )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--parallel", type=int, default=2, help="variants run at once")
     p.add_argument("--seed", type=int, default=0)
@@ -167,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.clients} clients, {args.threads} thread(s) each, {args.parallel} variant(s) at a time"
     )
     print(
-        f"{'variant':<11}{'USS 1st':>9}{'middle':>9}{'end':>9}{'max':>9}{'growth':>9}{'req/s':>9}{'batches':>9}{'trim ms':>9}"
+        f"{'variant':<11}{'ready':>9}{'USS 1st':>9}{'middle':>9}{'end':>9}{'max':>9}{'growth':>9}{'req/s':>9}{'batches':>9}{'trim ms':>9}"
     )
     for i in range(0, len(names), args.parallel):
         group = names[i : i + args.parallel]

@@ -77,6 +77,7 @@ class Batcher:
         max_queue_delay_ms: float | None = None,
         urgency_aging_ms: float = 1000.0,
         clock: Clock | None = None,
+        max_batch_attention: int = 0,
     ) -> None:
         """``capacity`` bounds the pending sequences; admission keeps the engine below it.
 
@@ -86,6 +87,7 @@ class Batcher:
         ``max_queue_delay_ms``: the queue-delay budget; None derives it from the cost model.
         ``clock``: what it reads the time from and waits through (:mod:`app.engine.clock`; default: real
         time); the sequences' ``enqueued_at`` must come from it too.
+        ``max_batch_attention``: size × longest² bound on a batch (0: none; :class:`~app.engine.planner.Limits`).
         """
         self.clock = clock or Clock()
         self._now = self.clock.now
@@ -93,6 +95,7 @@ class Batcher:
         self.company_expected = company_expected
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
+        self.max_batch_attention = max_batch_attention
         self.max_wait_s = max_wait_ms / 1000
         self.max_queue_delay_s = max_queue_delay_ms / 1000 if max_queue_delay_ms is not None else None
         self.aging_s = urgency_aging_ms / 1000
@@ -109,14 +112,18 @@ class Batcher:
         self._last_cost = 0.0  # modelled cost of the batch handed out last
         self._last_shape = (0, 0)  # its size and longest length
         self._refitter: Refitter | None = None
-        self.planner = Planner(CostModel.constant(overhead_tokens), max_batch_size, max_batch_tokens)
+        self.planner = Planner(
+            CostModel.constant(overhead_tokens), max_batch_size, max_batch_tokens, max_batch_attention
+        )
         self._scale: float | None = None  # seconds per unit of modelled cost; None: not known yet
         self.set_costs(costs or CostModel.constant(overhead_tokens))
 
     def set_costs(self, costs: CostModel) -> None:
         """Plan by ``costs`` from now on (the inference thread calls it once it has measured or read them)."""
         with self._cond:
-            self.planner = Planner(costs, self.max_batch_size, self.max_batch_tokens)
+            self.planner = Planner(
+                costs, self.max_batch_size, self.max_batch_tokens, self.max_batch_attention
+            )
             self._scale = 1.0 if costs.measured else None
             self._refitter = Refitter(costs) if costs.measured and costs.points else None
 
@@ -172,7 +179,7 @@ class Batcher:
         if self._depth >= self.max_batch_size or not self.company_expected():
             return True
         longest = max(max(c.buckets) for c in self._classes if c.buckets)
-        return self._depth * longest > self.max_batch_tokens
+        return self._depth >= self.planner.limits.room(longest)
 
     def stop(self) -> None:
         with self._cond:
@@ -192,7 +199,9 @@ class Batcher:
             refitted = self._refitter.add(*self._last_shape, seconds)
             if refitted is not None:
                 with self._cond:
-                    self.planner = Planner(refitted, self.max_batch_size, self.max_batch_tokens)
+                    self.planner = Planner(
+                        refitted, self.max_batch_size, self.max_batch_tokens, self.max_batch_attention
+                    )
         elif self._last_cost > 0:
             ratio = seconds / self._last_cost
             scale = self._scale
@@ -222,7 +231,7 @@ class Batcher:
                 cap = self._cap(group[-1].urgency, now)
                 window = self.planner.choose(lengths, counts, at if overdue else None, cap)
                 n = int(counts.sum())
-                fits_all = n < self.max_batch_size and n * int(lengths[-1]) <= self.max_batch_tokens
+                fits_all = n < self.max_batch_size and self.planner.limits.allows(n, int(lengths[-1]))
                 full = not (fits_all and window.size == n)
                 remaining = oldest.enqueued_at + self.max_wait_s - now
                 if full or remaining <= 0 or not self.company_expected():
@@ -321,7 +330,7 @@ class Batcher:
     def _fill(self, batch: list[Seq], group: list[Pending], top: int, oldest: Seq, now: float) -> int:
         """Add less urgent sequences no longer than ``top`` to ``batch``, longest first, as many as the
         room, the token budget and what is left of ``oldest``'s queue-delay budget allow; how many."""
-        room = min(self.max_batch_size, self.max_batch_tokens // max(top, 1)) - len(batch)
+        room = self.planner.limits.room(top) - len(batch)
         others = [c for c in self._classes if c.depth and c not in group]
         if room <= 0 or not others or self._scale is None:
             return 0

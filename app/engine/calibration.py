@@ -154,6 +154,7 @@ def load_or_measure(
     max_tokens: int,
     intra_op_threads: int,
     cache_dir: Path,
+    max_attention: int = 0,
     budget_s: float = MEASURE_BUDGET_S,
 ) -> CostModel:
     """The cost model for this graph, provider and device: from the cache, or measured and cached."""
@@ -171,13 +172,13 @@ def load_or_measure(
             "cannot write the batch cost model to %s: measured on every start",
             " or ".join(map(str, folders.values())),
         )
-        fitted = _measured(run, key, max_size, max_tokens, max_length, budget_s)
+        fitted = _measured(run, key, grid(max_size, max_tokens, max_length, max_attention), budget_s)
         return replace(fitted, source="measured at start-up (not cached: no writable folder)")
     where, folder = writable
     with _locked(folder, name):
         if (cached := _read(folder / name, key, where)) is not None:  # another worker measured it meanwhile
             return cached
-        fitted = _measured(run, key, max_size, max_tokens, max_length, budget_s)
+        fitted = _measured(run, key, grid(max_size, max_tokens, max_length, max_attention), budget_s)
         path = folder / name
         partial = path.with_suffix(".partial")
         partial.write_text(json.dumps(fitted.to_json(), indent=1))
@@ -186,11 +187,9 @@ def load_or_measure(
         return replace(fitted, source=f"measured at start-up, cached {where}")
 
 
-def _measured(
-    run: Runner, key: dict[str, str], max_size: int, max_tokens: int, max_length: int, budget_s: float
-) -> CostModel:
+def _measured(run: Runner, key: dict[str, str], shapes: list[tuple[int, int]], budget_s: float) -> CostModel:
     started = time.perf_counter()
-    points = measure(run, grid(max_size, max_tokens, max_length), budget_s)
+    points = measure(run, shapes, budget_s)
     took = time.perf_counter() - started
     a, b, c, d = fit(points)
     model = CostModel(a, b, c, d, "s", "measured", tuple(points), key, took)

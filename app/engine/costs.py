@@ -230,11 +230,17 @@ class Refitter:
         self._moment = fade * self._moment + weights @ rows
 
 
-def grid(max_size: int, max_tokens: int, max_length: int) -> list[tuple[int, int]]:
-    """The (batch size, length) points to time, cheapest first, within the batch limits."""
+def grid(max_size: int, max_tokens: int, max_length: int, max_attention: int = 0) -> list[tuple[int, int]]:
+    """The (batch size, length) points to time, cheapest first, within the batch limits (``max_attention``:
+    size × length² at most, 0: no bound)."""
     sizes = sorted({s for s in SIZES if s <= max_size} | {max_size})
     lengths = sorted({n for n in LENGTHS if n <= max_length} | {min(max_length, LENGTHS[0])})
-    points = [(b, s) for b in sizes for s in lengths if b * s <= max_tokens or b == 1]
+    points = [
+        (b, s)
+        for b in sizes
+        for s in lengths
+        if b == 1 or (b * s <= max_tokens and (max_attention <= 0 or b * s * s <= max_attention))
+    ]
     return sorted(points, key=lambda p: (p[0] * p[1], p[1]))
 
 

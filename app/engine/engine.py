@@ -25,17 +25,29 @@ from app.engine import calibration, costs
 from app.engine.admission import Admission, Ledger, Permits
 from app.engine.batching import Batcher
 from app.engine.inference import Inference
+from app.engine.planner import Limits
 from app.engine.priority import URGENCIES, URGENCY
 from app.engine.tokenization import Tokenization
 from app.engine.work import Job, Plan, Seq
 from app.errors import ServiceError
-from app.model.runtime import OnnxModel
+from app.model.runtime import CUDA, OnnxModel
 from app.model.tokenizer import TextInputs
 from app.settings import Settings
 from app.telemetry.metrics import Metrics
 from app.telemetry.tracing import Tracing
 
 log = logging.getLogger(__name__)
+
+
+# The CPU's default attention budget: 8 inputs of 256 tokens, or 2 of 512 (Settings.max_batch_attention).
+CPU_BATCH_ATTENTION = 8 * 256 * 256
+
+
+def batch_attention(settings: Settings, provider: str) -> int:
+    """The batch's size × longest² budget for ``provider`` (0: none)."""
+    if settings.max_batch_attention is not None:
+        return settings.max_batch_attention
+    return 0 if provider == CUDA else CPU_BATCH_ATTENTION
 
 
 class Engine:
@@ -59,6 +71,7 @@ class Engine:
         self.batcher = Batcher(
             max_batch_tokens=settings.max_batch_tokens,
             max_batch_size=settings.max_batch_size,
+            max_batch_attention=batch_attention(settings, model.providers[0]),
             max_wait_ms=settings.max_wait_ms,
             capacity=settings.max_concurrent_inputs * windows,
             metrics=self.metrics,
@@ -71,6 +84,11 @@ class Engine:
         self.inference = Inference(
             model, self.batcher, self.metrics, tracing, self._calibrate, settings.memory_trim_batches
         )
+
+    @property
+    def limits(self) -> Limits:
+        """What one batch may hold."""
+        return self.batcher.planner.limits
 
     def start(self) -> None:
         self.tokenization.start()
@@ -91,6 +109,7 @@ class Engine:
                     calibration.session_runner(self.model),
                     max_size=s.max_batch_size,
                     max_tokens=s.max_batch_tokens,
+                    max_attention=self.limits.attention,
                     intra_op_threads=s.intra_op_threads,
                     cache_dir=s.cache_path,
                 )

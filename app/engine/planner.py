@@ -30,6 +30,48 @@ from app.errors import InternalError
 
 
 @dataclass(frozen=True)
+class Limits:
+    """What one batch may hold: ``size`` inputs, ``tokens`` (size × longest, padding included) and
+    ``attention`` (size × longest², the attention's scores; 0: no bound).
+
+    The tokens bound what a batch costs; the attention, what it holds in memory, which grows with the
+    square of its length: at 8 × 512 the scores alone are 100 MB a layer's softmax (fp32, 12 heads), four
+    times what 8 × 256 holds. Bounding it keeps a worker's largest batch, and so its memory's ceiling,
+    affordable enough to reach at start (:meth:`largest`; docs/performance.md, issue 31 step 17).
+    """
+
+    size: int
+    tokens: int
+    attention: int = 0
+
+    def rooms(self, lengths: np.ndarray) -> np.ndarray:
+        """How many sequences of each length one batch may hold (at least one)."""
+        longest = np.maximum(lengths, 1)
+        room = np.minimum(self.size, self.tokens // longest)
+        if self.attention > 0:
+            room = np.minimum(room, self.attention // (longest * longest))
+        return np.maximum(room, 1)
+
+    def room(self, length: int) -> int:
+        """How many sequences of ``length`` one batch may hold (at least one)."""
+        return int(self.rooms(np.array([length]))[0])
+
+    def allows(self, size: int, length: int) -> bool:
+        """Whether a batch of ``size`` sequences, the longest ``length``, is within the limits."""
+        return size <= self.room(length)
+
+    def largest(self, max_length: int) -> list[tuple[int, int]]:
+        """The batch shapes (size, length) that hold the most memory: the longest batch of the most inputs,
+        and the longest batch there may be. A batch's buffers grow with size × length and with size ×
+        length², so no batch within the limits holds more than the larger of these two."""
+        full = max_length
+        while full > 1 and self.room(full) < self.size:
+            full -= 1
+        shapes = {(self.room(full), full), (self.room(max_length), max_length)}
+        return sorted(shapes, key=lambda shape: (shape[1], shape[0]))
+
+
+@dataclass(frozen=True)
 class Window:
     """``size`` sequences with the longest at ``lengths[top]``; what it costs, in the model's unit."""
 
@@ -41,10 +83,13 @@ class Window:
 class Planner:
     """The batch limits and the cost model, with what every plan reuses (window sizes as a row)."""
 
-    def __init__(self, model: CostModel, max_batch_size: int, max_batch_tokens: int) -> None:
+    def __init__(
+        self, model: CostModel, max_batch_size: int, max_batch_tokens: int, max_batch_attention: int = 0
+    ) -> None:
         self.model = model
         self.max_batch_size = max_batch_size
         self.max_batch_tokens = max_batch_tokens
+        self.limits = Limits(max_batch_size, max_batch_tokens, max_batch_attention)
         self._sizes = np.arange(1, max_batch_size + 1)[None, :]
         # Per length 0, 1, 2, …: what a sequence adds to a batch, how many one batch may hold, and its
         # worth; looked up, not computed, per plan (a plan is a few dozen numpy calls on small arrays,
@@ -56,7 +101,7 @@ class Planner:
         n = max(longest + 1, 2 * len(self._per))
         lengths = np.arange(n)
         self._per = self.model.per_sequence(lengths)
-        self._fit = np.clip(self.max_batch_tokens // np.maximum(lengths, 1), 1, self.max_batch_size)
+        self._fit = self.limits.rooms(lengths)
         self._worth = self.model.a / self._fit + self._per
 
     def worth(self, lengths: np.ndarray) -> np.ndarray:
@@ -67,7 +112,7 @@ class Planner:
 
     def full_batch_cost(self, length: float) -> float:
         """What a full batch of sequences of ``length`` costs: as many as the limits allow."""
-        size = max(1, min(self.max_batch_size, int(self.max_batch_tokens // max(length, 1.0))))
+        size = self.limits.room(max(1, int(length)))
         return self.model.cost(size, round(length))
 
     def choose(

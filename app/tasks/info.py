@@ -95,6 +95,11 @@ def describe(service: Service) -> dict[str, Any]:
         "batching": {
             "max_batch_tokens": s.max_batch_tokens,
             "max_batch_size": s.max_batch_size,
+            # size × longest² (0: none); the warm-up ran the largest batches it allows (issue 31).
+            "max_batch_attention": service.engine.limits.attention,
+            "largest_batches": [
+                list(shape) for shape in service.engine.limits.largest(m.tokenizer.max_length)
+            ],
             "max_wait_ms": s.max_wait_ms,
             "max_concurrent_inputs": s.max_concurrent_inputs,
             **service.engine.scheduling(),

@@ -66,6 +66,20 @@ class Service(Core):
                 batch, replace(self.defaults, long_text="truncate"), listed("inputs", batch), TOO_LONG_EMBED
             )
         info = self.model.manifest.tokenizer
+        # The largest batches the limits allow, so that ONNX Runtime's arena holds at ready what the
+        # worker will ever need: it keeps the most any batch has needed, and grown by the traffic it
+        # would step up for weeks, each time a batch of a new shape did not fit (issue 31).
+        need = Need(
+            layers=() if self.model.has_head else (self.model.num_layers,),
+            pooling=None if self.model.has_head else self.defaults.pooling,
+            head=self.model.has_head,
+        )
+        for size, length in self.engine.limits.largest(self.model.tokenizer.max_length):
+            body = np.full(length, info.mask_id, dtype=np.int64)
+            body[0], body[-1] = info.cls_id, info.sep_id
+            await self.run([body] * size, need)
+            if self.model.has_sparse:  # its own graph and arena
+                await self.run([body] * size, Need(sparse=True))
         ids = np.array([info.cls_id, info.mask_id, info.sep_id], dtype=np.int64)
         if self.model.has_mlm_head:
             await self.run([ids], [Need(mask_positions=(1,))])

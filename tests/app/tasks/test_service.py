@@ -95,3 +95,29 @@ def test_an_unready_service_refuses(service: Service) -> None:
             asyncio.run(service.embeddings.embed("你好", EmbedOptions()))
     finally:
         service.ready = True
+
+
+def test_the_warm_up_runs_the_largest_batches_the_limits_allow(
+    tiny_model: Any, tiny_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 4 × 64² of attention: 4 inputs of 64 tokens, or 1 of the model's longest.
+    settings = tiny_settings.model_copy(update={"max_batch_size": 4, "max_batch_attention": 4 * 64 * 64})
+    shapes: list[tuple[int, int]] = []
+    encode = tiny_model.encode
+
+    def recording(input_ids: np.ndarray, *args: Any, **kwargs: Any) -> Any:
+        shapes.append(input_ids.shape)
+        return encode(input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(tiny_model, "encode", recording)
+    metrics = Metrics()
+    engine = Engine(tiny_model, settings, metrics)
+    engine.start()
+    try:
+        longest = tiny_model.tokenizer.max_length
+        assert engine.limits.largest(longest) == [(4, 64), (1, longest)]
+        asyncio.run(Service(settings, tiny_model, engine, VectorCache(None, None, metrics), metrics).warmup())
+    finally:
+        engine.stop()
+    assert (4, 64) in shapes and (1, longest) in shapes
+    assert all(size * length * length <= 4 * 64 * 64 for size, length in shapes if size > 1)
