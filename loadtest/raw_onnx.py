@@ -2,8 +2,9 @@
 against.
 
     python -m loadtest.raw_onnx [--model DIR] [--variants fp32,int8] [--seconds 2]
+    python -m loadtest.raw_onnx --variants int8 --batches 2,4,8 --lengths 256,384,512   # long inputs
 
-The grid times the encoder at batch 1, 8, 32 × sequence 16, 32, 128 and prints sentences/s per variant
+The grid times the encoder at batch 1, 8, 32 × sequence 16, 32, 128 (``--batches``, ``--lengths``) and prints sentences/s per variant
 and the int8/fp32 ratio. Variants are interleaved within each cell (short rounds, alternating) so that a
 machine that slows down mid-run slows every variant alike. Sessions use the service's options
 (``app.model.runtime.session_options``, through ``loadtest.flops.session_options``), and fetch what the
@@ -184,12 +185,18 @@ def _runs(
     return {name: partial(s.run, [service_output(s)], feed) for name, s in sessions.items()}
 
 
-def grid(model_dir: Path, variants: list[str], seconds: float) -> list[dict[str, float | int | str]]:
+def grid(
+    model_dir: Path,
+    variants: list[str],
+    seconds: float,
+    batches: tuple[int, ...] = (1, 8, 32),
+    lengths: tuple[int, ...] = (16, 32, 128),
+) -> list[dict[str, float | int | str]]:
     """sentences/s per variant at batch × sequence, variants interleaved within each cell."""
     sessions = {v: open_encoder(model_dir, v) for v in variants}
     rows: list[dict[str, float | int | str]] = []
-    for batch in (1, 8, 32):
-        for seq in (16, 32, 128):
+    for batch in batches:
+        for seq in lengths:
             med = interleaved(_runs(sessions, synthetic_feed(batch, seq)), seconds)
             row: dict[str, float | int | str] = {"batch": batch, "seq": seq}
             for v in variants:
@@ -213,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     parser.add_argument("--variants", default=None, help="comma-separated; default: fp32,int8 where present")
     parser.add_argument("--seconds", type=float, default=2.0, help="timing budget per cell")
+    parser.add_argument("--batches", default="1,8,32", help="batch sizes of the grid, comma-separated")
+    parser.add_argument(
+        "--lengths", default="16,32,128", help="sequence lengths of the grid, comma-separated"
+    )
     args = parser.parse_args(argv)
     present = variants_in(args.model)
     wanted = args.variants.split(",") if args.variants else [v for v in ("fp32", "int8") if v in present]
@@ -226,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         + " ".join(f"{v:>10}" for v in wanted)
         + ("  int8/fp32" if {"int8", "fp32"} <= set(wanted) else "")
     )
-    grid(args.model, wanted, args.seconds)
+    batches, lengths = (tuple(int(n) for n in text.split(",")) for text in (args.batches, args.lengths))
+    grid(args.model, wanted, args.seconds, batches, lengths)
     return 0
 
 
