@@ -45,6 +45,10 @@ CPU = "CPUExecutionProvider"
 
 # /proc/cpuinfo flags of an integer dot product that accumulates u8 x s8 in int32 (VPDPBUSD).
 VNNI_FLAGS = ("avx512_vnni", "avx_vnni")
+# Rows of the masked-LM head in one run: its logits are [rows, vocab] (11 MB at 128 × 21128), and ONNX
+# Runtime's arena keeps the most any run has needed, so more masks in a batch run in pieces of this many
+# and the warm-up fills one piece: the head's memory is at its ceiling once a worker is ready.
+MLM_ROWS = 128
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
@@ -228,8 +232,12 @@ class OnnxModel:
         """Masked-LM logits [k, vocab] for last-layer hidden states [k, hidden]."""
         if self._mlm is None:
             raise RuntimeError("mask_logits called on a model without a masked-LM head")
-        (logits,) = self._mlm.run([MLM_OUTPUT], {MLM_INPUT: hidden.astype(np.float32, copy=False)})
-        return np.asarray(logits)
+        hidden = hidden.astype(np.float32, copy=False)
+        pieces = [
+            self._mlm.run([MLM_OUTPUT], {MLM_INPUT: hidden[start : start + MLM_ROWS]})[0]
+            for start in range(0, len(hidden), MLM_ROWS)
+        ]
+        return np.asarray(pieces[0]) if len(pieces) == 1 else np.concatenate(pieces)
 
     def sparse_vectors(self, hidden: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         """SPLADE vectors [k, vocab] of sequences' last hidden states [k, seq, hidden] and mask [k, seq]."""

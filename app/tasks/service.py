@@ -17,7 +17,7 @@ import numpy as np
 from app.cache.vectors import VectorCache
 from app.engine.engine import Engine
 from app.engine.work import Need
-from app.model.runtime import OnnxModel
+from app.model.runtime import MLM_ROWS, OnnxModel
 from app.settings import Settings
 from app.tasks.answers import Answer, TokenVectors
 from app.tasks.core import Core
@@ -81,7 +81,9 @@ class Service(Core):
             if self.model.has_sparse:  # its own graph and arena
                 await self.run([body] * size, Need(sparse=True))
         ids = np.array([info.cls_id, info.mask_id, info.sep_id], dtype=np.int64)
-        if self.model.has_mlm_head:
-            await self.run([ids], [Need(mask_positions=(1,))])
+        if self.model.has_mlm_head:  # the most rows the head runs at once (MLM_ROWS), for the same reason
+            masks = min(MLM_ROWS, self.model.tokenizer.max_length - 2)
+            filled = np.array([info.cls_id, *[info.mask_id] * masks, info.sep_id], dtype=np.int64)
+            await self.run([filled], [Need(mask_positions=tuple(range(1, masks + 1)))])
         if self.model.has_sparse:  # its own graph, with or without the masked-LM head's
             await self.run([ids], [Need(sparse=True)])

@@ -8,10 +8,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from app.model.manifest import ManifestError, load_manifest
-from app.model.runtime import CPU, CUDA, OnnxModel, choose, load_model
+from app.model.runtime import CPU, CUDA, MLM_ROWS, OnnxModel, choose, load_model
 from app.settings import Settings
 
 
@@ -29,6 +30,25 @@ def test_auto_picks_int8_on_cpu_and_fp16_on_cuda(tiny_model_dir: Path) -> None:
 def test_loads_the_configured_variant(tiny_model: object) -> None:
     assert getattr(tiny_model, "variant") == "fp32"  # noqa: B009
     assert getattr(tiny_model, "has_mlm_head") and getattr(tiny_model, "has_pooler")  # noqa: B009
+
+
+def test_the_masked_lm_head_runs_in_pieces_of_at_most_mlm_rows(
+    tiny_model: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rows = 2 * MLM_ROWS + 5
+    hidden = np.random.default_rng(0).standard_normal((rows, tiny_model.hidden_size)).astype(np.float32)
+    pieces: list[int] = []
+    run = tiny_model._mlm.run
+
+    def counted(outputs: list[str], feed: dict[str, np.ndarray]) -> Any:
+        pieces.extend(len(x) for x in feed.values())
+        return run(outputs, feed)
+
+    monkeypatch.setattr(tiny_model._mlm, "run", counted)
+    whole = tiny_model.mask_logits(hidden)
+    assert pieces == [MLM_ROWS, MLM_ROWS, 5] and whole.shape[0] == rows
+    one_by_one = np.concatenate([tiny_model.mask_logits(hidden[i : i + 1]) for i in range(0, rows, 37)])
+    np.testing.assert_allclose(whole[::37], one_by_one, rtol=1e-5, atol=1e-5)
 
 
 def test_pooled_outputs_are_named_by_layer_and_mode(tiny_model: Any) -> None:
