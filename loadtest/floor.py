@@ -21,9 +21,8 @@ from pathlib import Path
 
 import numpy as np
 import orjson
-from tokenizers import Tokenizer
 
-from loadtest.corpus import load_corpus, unique_texts
+from loadtest.corpus import load_corpus, tokenizer_of, unique_texts
 
 # Texts per tokeniser call: what the floor was measured with (the service batches across requests).
 TOKENIZE_BATCH = 32
@@ -62,9 +61,7 @@ def measure(model: Path, texts_per_request: int, start: int, count: int) -> Floo
     max_length = int(config["tokenizer"]["max_length"])
     # On the calling thread, as the service encodes (app/model/tokenizer.py says why).
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    tokenizer = Tokenizer.from_file(str(model / "tokenizer.json"))
-    tokenizer.no_padding()
-    tokenizer.enable_truncation(max_length)
+    tokenizer = tokenizer_of(model, max_length)
     texts = unique_texts(load_corpus(), start, count)
     chunks = [texts[i : i + TOKENIZE_BATCH] for i in range(0, len(texts), TOKENIZE_BATCH)]
 

@@ -15,7 +15,6 @@ import json
 import tempfile
 from collections import Counter
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -24,9 +23,8 @@ import onnxruntime as ort
 from app.model.runtime import cpu_flags, cpu_has_vnni
 from export import graphs, source, validate, variants
 from export.spec import Int8Recipe
-from loadtest.flops import session_options, synthetic_feed
 from loadtest.harness.report import cpu_model
-from loadtest.raw_onnx import interleaved
+from loadtest.raw_onnx import LAST_HIDDEN_STATE, rates, session_options, synthetic_feed
 
 RECIPES: dict[str, Int8Recipe] = {
     "per_token (default)": Int8Recipe(method="per_token"),
@@ -82,7 +80,7 @@ def _session(path: Path, threads: int) -> ort.InferenceSession:
 
 
 def _mean_pooled(session: ort.InferenceSession, feed: dict[str, np.ndarray]) -> np.ndarray:
-    (hidden,) = session.run(["last_hidden_state"], feed)
+    (hidden,) = session.run([LAST_HIDDEN_STATE], feed)
     mask = feed["attention_mask"][..., None].astype(np.float32)
     return np.asarray((hidden * mask).sum(1) / mask.sum(1))
 
@@ -147,13 +145,7 @@ def speed(
     the most repeatable estimate of what the graph itself costs.
     """
     sessions = {name: _session(path, threads) for name, path in built.paths.items()}
-    best: dict[tuple[str, int, int], float] = {}
-    for batch, seq in cells:
-        feed = synthetic_feed(batch, seq)
-        runs = {name: partial(s.run, ["last_hidden_state"], feed) for name, s in sessions.items()}
-        fastest = interleaved(runs, seconds * rounds * len(runs), rounds, min)
-        best.update({(name, batch, seq): batch / t for name, t in fastest.items()})
-    return best
+    return rates(sessions, cells, seconds * rounds * len(sessions), rounds, min, LAST_HIDDEN_STATE)
 
 
 # The operators that multiply matrices (weights or attention's Q·Kᵀ and P·V); every other kernel is "rest".
@@ -181,9 +173,9 @@ def op_times(path: Path, threads: int, feed: dict[str, np.ndarray], runs: int) -
     with tempfile.TemporaryDirectory() as tmp:
         options.profile_file_prefix = str(Path(tmp) / "profile")
         session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        session.run(["last_hidden_state"], feed)  # warm-up: the arena for this shape
+        session.run([LAST_HIDDEN_STATE], feed)  # warm-up: the arena for this shape
         for _ in range(runs):
-            session.run(["last_hidden_state"], feed)
+            session.run([LAST_HIDDEN_STATE], feed)
         events = json.loads(Path(session.end_profiling()).read_text())
     per_op: Counter[str] = Counter()
     warm_up = True

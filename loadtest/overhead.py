@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from app.settings import Settings
-from loadtest.corpus import load_corpus, token_ids, unique_texts
+from loadtest.corpus import load_corpus, unique_texts
 from loadtest.floor import floor
 from loadtest.harness.cell import STRIDE, Cell, distinct_bodies, parse_cells
 from loadtest.harness.measure import measure
 from loadtest.harness.report import RESULTS, Row, cell, cpu_model, target, write_json
 from loadtest.harness.service import GPU_LIKE, PREFIX, service_env
 from loadtest.quick_model import tiny_model
-from loadtest.raw_onnx import ceiling, open_encoder, shape_of
+from loadtest.raw_onnx import ceiling
 from loadtest.server import ServiceProcess
 
 CELLS = "8x32,64x32,256x32,32x1,256x1"
@@ -81,14 +81,6 @@ def targets(cells: list[Row], gpu_like: bool) -> list[str]:
     return [*out, target(name, ratio >= SCALING_256_VS_8, detail)]
 
 
-def raw_rate(model: Path, variant: str, corpus: list[str], batch_size: int, seconds: float) -> float:
-    """Sentences/s of the encoder session (service options, one intra-op thread) on the benchmark's kind
-    of text, in length-sorted batches of ``batch_size``."""
-    session = open_encoder(model, variant, threads=1)
-    ids = token_ids(model, unique_texts(corpus, 0, len(corpus)))
-    return ceiling(session, variant, ids, batch_size, shape_of(model), seconds).sentences_per_s
-
-
 def measure_cell(
     svc: ServiceProcess, corpus: list[str], c: Cell, start: int, args: argparse.Namespace
 ) -> Row:
@@ -128,7 +120,12 @@ def run(args: argparse.Namespace, model: Path) -> dict[str, Any]:
         flush=True,
     )
     started = time.time()
-    raw = [raw_rate(model, args.variant, corpus, batch_size, args.raw_seconds)]  # before the service
+    texts = unique_texts(corpus, 0, len(corpus))  # the benchmark's kind of text, in length-sorted batches
+
+    def raw_rate() -> float:  # the encoder session with the service's options and one intra-op thread
+        return ceiling(model, args.variant, texts, batch_size, args.raw_seconds, threads=1).sentences_per_s
+
+    raw = [raw_rate()]  # before the service
     measured: list[Row] = []
     print(HEADER, flush=True)
     with ServiceProcess("app", env, RESULTS / "logs" / "overhead-service.log") as svc:
@@ -138,7 +135,7 @@ def run(args: argparse.Namespace, model: Path) -> dict[str, Any]:
             row.tokenize_us, row.write_us = f.tokenize_us, f.write_us
             measured.append(row)
             print(format_cell(row), flush=True)
-    raw.append(raw_rate(model, args.variant, corpus, batch_size, args.raw_seconds))  # and after it
+    raw.append(raw_rate())  # and after it
     raw_us = 2e6 / sum(raw)
     verdicts = targets(measured, args.gpu_like)
     print(

@@ -22,7 +22,7 @@ import numpy as np
 
 from app.engine import planner as planning
 from app.engine.costs import CostModel
-from loadtest.corpus import load_corpus, token_ids, unique_texts
+from loadtest.corpus import encode, load_corpus, tokenizer_of, unique_texts
 from loadtest.raw_onnx import DEFAULT_MODEL
 
 
@@ -111,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     a, b, c, d = (float(x) / 1000 for x in args.costs.split(","))
     model = CostModel(a, b, c, d)
-    corpus = load_corpus()
-    lengths = np.array([len(x) for x in token_ids(args.model, unique_texts(corpus, 0, 2000))])
+    texts = unique_texts(load_corpus(), 0, 2000)
+    lengths = np.array([len(x) for x in encode(tokenizer_of(args.model), texts)])
     print(f"{args.clients} clients x 1 text, cost {args.costs} ms, mean length {lengths.mean():.1f}")
     print(f"{'policy':<20}  sentences/s  p50 ms  p99 ms  p99/p50")
     for policy in POLICIES:

@@ -52,19 +52,11 @@ def export_tiny(
 
 
 @contextmanager
-def quick_model(
-    variants: Sequence[Variant] = ("fp32", "int8"), layers: int = 3
-) -> Iterator[tuple[Path, Path]]:
-    """:func:`export_tiny` into a temp dir that lives as long as the context: (model dir, HF source)."""
-    with tempfile.TemporaryDirectory(prefix="zhembed-quick-") as tmp:
-        yield export_tiny(Path(tmp) / "source", Path(tmp) / "model", variants, layers)
-
-
-@contextmanager
 def tiny_model(
     folder: Path | None, variants: Sequence[Variant] = ("fp32",), layers: int = 4
 ) -> Iterator[Path]:
-    """The tiny model: an export already in ``folder``, else exported there (or into a temp dir)."""
+    """The tiny model: an export already in ``folder``, else exported there (or into a temp dir that lives
+    as long as the context)."""
     if folder is not None and (folder / "manifest.json").is_file():
         yield folder
         return

@@ -28,12 +28,12 @@ import numpy as np
 import uvloop
 
 from loadtest import loadgen
-from loadtest.corpus import encode, load_corpus, tokenizer_of, unique_texts
+from loadtest.corpus import load_corpus, unique_texts
 from loadtest.harness.cell import STRIDE, Cell, distinct_bodies, parse_cells
 from loadtest.harness.report import RESULTS, Row, mark, write_json
 from loadtest.harness.service import service_env
 from loadtest.quick_model import tiny_model
-from loadtest.raw_onnx import DEFAULT_MODEL, ceiling, open_encoder, shape_of
+from loadtest.raw_onnx import DEFAULT_MODEL, ceiling
 from loadtest.server import HOST, ServiceProcess, scrape
 
 QUEUED = "zhembed_queue_duration_seconds_count"
@@ -43,30 +43,12 @@ DISTURBED = 0.8
 
 def raw_ceiling(opts: argparse.Namespace, texts: list[str], batch_sizes: tuple[int, ...]) -> dict[int, float]:
     """Sentences/s of the bare session on ``texts`` at each batch size, tokenising included (see module)."""
-    tokenizer, session, shape = (
-        tokenizer_of(opts.model),
-        open_encoder(opts.model, opts.variant),
-        shape_of(opts.model),
-    )
     out: dict[int, float] = {}
     for size in batch_sizes:
-        got = ceiling(
-            session, opts.variant, [], size, shape, opts.raw_seconds, lambda: encode(tokenizer, texts)
-        )
+        got = ceiling(opts.model, opts.variant, texts, size, opts.raw_seconds, tokenize=True)
         out[size] = got.sentences_per_s
         print(f"  raw b={size}: {out[size]:.1f} sentences/s ({got.passes} pass(es))", flush=True)
     return out
-
-
-class Bodies:
-    """Request bodies of distinct texts: each group of each cell draws from its own range of numbers."""
-
-    def __init__(self, corpus: list[str]) -> None:
-        self.corpus = random.Random(0).sample(corpus, len(corpus))
-        self.ranges = itertools.count(0, STRIDE)
-
-    def maker(self, texts: int) -> loadgen.BodyFactory:
-        return distinct_bodies(self.corpus, texts, next(self.ranges))
 
 
 def _queued_by_urgency(series: dict[str, float]) -> dict[str, float]:
@@ -91,7 +73,7 @@ def wait_idle(svc: ServiceProcess, timeout_s: float = 120.0) -> None:
 
 
 def run_cells(
-    svc: ServiceProcess, groups: list[tuple[str, Cell]], opts: argparse.Namespace, bodies: Bodies
+    svc: ServiceProcess, groups: list[tuple[str, Cell]], opts: argparse.Namespace, starts: Iterator[int]
 ) -> list[Row]:
     """One cell: every group's clients at once. A group: (name, what its clients send)."""
     wait_idle(svc)
@@ -104,7 +86,7 @@ def run_cells(
                     HOST,
                     svc.port,
                     c.route,
-                    bodies.maker(c.texts),
+                    distinct_bodies(opts.corpus, c.texts, next(starts)),
                     c.clients,
                     opts.duration,
                     opts.warmup,
@@ -165,49 +147,45 @@ def linked(model: Path, into: Path) -> Path:
     return into
 
 
-@contextlib.contextmanager
 def servers(
-    opts: argparse.Namespace, peak_inputs: int
-) -> Iterator[tuple[ServiceProcess, ServiceProcess | None]]:
-    # Room for every client group at once: these cells measure scheduling, not refusals. The batch cost
-    # model goes under the run's own folder if the model folder is read-only.
+    opts: argparse.Namespace, peak_inputs: int, stack: contextlib.ExitStack
+) -> tuple[ServiceProcess, ServiceProcess | None]:
+    """Ours, and today's where ``--today`` names it, started one after the other: the cost model is
+    measured on a quiet machine. Room for every client group at once: these cells measure scheduling, not
+    refusals. The batch cost model goes under the run's own folder."""
     env = service_env(opts.model, opts.variant, 2 * peak_inputs, cache_dir=opts.cost_cache)
-    ours = ServiceProcess("app", env, opts.logs / "scheduler-ours.log", cwd=Path(__file__).parents[1])
-    today = None
-    if opts.today is not None:
-        today_env = {**env, "PYTHONPATH": str(opts.today)}
-        today = ServiceProcess("app", today_env, opts.logs / "scheduler-today.log", cwd=opts.today)
-    with ours:  # started one after the other: the cost model is measured on a quiet machine
-        if today is None:
-            yield ours, None
-        else:
-            with today:
-                yield ours, today
+    here = Path(__file__).parents[1]
+    ours = stack.enter_context(ServiceProcess("app", env, opts.logs / "scheduler-ours.log", cwd=here))
+    if opts.today is None:
+        return ours, None
+    today_env = {**env, "PYTHONPATH": str(opts.today)}
+    log = opts.logs / "scheduler-today.log"
+    return ours, stack.enter_context(ServiceProcess("app", today_env, log, cwd=opts.today))
 
 
 def run(opts: argparse.Namespace) -> dict[str, Any]:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one thread, as the service tokenises
     corpus = load_corpus()
-    shuffled = corpus[:]
-    random.Random(7).shuffle(shuffled)
-    raw_texts = unique_texts(shuffled, 90_000_000, opts.raw_texts)
+    raw_texts = unique_texts(random.Random(7).sample(corpus, len(corpus)), 90_000_000, opts.raw_texts)
     print(
         f"raw ceiling, {opts.variant}, {len(raw_texts)} distinct texts, tokenising included (start)",
         flush=True,
     )
     raw_start = raw_ceiling(opts, raw_texts, (8, 32))
-    bodies = Bodies(corpus)
+    # Each group of each cell sends texts from its own range of numbers.
+    opts.corpus, starts = random.Random(0).sample(corpus, len(corpus)), itertools.count(0, STRIDE)
     (bg,) = opts.background
     out: dict[str, Any] = {"raw_start": raw_start, "cells": {}}
     cells: dict[str, Row] = {}
-    with servers(opts, bg.inputs + 64) as (ours, today):
+    with contextlib.ExitStack() as stack:
+        ours, today = servers(opts, bg.inputs + 64, stack)
         status, info = asyncio.run(loadgen.get_json(HOST, ours.port, "/info"))
         out["cost_model"] = info["batching"] if status == 200 and isinstance(info, dict) else None
         if out["cost_model"] is not None:
             print_model("cost model at start", out["cost_model"])
 
         def one(svc: ServiceProcess, key: str, clients: int, texts: int) -> None:
-            (cells[key],) = run_cells(svc, [(key, Cell(clients, texts))], opts, bodies)
+            (cells[key],) = run_cells(svc, [(key, Cell(clients, texts))], opts, starts)
 
         print("cells", flush=True)
         one(ours, "ours 8x1 (1)", 8, 1)
@@ -219,8 +197,8 @@ def run(opts: argparse.Namespace) -> dict[str, Any]:
             one(today, "today 32x1", 32, 1)
             one(today, "today 8x16", 8, 16)
         background = ("background", Cell(bg.clients, bg.texts, urgency=7))
-        (cells["background alone"],) = run_cells(ours, [background], opts, bodies)
-        mixed = run_cells(ours, [background, ("interactive", Cell(8, 1))], opts, bodies)
+        (cells["background alone"],) = run_cells(ours, [background], opts, starts)
+        mixed = run_cells(ours, [background, ("interactive", Cell(8, 1))], opts, starts)
         cells["background mixed"], cells["interactive mixed"] = mixed
         one(ours, "ours 8x1 (2)", 8, 1)
         if today is not None:
