@@ -31,6 +31,7 @@ from app.bulk.runner import BulkSpec, manifest_of, prepare, run_local
 from app.bulk.sources import Fields, find_inputs
 from app.settings import Settings
 from loadtest.corpus import load_corpus, unique_texts
+from loadtest.harness import parser
 from loadtest.harness.report import mark
 from loadtest.quick_model import tiny_model
 from loadtest.raw_onnx import CeilingResult, ceiling
@@ -132,20 +133,11 @@ def peak_rss_mib(model: Path, rows: int, work: Path, text: str = "numbered") -> 
     """
     corpus = write_corpus(work / f"rows-{rows}.jsonl", row_texts(rows, text))
     out = work / f"out-{rows}"
-    command = [
-        sys.executable,
-        "-m",
-        "app.bulk",
-        "--model",
-        str(model),
-        "--variant",
-        "int8",
-        "--input",
-        str(corpus),
-    ]
     batch = "256" if text == "char" else "64"  # three-token rows: a large model needs wide batches
-    command += ["--output", str(out), "--progress", "off", "--overwrite", "--max-batch-size", batch]
+    flags = ["--model", str(model), "--variant", "int8", "--input", str(corpus), "--output", str(out)]
+    flags += ["--progress", "off", "--overwrite", "--max-batch-size", batch]
     started = time.perf_counter()
+    command = [sys.executable, "-m", "app.bulk", *flags]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     status = Path(f"/proc/{process.pid}/status")
     peak_kib = 0
@@ -164,25 +156,16 @@ def peak_rss_mib(model: Path, rows: int, work: Path, text: str = "numbered") -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m loadtest.bulk",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = parser("loadtest.bulk", __doc__)
     p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="an exported model (the int8 twin)")
     p.add_argument("--variant", default="int8")
     p.add_argument("--texts", type=int, default=3000, help="distinct texts of the speed rows")
     p.add_argument("--batch-sizes", default="8,16,32", help="raw batch sizes to pick the best of")
     p.add_argument("--skip-ray", action="store_true")
     p.add_argument("--skip-speed", action="store_true")
+    p.add_argument("--memory-rows", default=None, help="row counts (default 10000,1000000); empty: none")
     p.add_argument(
-        "--memory-rows", default=None, help="rows of the memory rows (default 10000,1000000); empty: none"
-    )
-    p.add_argument(
-        "--memory-model",
-        type=Path,
-        default=None,
-        help="the model of the memory rows (default: the tiny model; the twin with --memory-text char)",
+        "--memory-model", type=Path, default=None, help="the model of the memory rows (default: tiny)"
     )
     p.add_argument(
         "--memory-text",
@@ -190,9 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         default="numbered",
         help="numbered: distinct short texts; char: one character a row (3 tokens)",
     )
-    p.add_argument(
-        "--quick", action="store_true", help="the tiny model, 300 texts, 2,000 / 20,000 memory rows"
-    )
+    p.add_argument("--quick", action="store_true", help="tiny model, 300 texts, 2,000 / 20,000 memory rows")
     args = p.parse_args(argv)
     cores = len(os.sched_getaffinity(0))
     rows = (

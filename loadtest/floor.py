@@ -9,7 +9,6 @@ cell's own texts as the service does for /embed and writing their vectors into t
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -23,6 +22,7 @@ import numpy as np
 import orjson
 
 from loadtest.corpus import load_corpus, tokenizer_of, unique_texts
+from loadtest.harness import parser
 
 # Texts per tokeniser call: what the floor was measured with (the service batches across requests).
 TOKENIZE_BATCH = 32
@@ -104,12 +104,10 @@ def floor(model: Path, texts_per_request: int, start: int, count: int = 4096) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest.floor", description=__doc__)
+    p = parser("loadtest.floor", __doc__)
     p.add_argument("--model", type=Path, required=True, help="an exported model folder")
     p.add_argument("--texts", type=int, required=True, help="texts per request of the cell")
-    p.add_argument(
-        "--start", type=int, default=0, help="the cell's first text (loadtest.corpus.unique_texts)"
-    )
+    p.add_argument("--start", type=int, default=0, help="the first text (loadtest.corpus.unique_texts)")
     p.add_argument("--count", type=int, default=4096, help="texts to measure on")
     args = p.parse_args(argv)
     result = measure(args.model, args.texts, args.start, args.count)

@@ -27,6 +27,7 @@ import onnxruntime as ort
 
 from app.serving.cluster import AUTO_CUDA_WORKERS
 from loadtest.corpus import load_corpus
+from loadtest.harness import parser
 from loadtest.harness.cell import STRIDE, Cell, distinct_bodies
 from loadtest.harness.measure import WORKERS_READY, measure
 from loadtest.harness.report import RESULTS, Row, cell, target, write_json
@@ -227,11 +228,7 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m loadtest.gpu_check",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = parser("loadtest.gpu_check", __doc__)
     p.add_argument("--model", type=Path, default=Path("models/bert-base-chinese-twin"))
     p.add_argument("--provider", default=CUDA, help="execution provider (default: %(default)s)")
     p.add_argument("--peak-tflops", type=float, default=989.0, help="the device's dense fp16 peak")

@@ -17,14 +17,7 @@ times), ``spike`` (``--base-users``, a jump to ``--spike-users`` for ``--spike-s
 (both, for the web UI's ``--class-picker``), or unset (``-u``/``-r``/``-t`` as usual).
 
 Text comes from ``loadtest/data/corpus_zh.txt`` (one sentence a line); ``LOADTEST_CORPUS`` names another
-file.
-
-Headless, writing CSV and HTML reports (see docs/deployment.md, "Load test")::
-
-    locust -f loadtest/locustfile.py --headless -H http://127.0.0.1:8080 -u 32 -r 8 -t 2m \\
-        --csv loadtest/results/mix --html loadtest/results/mix.html
-    LOADTEST_SHAPE=step locust -f loadtest/locustfile.py --headless -H http://127.0.0.1:8080 \\
-        --csv loadtest/results/step --html loadtest/results/step.html EmbedUser
+file. docs/deployment.md ("Load test") has the commands: headless with CSV and HTML reports, each shape.
 """
 
 from __future__ import annotations

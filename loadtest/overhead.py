@@ -22,6 +22,7 @@ from typing import Any
 from app.settings import Settings
 from loadtest.corpus import load_corpus, unique_texts
 from loadtest.floor import floor
+from loadtest.harness import parser
 from loadtest.harness.cell import STRIDE, Cell, distinct_bodies, parse_cells
 from loadtest.harness.measure import measure
 from loadtest.harness.report import RESULTS, Row, cell, cpu_model, target, write_json
@@ -169,26 +170,16 @@ def run(args: argparse.Namespace, model: Path) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m loadtest.overhead",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = parser("loadtest.overhead", __doc__)
     p.add_argument("--model", type=Path, default=None, help="export folder (reused, or exported into)")
     p.add_argument("--variant", default="fp32", help="ZHEMBED_VARIANT of the service and the raw pass")
     p.add_argument("--cells", default=None, help=f"clients x texts per request (default {CELLS})")
     p.add_argument("--duration", type=float, default=12.0, help="measured seconds per cell")
     p.add_argument("--warmup", type=float, default=4.0, help="unmeasured seconds before each cell")
-    p.add_argument(
-        "--max-cell-s", type=float, default=200.0, help="longest window of a cell rerun for a slow p50"
-    )
+    p.add_argument("--max-cell-s", type=float, default=200.0, help="longest window of a rerun cell")
     p.add_argument("--raw-seconds", type=float, default=3.0, help="least seconds of each raw pass")
     p.add_argument("--workers", type=int, default=1, help="ZHEMBED_WORKERS of the service")
-    p.add_argument(
-        "--gpu-like",
-        action="store_true",
-        help="the batch settings a GPU gets: " + ", ".join(f"{k}={v}" for k, v in GPU_LIKE.items()),
-    )
+    p.add_argument("--gpu-like", action="store_true", help=f"the batch settings a GPU gets: {GPU_LIKE}")
     p.add_argument("--quick", action="store_true", help=f"cells {QUICK_CELLS}, 1.5 s each (CI)")
     p.add_argument("--out", type=Path, default=None, help="JSON path")
     args = p.parse_args(argv)

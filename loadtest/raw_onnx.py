@@ -24,7 +24,6 @@ GEMM of the same precision with the service's session options: fp32 ``MatMul`` a
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -42,6 +41,7 @@ from onnx import TensorProto, helper, numpy_helper
 from app.model.runtime import CPU
 from app.model.runtime import session_options as service_session_options
 from loadtest.corpus import encode, tokenizer_of
+from loadtest.harness import parser
 
 LAST_HIDDEN_STATE = "last_hidden_state"
 MEAN_PREFIX = "mean_"  # the encoder's pooled means are mean_{layer} (app/model/manifest.py)
@@ -271,11 +271,11 @@ def rates(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.raw_onnx", description=__doc__)
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
-    parser.add_argument("--variants", default=None, help="comma-separated; default: fp32,int8 where present")
-    parser.add_argument("--seconds", type=float, default=2.0, help="timing budget per cell")
-    args = parser.parse_args(argv)
+    p = parser("loadtest.raw_onnx", __doc__)
+    p.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    p.add_argument("--variants", default=None, help="comma-separated; default: fp32,int8 where present")
+    p.add_argument("--seconds", type=float, default=2.0, help="timing budget per cell")
+    args = p.parse_args(argv)
     present = variants_in(args.model)
     wanted = args.variants.split(",") if args.variants else [v for v in ("fp32", "int8") if v in present]
     missing = [v for v in wanted if v not in present]

@@ -29,6 +29,7 @@ import uvloop
 
 from loadtest import loadgen
 from loadtest.corpus import load_corpus, unique_texts
+from loadtest.harness import parser
 from loadtest.harness.cell import STRIDE, Cell, distinct_bodies, parse_cells
 from loadtest.harness.report import RESULTS, Row, mark, write_json
 from loadtest.harness.service import service_env
@@ -77,7 +78,7 @@ def run_cells(
 ) -> list[Row]:
     """One cell: every group's clients at once. A group: (name, what its clients send)."""
     wait_idle(svc)
-    before_stats = svc.engine_stats()
+    before = svc.engine_stats()
 
     async def main() -> tuple[list[loadgen.CellResult], dict[str, float], dict[str, float]]:
         tasks = [
@@ -103,21 +104,18 @@ def run_cells(
         return list(await asyncio.gather(*tasks)), first, last
 
     results, first, last = uvloop.run(main())
-    after_stats = svc.engine_stats()
-    moved = {
-        k: after_stats[k] - before_stats.get(k, 0)
-        for k in after_stats
-        if isinstance(after_stats[k], int | float) and not isinstance(after_stats[k], bool)
-    }
+    after = svc.engine_stats()
+    moved = {k: v - before.get(k, 0) for k, v in after.items() if type(v) in (int, float)}
+    mean_batch = moved["batched_items"] / moved["batches"] if moved.get("batches") else float("nan")
     cells = []
     for (name, c), result in zip(groups, results, strict=True):
         key = str(c.urgency or 3) if str(c.urgency or 3) in last else "all"
-        cell = Row(
+        rate = (last.get(key, 0.0) - first.get(key, 0.0)) / opts.duration  # counted by the server
+        row = Row(
             name,
             clients=c.clients,
             texts=c.texts,
-            sentences_per_s=(last.get(key, 0.0) - first.get(key, 0.0))
-            / opts.duration,  # counted by the server
+            sentences_per_s=rate,
             p50_ms=result.percentile(50),
             p99_ms=result.percentile(99),
             requests=result.requests,
@@ -125,15 +123,13 @@ def run_cells(
             status_counts={str(k): v for k, v in result.status_counts.items()},
             extra={"client_sentences_per_s": result.sentences_per_s, "engine": moved},
         )
-        batches = moved.get("batches", 0)
-        mean_batch = moved.get("batched_items", 0) / batches if batches else float("nan")
         print(
-            f"  {name:<34} {cell.sentences_per_s:7.1f} sentences/s (client {result.sentences_per_s:.1f})"
-            f"  p50 {cell.p50_ms:7.0f} ms  p99 {cell.p99_ms:7.0f} ms  {cell.requests} answers, "
-            f"{cell.errors} errors; mean batch {mean_batch:.1f}; engine {engine_speed(cell):.0f} tokens/s",
+            f"  {name:<34} {rate:7.1f} sentences/s (client {result.sentences_per_s:.1f})"
+            f"  p50 {row.p50_ms:7.0f} ms  p99 {row.p99_ms:7.0f} ms  {row.requests} answers, "
+            f"{row.errors} errors; mean batch {mean_batch:.1f}; engine {engine_speed(row):.0f} tokens/s",
             flush=True,
         )
-        cells.append(cell)
+        cells.append(row)
     return cells
 
 
@@ -254,12 +250,8 @@ def summarise(
     idle_p99 = _mean(*(cells[k].p99_ms or nan for k in ours_8x1))
     rows: list[dict[str, Any]] = []
 
-    def row(
-        what: str, ours: float, against: float | None, ratio: float | None, target: str, ok: bool | None
-    ) -> None:
-        rows.append(
-            {"what": what, "ours": ours, "against": against, "ratio": ratio, "target": target, "ok": ok}
-        )
+    def row(*values: Any) -> None:  # what, ours, against, ratio, target, ok
+        rows.append(dict(zip(("what", "ours", "against", "ratio", "target", "ok"), values, strict=True)))
 
     for key in ("ours 32x1", "ours 8x16"):
         ratio = rate[key] / raw
@@ -297,21 +289,19 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.scheduler", description=__doc__)
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
-    parser.add_argument("--variant", default="int8")
-    parser.add_argument("--today", type=Path, default=None, help="another checkout to measure as today's")
-    parser.add_argument("--today-all", action="store_true", help="today's 32x1 and 8x16 too")
-    parser.add_argument("--duration", type=float, default=20.0, help="measured seconds per cell")
-    parser.add_argument("--warmup", type=float, default=3.0, help="seconds of load before each cell counts")
-    parser.add_argument("--raw-texts", type=int, default=320, help="texts of each raw pass")
-    parser.add_argument("--raw-seconds", type=float, default=5.0, help="least seconds of raw passes per size")
-    parser.add_argument(
-        "--background", type=parse_cells, default="64x32", help="clients x texts of the background client"
-    )
-    parser.add_argument("--quick", action="store_true", help="a tiny model and short cells (a CI test)")
-    parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args(argv)
+    p = parser("loadtest.scheduler", __doc__)
+    p.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    p.add_argument("--variant", default="int8")
+    p.add_argument("--today", type=Path, default=None, help="another checkout to measure as today's")
+    p.add_argument("--today-all", action="store_true", help="today's 32x1 and 8x16 too")
+    p.add_argument("--duration", type=float, default=20.0, help="measured seconds per cell")
+    p.add_argument("--warmup", type=float, default=3.0, help="seconds of load before each cell counts")
+    p.add_argument("--raw-texts", type=int, default=320, help="texts of each raw pass")
+    p.add_argument("--raw-seconds", type=float, default=5.0, help="least seconds of raw passes per size")
+    p.add_argument("--background", type=parse_cells, default="64x32", help="clients x texts, at u=7")
+    p.add_argument("--quick", action="store_true", help="a tiny model and short cells (a CI test)")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="zhembed-sched-") as tmp:
         args.logs, args.cost_cache = RESULTS / "logs", Path(tmp) / "cache"
         if args.quick:
