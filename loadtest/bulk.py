@@ -11,6 +11,7 @@ targets: job ≥ 0.95 × raw; ray ≥ 0.85 × job; memory ratio ≤ 1.2. docs/pe
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import subprocess
@@ -23,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from app.bulk import flags
 from app.bulk.cli import parser as bulk_parser
 from app.bulk.embedder import Embedder
 from app.bulk.output import OutputDir
@@ -56,8 +58,6 @@ def job_of(
     corpus: Path, out: Path, model: Path, variant: str, batch: int, extra: list[str]
 ) -> tuple[argparse.Namespace, BulkSpec, Settings]:
     """``python -m app.bulk``'s flags for the run, its job and its settings."""
-    from app.bulk import flags
-
     model_flags = ["--model", str(model), "--variant", variant, "--max-batch-size", str(batch)]
     model_flags += ["--max-batch-tokens", str(max(4096, batch * 128))]
     args = bulk_parser().parse_args(
@@ -71,8 +71,6 @@ def job_of(
 
 def job_run(corpus: Path, out: Path, model: Path, variant: str, batch: int) -> dict[str, float]:
     """The single-machine job's data path, timed from the first row read to the finished folder."""
-    import asyncio
-
     args, job, settings = job_of(corpus, out, model, variant, batch, [])
     embedder = Embedder(settings, {}, "text", args.window)
 

@@ -1,4 +1,4 @@
-"""CPU per sentence of the service and engine alone, no HTTP: ``Service.embed`` on a real model (issue 19).
+"""CPU per sentence of the service and engine alone, no HTTP: ``Service.embed`` on a real model.
 
     python -m loadtest.engine_path [--model DIR] [--cells 8x32,64x32,32x1] [--seconds 4] [--gpu-like]
 
@@ -41,10 +41,6 @@ def thread_cpu() -> dict[str, float]:
     return out
 
 
-def cpu_in_run(metrics: Metrics) -> float:
-    return float(metrics.inference_cpu._value.get())
-
-
 async def cell(service: Service, metrics: Metrics, c: Cell, seconds: float, start: int) -> str:
     """``c``'s closed-loop clients calling ``Service.embed`` for ``seconds`` after a quarter of that (queues
     as deep as they get); CPU and batches read at the window's edges."""
@@ -60,7 +56,8 @@ async def cell(service: Service, metrics: Metrics, c: Cell, seconds: float, star
         readings = []
         for wait in (seconds / 4, seconds):
             await asyncio.sleep(wait)
-            readings.append((thread_cpu(), cpu_in_run(metrics), stats.batches, stats.items))
+            in_run = float(metrics.inference_cpu._value.get())  # the inference thread inside Session.run
+            readings.append((thread_cpu(), in_run, stats.batches, stats.items))
         return readings
 
     load, ((threads0, r0, b0, i0), (threads1, r1, b1, i1)) = await asyncio.gather(

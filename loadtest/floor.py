@@ -1,20 +1,18 @@
-"""The floor of a cell: the work per sentence that no design of the service can skip (issue 19).
+"""The floor of a cell: the work per sentence that no design of the service can skip.
 
-    python -m loadtest.floor --model DIR --texts 32 --start N [--count 4096]
-
-CPU time, in a process of its own (nothing of the caller's state counts or helps), of tokenising the
-cell's own texts as the service does for /embed and writing their vectors into the JSON answer (orjson,
-``[texts, hidden]`` per call). Prints one JSON object.
+:func:`floor`: CPU time, in a process of its own (spawned: nothing of the caller's state counts or
+helps), of tokenising the cell's own texts as the service does for /embed and writing their vectors
+into the JSON answer (orjson, ``[texts, hidden]`` per call).
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +20,6 @@ import numpy as np
 import orjson
 
 from loadtest.corpus import load_corpus, tokenizer_of, unique_texts
-from loadtest.harness import parser
 
 # Texts per tokeniser call: what the issue's floor was measured with (the service batches across requests).
 TOKENIZE_BATCH = 32
@@ -89,31 +86,6 @@ def measure(model: Path, texts_per_request: int, start: int, count: int) -> Floo
 
 
 def floor(model: Path, texts_per_request: int, start: int, count: int = 4096) -> Floor:
-    """:func:`measure` in a process of its own.
-
-    Raises:
-        RuntimeError: the process failed (its stderr's end says why).
-    """
-    command = [sys.executable, "-m", "loadtest.floor", "--model", str(model)]
-    command += ["--texts", str(texts_per_request), "--start", str(start), "--count", str(count)]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"loadtest.floor failed: {done.stderr.strip()[-500:]}")
-    raw = json.loads(done.stdout)
-    return Floor(raw["tokenize_us"], raw["write_us"], raw["hidden"], raw["texts"])
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = parser("loadtest.floor", __doc__)
-    p.add_argument("--model", type=Path, required=True, help="an exported model folder")
-    p.add_argument("--texts", type=int, required=True, help="texts per request of the cell")
-    p.add_argument("--start", type=int, default=0, help="the first text (loadtest.corpus.unique_texts)")
-    p.add_argument("--count", type=int, default=4096, help="texts to measure on")
-    args = p.parse_args(argv)
-    result = measure(args.model, args.texts, args.start, args.count)
-    print(json.dumps({**result.__dict__, "us": result.us}))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    """:func:`measure` in a process of its own."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(measure, model, texts_per_request, start, count).result()

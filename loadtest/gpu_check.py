@@ -1,9 +1,8 @@
-"""The GPU table of issue 13 on ``POST /embed``, and the raw fp16 ceiling it is measured against.
+"""The GPU table of ``POST /embed``: the service in fp16 against the raw fp16 ceiling, and the GPU targets.
 
     bash loadtest/gpu_check.sh [ARGS]     on the GPU host, after ``source .gpu/kN/env.sh``: the whole run
     python -m loadtest.gpu_check --model models/bert-base-chinese-twin [--seconds 8] [--warmup 3]
-    python -m loadtest.gpu_check --model DIR --provider CPUExecutionProvider --clients 8 --workers 1,2 \
-        --seconds 1.5 --warmup 0.5 --raw-seconds 0.2                         (the CI test, tiny model)
+    python -m loadtest.gpu_check --model DIR --provider CPUExecutionProvider    (the same steps on a CPU)
 
 Prints fp16/fp32 parity, the raw fp16 rows (batch × sequence, sentences/s, TFLOP/s), then a row per
 cell (CLIENTS × 32, the same in base64, CLIENTS × 1, 1 × 1, and CLIENTS × 32 per ``--workers`` count:
@@ -15,7 +14,6 @@ failed. docs/performance.md says what each column means.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -32,7 +30,7 @@ from loadtest.harness.cell import STRIDE, Cell, distinct_bodies
 from loadtest.harness.measure import WORKERS_READY, measure
 from loadtest.harness.report import RESULTS, Row, cell, target, write_json
 from loadtest.harness.service import GPU_LIKE, described, service_env
-from loadtest.raw_onnx import ceiling, open_encoder, service_output, synthetic_feed
+from loadtest.raw_onnx import ceiling, open_encoder, service_output, shape_of, synthetic_feed
 from loadtest.server import NotReady, ServiceProcess
 
 CUDA = "CUDAExecutionProvider"
@@ -136,10 +134,8 @@ def raw(model: Path, peak: float, seconds: float, provider: str) -> dict[tuple[i
             ids = list(synthetic_feed(batch, seq)["input_ids"])
             got = ceiling(model, "fp16", ids, batch, seconds, provider=provider)
             rates[batch, seq], tflops = got.sentences_per_s, got.useful_flops_per_s / 1e12
-            print(
-                f"{seq:>5}{batch:>7}{got.sentences_per_s:>13.0f}{tflops:>10.2f}{100 * tflops / peak:>8.2f}",
-                flush=True,
-            )
+            line = f"{seq:>5}{batch:>7}{got.sentences_per_s:>13.0f}{tflops:>10.2f}{100 * tflops / peak:>8.2f}"
+            print(line, flush=True)
     return rates
 
 
@@ -184,9 +180,9 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
     """The whole check; the JSON report, and True when every service started and every cell answered
     without errors on the number of workers asked for."""
     started = time.perf_counter()
-    config = json.loads((args.model / "manifest.json").read_text())["config"]
+    shape = shape_of(args.model)
     print(
-        f"zhembed gpu_check: {args.model} ({config['num_layers']} layers, hidden {config['hidden_size']}); "
+        f"zhembed gpu_check: {args.model} ({shape.layers} layers, hidden {shape.hidden}); "
         f"onnxruntime {ort.__version__}, {args.provider}"
     )
     cosine = parity(args.model, args.provider)
@@ -234,7 +230,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--peak-tflops", type=float, default=989.0, help="the device's dense fp16 peak")
     p.add_argument("--raw-seconds", type=float, default=2.0, help="least seconds of each raw row")
     # 8 s windows after 3 s of warm-up keep the GPU run (6 service cells, 3 service starts) near 2.5
-    # minutes, and are over 3x a p50 of 2 s (loadtest.table: shorter windows make the rate noise).
+    # minutes, and are over 3x a p50 of 2 s (harness.report: shorter windows make the rate noise).
     p.add_argument("--seconds", type=float, default=8.0, help="measured seconds per service cell")
     p.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds before each cell")
     # The CPU run wants fewer: with 256 a request outlasts a short window on 2 busy cores (bench.py).

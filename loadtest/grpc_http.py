@@ -1,4 +1,4 @@
-"""The same load over gRPC and over HTTP: sentences/s and server CPU per sentence (issue 21).
+"""The same load over gRPC and over HTTP: sentences/s and server CPU per sentence.
 
     python -m loadtest.grpc_http [--model DIR] [--clients 256] [--texts 32] [--duration 10] [--warmup 3]
                                  [--rounds 2] [--quick]

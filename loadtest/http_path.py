@@ -1,4 +1,4 @@
-"""CPU per request of the HTTP layer alone: the app as uvicorn calls it, in-process, no sockets (issue 19).
+"""CPU per request of the HTTP layer alone: the app as uvicorn calls it, in-process, no sockets.
 
     python -m loadtest.http_path [--requests 3000] [--repeats 5] [--keys] [--two-d]
 
@@ -137,13 +137,8 @@ async def _measure(app: ASGIApp, case: Case, keys: bool, requests: int, repeats:
 
 
 def build(texts: int, keys: bool, two_d: bool) -> FastAPI:
-    settings = Settings(
-        model="unused: the stub service has no model",
-        warmup=False,
-        cache_bytes=0,
-        api_keys=SecretStr(KEY) if keys else None,
-    )
-    app = create_app(settings)
+    key = SecretStr(KEY) if keys else None
+    app = create_app(Settings(model="unused: a stub service", warmup=False, cache_bytes=0, api_keys=key))
     app.state.service = StubService(texts, two_d)  # as the lifespan would, without loading a model
     return app
 

@@ -287,9 +287,8 @@ def main(argv: list[str] | None = None) -> None:
             return
         twin = build(fp32_twin, Path(tmp), [synthetic_feed(8, 32)], 12, 768, recipes())
         cells = [(b, s) for b in BATCHES for s in SEQUENCES]
-        best = speed(twin, cells, args.seconds, args.rounds, args.threads)
         title = f"bert-base-chinese shape twin, encoder, {args.threads} threads, fastest call of {args.rounds} rounds"
-        print_speed(title, best, cells)
+        print_speed(title, speed(twin, cells, args.seconds, args.rounds, args.threads), cells)
         if args.profile:
             profile(twin, list(twin), args.threads)
 

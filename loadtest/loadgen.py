@@ -148,28 +148,17 @@ class _Connection:
             raise
         self.received = True
         self.head = raw
-        lines = raw.split(b"\r\n")
-        status = int(lines[0].split(b" ", 2)[1])
-        length: int | None = None
-        chunked = False
-        close = False
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            key = name.strip().lower()
-            if key == b"content-length":
-                length = int(value)
-            elif key == b"transfer-encoding" and b"chunked" in value.lower():
-                chunked = True
-            elif key == b"connection" and b"close" in value.lower():
-                close = True
-        if chunked:
+        first, *lines = raw.split(b"\r\n")
+        status = int(first.split(b" ", 2)[1])
+        fields = {k.strip().lower(): v.strip().lower() for k, _, v in (x.partition(b":") for x in lines)}
+        if b"chunked" in fields.get(b"transfer-encoding", b""):
             payload = await self._chunked(reader)
-        elif length is not None:
-            payload = await reader.readexactly(length)
+        elif b"content-length" in fields:
+            payload = await reader.readexactly(int(fields[b"content-length"]))
         else:
             raise HttpError(f"{method} {path}: response has neither Content-Length nor chunked encoding")
         self.answered += 1
-        if close:
+        if b"close" in fields.get(b"connection", b""):
             self.close()
         return status, payload
 

@@ -1,4 +1,4 @@
-"""The service's own cost per sentence: what ``python -m app`` spends beside the model (issues 13, 19).
+"""The service's own cost per sentence: what ``python -m app`` spends beside the model.
 
     python -m loadtest.overhead [--model DIR] [--duration 12] [--warmup 4] [--workers N] [--quick]
                                 [--gpu-like] [--cells 8x32,64x32,256x32,32x1,256x1] [--out PATH]
@@ -67,9 +67,8 @@ def targets(cells: list[Row], gpu_like: bool) -> list[str]:
         ok, detail = (None, "not run") if c is None else (c.machinery_us <= bound, f"{c.machinery_us:.0f} us")
         out.append(target(f"machinery <= {bound:.0f} us/sentence at {label} ({mode})", ok, detail))
     for label, bound in others.items():
-        out.append(
-            target(f"machinery <= {bound:.0f} us/sentence at {label} ({other})", None, f"run with {other}")
-        )
+        name = f"machinery <= {bound:.0f} us/sentence at {label} ({other})"
+        out.append(target(name, None, f"run with {other}"))
     for c in (c for c in cells if c.texts == 1):
         name = f"CPU outside Session.run <= {OUTSIDE_US_PER_REQUEST_X1:.0f} us/request at {c.label}"
         out.append(target(name, c.outside_us <= OUTSIDE_US_PER_REQUEST_X1, f"{c.outside_us:.0f} us"))

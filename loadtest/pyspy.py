@@ -30,10 +30,6 @@ from loadtest.harness.service import service_env
 from loadtest.server import HOST, ServiceProcess
 
 
-def _is_python(frame: str) -> bool:
-    return ".py:" in frame or ".py)" in frame
-
-
 def _stacks(path: Path) -> Iterator[tuple[list[str], int]]:
     """py-spy's raw (collapsed) output: each stack's frames (its thread first) and its samples."""
     for line in path.read_text().splitlines():
@@ -49,7 +45,7 @@ def summarise(stacks: Path, top: int, python_leaf: bool) -> str:
     for frames, count in _stacks(stacks):
         thread, leaf = frames[0], frames[-1]
         if python_leaf:
-            leaf = next((f for f in reversed(frames[1:]) if _is_python(f)), leaf)
+            leaf = next((f for f in reversed(frames[1:]) if ".py:" in f or ".py)" in f), leaf)
         per_thread[thread][leaf] += count
         total += count
     out: list[str] = []
@@ -61,17 +57,13 @@ def summarise(stacks: Path, top: int, python_leaf: bool) -> str:
     return "\n".join(out)
 
 
-def _function(frame: str) -> str:
-    return frame.split(" (", 1)[0]
-
-
 def inclusive_shares(stacks: Path, names: list[str]) -> str:
     """Each of ``names`` (functions, as py-spy names them): its share of its thread's samples, callees in."""
     per_thread: Counter[str] = Counter()
     hits: dict[tuple[str, str], int] = defaultdict(int)
     for frames, count in _stacks(stacks):
         per_thread[frames[0]] += count
-        functions = {_function(f) for f in frames[1:]}
+        functions = {f.split(" (", 1)[0] for f in frames[1:]}  # py-spy's "name (file:line)"
         for name in names:
             if name in functions:
                 hits[frames[0], name] += count

@@ -85,15 +85,8 @@ def gemm_peak(precision: str, m: int = 512, k: int = 768, n: int = 3072, seconds
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     session = ort.InferenceSession(model.SerializeToString(), session_options(), providers=[CPU])
-    for _ in range(3):
-        session.run(None, {"x": x})
-    best = float("inf")
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        t0 = time.perf_counter()
-        session.run(None, {"x": x})
-        best = min(best, time.perf_counter() - t0)
-    return 2.0 * m * k * n / best
+    best = interleaved({"gemm": partial(session.run, None, {"x": x})}, seconds, rounds=1, stat=min)
+    return 2.0 * m * k * n / best["gemm"]
 
 
 def synthetic_feed(batch: int, seq: int) -> dict[str, np.ndarray]:
@@ -118,15 +111,13 @@ def _manifest(model_dir: Path) -> dict[str, Any]:
     return dict(json.loads((model_dir / "manifest.json").read_text()))
 
 
-def open_encoder(
-    model_dir: Path, variant: str, threads: int = 0, provider: str = CPU
-) -> ort.InferenceSession:
-    """The encoder session of ``variant`` as listed in ``model_dir``'s manifest, on ``provider``.
+def open_encoder(model: Path, variant: str, threads: int = 0, provider: str = CPU) -> ort.InferenceSession:
+    """The encoder session of ``variant`` as listed in ``model``'s manifest, on ``provider``.
 
     Raises:
         SystemExit: ONNX Runtime fell back to another provider.
     """
-    file = model_dir / _manifest(model_dir)["graphs"]["encoder"][variant]["file"]
+    file = model / _manifest(model)["graphs"]["encoder"][variant]["file"]
     session = ort.InferenceSession(str(file), session_options(threads, provider), providers=[provider])
     if session.get_providers()[0] != provider:
         raise SystemExit(f"the session fell back to {session.get_providers()} instead of {provider}")
@@ -155,7 +146,6 @@ def feed(ids: list[np.ndarray]) -> dict[str, np.ndarray]:
 class CeilingResult:
     """Rates over whole passes; with tokenising, ``tokenize_s`` is its time in one pass (included)."""
 
-    variant: str
     batch_size: int
     sentences_per_s: float
     batches_per_s: float
@@ -215,7 +205,6 @@ def ceiling(
         passes += 1
     elapsed = sum(times) + sum(tokenizing)
     return CeilingResult(
-        variant=variant,
         batch_size=batch_size,
         sentences_per_s=passes * len(ordered) / elapsed,
         batches_per_s=len(times) / elapsed,

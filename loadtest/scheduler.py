@@ -1,4 +1,4 @@
-"""Issue 28's cells against the raw ceiling and today's service: what the scheduler buys, as ratios.
+"""The scheduler's cells against the raw ceiling and another tree's service (``--today``), as ratios.
 
     python -m loadtest.scheduler [--model DIR] [--today TREE] [--today-all] [--duration 20] [--warmup 3] \
         [--background 64x32] [--quick]
