@@ -12,6 +12,7 @@ JSON in loadtest/results/bench-<time>.json. docs/performance.md has the details 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import sys
@@ -100,9 +101,7 @@ def _row(
     kind: str, label: str, svc: ServiceProcess, make: loadgen.BodyFactory, c: Cell, opts: argparse.Namespace
 ) -> Row:
     """One load cell's row; the server's CPU cores are over the whole cell."""
-    row = Row.of(measure(svc, c, make, opts.duration, opts.warmup, metrics=False), kind)
-    row.label = label
-    return row
+    return Row.of(measure(svc, c, make, opts.duration, opts.warmup, metrics=False), kind, label=label)
 
 
 def _service(opts: argparse.Namespace, cache_bytes: int, log: str) -> ServiceProcess:
@@ -119,9 +118,7 @@ def service_rows(
     facts: dict[str, Any] = {}
     with _service(opts, 0, "service.log") as svc:
         facts["memory_after_start"] = svc.processes().as_json()
-        for route, per_request, c in (
-            (r, t, c) for t in opts.texts for c in opts.concurrency for r in opts.routes
-        ):
+        for per_request, c, route in itertools.product(opts.texts, opts.concurrency, opts.routes):
             make = loadgen.cycle(request_bodies(opts.corpus, per_request), per_request)
             before_raw = bracket() if bracket and c == 32 and per_request == 1 else None
             before = svc.engine_stats()
@@ -182,8 +179,7 @@ def cache_rows(opts: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
         rows: list[Row] = []
         for label, make in ((labels[0], loadgen.cycle(hot, 1)), (labels[1], distinct_bodies(shuffled, 1, 0))):
             m = measure(svc, Cell(c, 1), make, opts.duration, opts.warmup)
-            row = Row.of(m, "cache")
-            row.label = label
+            row = Row.of(m, "cache", label=label)
             hits, misses = m.delta(HITS), m.delta(MISSES)
             ratio = hits / (hits + misses) if hits + misses else float("nan")
             row.note = "; ".join(x for x in (f"measured hit ratio {ratio:.1%}", row.note) if x)

@@ -3,8 +3,9 @@
     python -m loadtest.engine_path [--model DIR] [--cells 8x32,64x32,32x1] [--seconds 4] [--gpu-like]
 
 The service and engine built in-process from the tiny model (cache off, one intra-op thread), with
-:func:`loadtest.loadgen.closed_loop` clients sending distinct texts. Columns: cell, sent/s, batch, us/sent (the whole
-process's CPU), in run (the inference thread inside ``Session.run``), outside, and µs per sentence by thread.
+closed-loop clients (:func:`loadtest.loadgen.closed_loop`) sending distinct texts. Columns: cell, sent/s,
+batch, us/sent (the whole process's CPU), in run (the inference thread inside ``Session.run``), outside,
+and µs per sentence by thread.
 """
 
 from __future__ import annotations
