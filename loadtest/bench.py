@@ -12,11 +12,13 @@ JSON in loadtest/results/bench-<time>.json. docs/performance.md has the details 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import sys
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -24,200 +26,258 @@ import numpy as np
 import uvloop
 
 from loadtest import loadgen
-from loadtest.corpus import HIT_SET, load_corpus, request_bodies, token_ids
-from loadtest.flops import BertShape, gemm_peak
+from loadtest.corpus import HIT_SET, encode, load_corpus, request_bodies, tokenizer_of
+from loadtest.harness import parser
 from loadtest.harness.cell import Cell, distinct_bodies
 from loadtest.harness.measure import measure
-from loadtest.harness.report import RESULTS, Row, write_json
+from loadtest.harness.report import RESULTS, Row, cell, target, write_json
 from loadtest.harness.service import service_env
-from loadtest.quick_model import quick_model
-from loadtest.raw_onnx import CeilingResult, ceiling, open_encoder, shape_of, variants_in
+from loadtest.quick_model import tiny_model
+from loadtest.raw_onnx import BertShape, CeilingResult, ceiling, gemm_peak, shape_of, variants_in
 from loadtest.server import HOST, ServiceProcess
-from loadtest.table import HEADER, format_row, link_naive, summary
 
-# --------------------------------------------------------------------------------------------- raw
+HEADER = (
+    f"{'row':<28} {'sent/s':>9} {'req/s':>9} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'err':>5} "
+    f"{'GFLOP/s':>8} {'%peak':>6} {'svc/raw':>7} {'svc/nv':>7} {'cli cpu':>7} {'srv cpu':>7}  note"
+)
+HITS, MISSES = 'zhembed_cache_hits_total{tier="memory"}', 'zhembed_cache_misses_total{tier="memory"}'
 
 
-def raw_rows(
-    opts: argparse.Namespace, ids: list[np.ndarray], shape: BertShape, peaks: dict[str, float]
-) -> tuple[list[Row], dict[str, CeilingResult]]:
+def format_row(r: Row) -> str:
+    """One printed line of the table."""
+    if r.sentences_per_s is None:
+        return f"{r.label:<28} {r.note}"
+    return (
+        f"{r.label:<28} {cell(r.sentences_per_s, '.1f', 9)} {cell(r.requests_per_s, '.1f', 9)} "
+        f"{cell(r.p50_ms, '.1f', 8)} {cell(r.p90_ms, '.1f', 8)} {cell(r.p99_ms, '.1f', 8)} "
+        f"{cell(r.errors, 'd', 5)} {cell(r.useful_gflops, '.1f', 8)} "
+        f"{cell(None if r.peak_share is None else r.peak_share * 100, '.0f', 6)} "
+        f"{cell(r.vs_raw, '.2f', 7)} {cell(r.vs_naive, '.1f', 7)} {cell(r.client_cores, '.2f', 7)} "
+        f"{cell(r.server_cores, '.2f', 7)}  {r.notes()}"
+    )
+
+
+def shown(rows: list[Row]) -> list[Row]:
+    for r in rows:
+        print(format_row(r), flush=True)
+    return rows
+
+
+def raw_rows(opts: argparse.Namespace, peaks: dict[str, float]) -> tuple[list[Row], dict[str, CeilingResult]]:
+    """Per variant, the best batch size's row and batch 1's (its latency is per sentence)."""
     rows: list[Row] = []
     best: dict[str, CeilingResult] = {}
     for variant in opts.variants:
-        session = open_encoder(opts.model, variant)
-        results = [ceiling(session, variant, ids, b, shape, opts.raw_seconds) for b in opts.batch_sizes]
-        top = max(results, key=lambda r: r.sentences_per_s)
-        best[variant] = top
-        single = next((r for r in results if r.batch_size == 1), None)
+        results = [ceiling(opts.model, variant, opts.corpus, b, opts.raw_seconds) for b in opts.batch_sizes]
+        top = best[variant] = max(results, key=lambda r: r.sentences_per_s)
         tried = ", ".join(f"b{r.batch_size}={r.sentences_per_s:.1f}" for r in results)
-        shown = [(top, f"raw {variant} best b={top.batch_size}")]
-        if single is not None and single is not top:
-            shown.append((single, f"raw {variant} b=1"))
-        for r, label in shown:
+        chosen = [
+            (top, f"raw {variant} best b={top.batch_size}", f"padding {top.padding_share:.1%}; tried {tried}")
+        ]
+        chosen += [(r, f"raw {variant} b=1", "latency = per sentence") for r in results if r.batch_size == 1]
+        for r, label, note in chosen[: 1 if top.batch_size == 1 else 2]:
+            p50, p90, p99 = (float(x) for x in np.percentile(r.batch_ms, [50, 90, 99]))
+            flops = {"computed_gflops": r.computed_flops_per_s / 1e9, "passes": r.passes}
             rows.append(
                 Row(
-                    kind="raw",
-                    label=label,
+                    label,
+                    "raw",
                     sentences_per_s=r.sentences_per_s,
                     requests_per_s=r.batches_per_s,
-                    p50_ms=float(np.percentile(r.batch_ms, 50)),
-                    p90_ms=float(np.percentile(r.batch_ms, 90)),
-                    p99_ms=float(np.percentile(r.batch_ms, 99)),
+                    p50_ms=p50,
+                    p90_ms=p90,
+                    p99_ms=p99,
                     errors=0,
                     useful_gflops=r.useful_flops_per_s / 1e9,
                     peak_share=r.useful_flops_per_s / peaks[variant],
-                    note=f"padding {r.padding_share:.1%}; tried {tried}"
-                    if r is top
-                    else "latency = per sentence",
-                    extra={
-                        "variant": variant,
-                        "batch_size": r.batch_size,
-                        "computed_gflops": r.computed_flops_per_s / 1e9,
-                        "passes": r.passes,
-                    },
+                    note=note,
+                    extra={"variant": variant, "batch_size": r.batch_size, **flops},
                 )
             )
-        del session
-    return rows, best
-
-
-# -------------------------------------------------------------------------------------------- http
+    return shown(rows), best
 
 
 def _row(
-    kind: str,
-    label: str,
-    svc: ServiceProcess,
-    make: loadgen.BodyFactory,
-    c: Cell,
-    opts: argparse.Namespace,
-    note: str = "",
+    kind: str, label: str, svc: ServiceProcess, make: loadgen.BodyFactory, c: Cell, opts: argparse.Namespace
 ) -> Row:
     """One load cell's row; the server's CPU cores are over the whole cell."""
-    m = measure(svc, c, make, opts.duration, opts.warmup, metrics=False)
-    row = Row.of(m, kind, note=note)
-    row.label = label
-    return row
+    return Row.of(measure(svc, c, make, opts.duration, opts.warmup, metrics=False), kind, label=label)
 
 
-def _padding(before: dict[str, Any], after: dict[str, Any]) -> float | None:
-    real = after.get("real_tokens", 0) - before.get("real_tokens", 0)
-    padded = after.get("padded_tokens", 0) - before.get("padded_tokens", 0)
-    return 1 - real / padded if padded else None
-
-
-def _service_env(opts: argparse.Namespace, cache_bytes: int) -> dict[str, str]:
+def _service(opts: argparse.Namespace, cache_bytes: int, log: str) -> ServiceProcess:
     peak_inputs = max(opts.concurrency) * max(opts.texts)
-    return service_env(opts.model, opts.service_variant, peak_inputs, cache_bytes=cache_bytes)
+    env = service_env(opts.model, opts.service_variant, peak_inputs, cache_bytes=cache_bytes)
+    return ServiceProcess("app", env, opts.logs / log)
 
 
 def service_rows(
-    opts: argparse.Namespace,
-    corpus: list[str],
-    ids: list[np.ndarray],
-    shape: BertShape,
-    raw_best: CeilingResult | None,
-    bracket: Callable[[], float] | None,
+    opts: argparse.Namespace, raw_best: CeilingResult | None, bracket: Callable[[], float] | None
 ) -> tuple[list[Row], dict[str, Any]]:
+    """Each cell on the service, cache off; c=32 x1 also against raw passes right before and after it."""
     rows: list[Row] = []
     facts: dict[str, Any] = {}
-    flops_per_sentence = float(np.mean([shape.flops(len(x)) for x in ids]))
-    with ServiceProcess("app", _service_env(opts, 0), opts.logs / "service.log") as svc:
+    with _service(opts, 0, "service.log") as svc:
         facts["memory_after_start"] = svc.processes().as_json()
-        for route, per_request, c in (
-            (r, t, c) for t in opts.texts for c in opts.concurrency for r in opts.routes
-        ):
-            make = loadgen.cycle(request_bodies(corpus, per_request), per_request)
+        for per_request, c, route in itertools.product(opts.texts, opts.concurrency, opts.routes):
+            make = loadgen.cycle(request_bodies(opts.corpus, per_request), per_request)
             before_raw = bracket() if bracket and c == 32 and per_request == 1 else None
             before = svc.engine_stats()
             label = f"service c={c} x{per_request}" + ("" if route == "/embed" else f" {route}")
             row = _row("service", label, svc, make, Cell(c, per_request, route=route), opts)
             after = svc.engine_stats()
-            after_raw = bracket() if bracket and before_raw is not None else None
-            padding = _padding(before, after)
-            batches = after.get("batches", 0) - before.get("batches", 0)
-            items = after.get("batched_items", 0) - before.get("batched_items", 0)
+            keys = ("real_tokens", "padded_tokens", "batches", "batched_items")
+            moved = {k: after.get(k, 0) - before.get(k, 0) for k in keys}
+            padding = 1 - moved["real_tokens"] / moved["padded_tokens"] if moved["padded_tokens"] else None
             note = f"padding {padding:.1%}" if padding is not None else ""
-            if batches:
-                note += f"; mean batch {items / batches:.1f}"
+            if moved["batches"]:
+                note += f"; mean batch {moved['batched_items'] / moved['batches']:.1f}"
             row.note = "; ".join(x for x in (note, row.note) if x)
             rate = row.sentences_per_s or 0.0
-            row.useful_gflops = rate * flops_per_sentence / 1e9
+            row.useful_gflops = rate * opts.flops_per_sentence / 1e9
             row.extra.update(padding_share=padding, engine_before=before, engine_after=after)
             if raw_best is not None:
                 row.vs_raw = rate / raw_best.sentences_per_s
-                if after_raw is not None and before_raw is not None:
-                    adjacent = (before_raw + after_raw) / 2
-                    row.vs_raw = rate / adjacent
-                    row.extra["raw_adjacent_sentences_per_s"] = [before_raw, after_raw]
-                    row.note += f"; vs raw pass adjacent ({before_raw:.1f}/{after_raw:.1f} s/s)"
-            rows.append(row)
-            print(format_row(row), flush=True)
+            if bracket is not None and before_raw is not None:
+                after_raw = bracket()
+                row.vs_raw = rate / ((before_raw + after_raw) / 2)
+                row.extra["raw_adjacent_sentences_per_s"] = [before_raw, after_raw]
+                row.note += f"; vs raw pass adjacent ({before_raw:.1f}/{after_raw:.1f} s/s)"
+            rows += shown([row])
         facts["memory_steady"] = svc.processes().as_json()
     return rows, facts
 
 
-def naive_rows(opts: argparse.Namespace, corpus: list[str]) -> list[Row]:
+def naive_rows(opts: argparse.Namespace) -> list[Row]:
     if opts.naive_source is None:
         return []
     env = {"NAIVE_MODEL": str(opts.naive_source), "NAIVE_TWIN": "1" if opts.naive_twin else "0"}
     rows: list[Row] = []
     with ServiceProcess("loadtest.baselines.naive_service", env, opts.logs / "naive.log") as svc:
-        for body in request_bodies(
-            corpus[:8], 1
-        ):  # PyTorch's first calls pay one-off set-up; not the baseline's cost
-            uvloop.run(loadgen.post(HOST, svc.port, "/embed", body))
+        for body in request_bodies(opts.corpus[:8], 1):  # PyTorch's first calls pay one-off set-up
+            uvloop.run(loadgen.request(HOST, svc.port, "POST", "/embed", body))
         for per_request in opts.texts:
-            make = loadgen.cycle(request_bodies(corpus, per_request), per_request)
+            make = loadgen.cycle(request_bodies(opts.corpus, per_request), per_request)
             for c in (c for c in opts.concurrency if c <= opts.naive_max_concurrency):
                 row = _row("naive", f"naive c={c} x{per_request}", svc, make, Cell(c, per_request), opts)
-                rows.append(row)
-                print(format_row(row), flush=True)
+                rows += shown([row])
     return rows
 
 
-def _cache_counts(svc: ServiceProcess) -> dict[str, float] | None:
-    """Memory-tier hits and misses from /metrics; None when the service has no cache."""
-    series = svc.metrics()
-    if series is None or not any(name.startswith("zhembed_cache_hits") for name in series):
-        return None
-    return {
-        "hits": series.get('zhembed_cache_hits_total{tier="memory"}', 0.0),
-        "misses": series.get('zhembed_cache_misses_total{tier="memory"}', 0.0),
-    }
-
-
-def cache_rows(opts: argparse.Namespace, corpus: list[str]) -> tuple[list[Row], dict[str, Any]]:
-    labels = ("cache 100% hit c=32 x1", "cache 0% hit c=32 x1")
+def cache_rows(opts: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
+    """100% hits on the hit set (put in the cache first), then 0%: texts never sent before."""
     c = 32 if 32 in opts.concurrency else max(opts.concurrency)
-    labels = tuple(label.replace("c=32", f"c={c}") for label in labels)  # type: ignore[assignment]
+    labels = (f"cache 100% hit c={c} x1", f"cache 0% hit c={c} x1")
     facts: dict[str, Any] = {"cache_bytes": opts.cache_bytes}
-    with ServiceProcess("app", _service_env(opts, opts.cache_bytes), opts.logs / "service-cache.log") as svc:
-        if _cache_counts(svc) is None:
+    with _service(opts, opts.cache_bytes, "service-cache.log") as svc:
+        if not any(name.startswith("zhembed_cache_hits") for name in svc.metrics() or {}):
             why = "n/a (no cache): /metrics has no zhembed_cache_* counters"
             return [Row(label, "cache", note=why) for label in labels], facts
-        hot = request_bodies(corpus[:HIT_SET], 1)
-        for body in hot:  # fill the cache with the hit set
-            uvloop.run(loadgen.post(HOST, svc.port, "/embed", body))
-        shuffled = corpus[:]
-        random.Random(1).shuffle(shuffled)
-        unique = distinct_bodies(shuffled, 1, 0)
+        hot = request_bodies(opts.corpus[:HIT_SET], 1)
+        for body in hot:
+            uvloop.run(loadgen.request(HOST, svc.port, "POST", "/embed", body))
+        shuffled = random.Random(1).sample(opts.corpus, len(opts.corpus))
         rows: list[Row] = []
-        for label, make in ((labels[0], loadgen.cycle(hot, 1)), (labels[1], unique)):
-            before = _cache_counts(svc) or {}
-            row = _row("cache", label, svc, make, Cell(c, 1), opts)
-            after = _cache_counts(svc) or {}
-            hits = after.get("hits", 0) - before.get("hits", 0)
-            misses = after.get("misses", 0) - before.get("misses", 0)
+        for label, make in ((labels[0], loadgen.cycle(hot, 1)), (labels[1], distinct_bodies(shuffled, 1, 0))):
+            m = measure(svc, Cell(c, 1), make, opts.duration, opts.warmup)
+            row = Row.of(m, "cache", label=label)
+            hits, misses = m.delta(HITS), m.delta(MISSES)
             ratio = hits / (hits + misses) if hits + misses else float("nan")
             row.note = "; ".join(x for x in (f"measured hit ratio {ratio:.1%}", row.note) if x)
-            rows.append(row)
-            print(format_row(row), flush=True)
+            rows += shown([row])
         facts["memory_steady"] = svc.processes().as_json()
     return rows, facts
 
 
-# -------------------------------------------------------------------------------------------- main
+def link_naive(
+    rows: list[Row], peaks: dict[str, float], service_variant: str, flops_per_sentence: float
+) -> None:
+    """Fill the naive rows' useful GFLOP/s and % of the fp32 peak, and the service rows' % of their peak
+    and service/naive ratio (against the same cell of the naive service)."""
+    naive = {r.label.removeprefix("naive "): r for r in rows if r.kind == "naive"}
+    for r in naive.values():
+        if r.sentences_per_s is not None:
+            r.useful_gflops = r.sentences_per_s * flops_per_sentence / 1e9
+            r.peak_share = r.useful_gflops * 1e9 / peaks["fp32"]
+    for r in (r for r in rows if r.kind == "service"):
+        twin = naive.get(r.label.removeprefix("service "))
+        if twin is not None and twin.sentences_per_s:
+            r.vs_naive = (r.sentences_per_s or 0) / twin.sentences_per_s
+        if r.useful_gflops is not None:
+            r.peak_share = r.useful_gflops * 1e9 / peaks[service_variant]
+
+
+def targets(rows: list[Row], facts: dict[str, Any], variant: str) -> list[str]:
+    """Issue 5's targets, each with its measured value."""
+    by = {r.label: r for r in rows}
+    out: list[str] = []
+    svc32, svc1 = by.get("service c=32 x1"), by.get("service c=1 x1")
+    if svc32 and svc32.vs_raw is not None:
+        out.append(target("c=32 x1 >= 0.90 x raw ceiling", svc32.vs_raw >= 0.9, f"{svc32.vs_raw:.2f}"))
+    raw1 = by.get(f"raw {variant} b=1") or by.get(f"raw {variant} best b=1")
+    if svc1 and raw1 and svc1.p50_ms is not None and raw1.p50_ms is not None:
+        limit = 1.15 * raw1.p50_ms + 1
+        detail = f"{svc1.p50_ms:.1f} ms vs {limit:.1f} ms"
+        out.append(target("c=1 p50 <= 1.15 x raw single + 1 ms", svc1.p50_ms <= limit, detail))
+    if svc32 and svc32.vs_naive is not None:
+        out.append(target("c=32 >= 10 x naive", svc32.vs_naive >= 10, f"{svc32.vs_naive:.1f}x"))
+    if svc32 and (share := svc32.extra.get("padding_share")) is not None:
+        out.append(target("padding <= 10% at c=32", share <= 0.10, f"{share:.1%}"))
+    hit = next((r for r in rows if r.label.startswith("cache 100%")), None)
+    if hit is not None:
+        rps = hit.requests_per_s
+        ok, detail = (None, hit.note) if rps is None else (rps >= 2000, f"{rps:.0f}")
+        out.append(target("100%-hit >= 2000 req/s", ok, detail))
+    if "memory_steady" in facts and "model_bytes" in facts:
+        limit = 1.5 * facts["model_bytes"]  # and the cache budget: none, the service rows run with it off
+        rss = facts["memory_steady"]["rss"]  # summed over the process tree: one process by default
+        detail = (
+            f"{rss / 2**20:.0f} MiB vs {limit / 2**20:.0f} MiB "
+            f"(model {facts['model_bytes'] / 2**20:.0f} MiB, service started with cache off)"
+        )
+        out.append(target("RSS <= 1.5 x model + cache budget", rss <= limit, detail))
+    return out
+
+
+def summary(
+    rows: list[Row],
+    facts: dict[str, Any],
+    peaks: dict[str, float],
+    shape: BertShape,
+    service_variant: str,
+    cache_bytes: int,
+    seconds: float,
+) -> list[str]:
+    """The closing block: every row again, the GEMM peaks, the FLOP formula, memory, and the targets."""
+    cache_facts = facts.get("cache", {})
+    start, steady = facts["memory_after_start"], facts["memory_steady"]
+    return [
+        "",
+        "=" * len(HEADER),
+        f"{len(rows)} rows; measured on a shared machine; {seconds:.0f} s",
+        HEADER,
+        *(format_row(r) for r in rows),
+        "",
+        f"GEMM peak (one [512x768]x[768x3072] MatMul in ONNX Runtime): fp32 {peaks['fp32'] / 1e9:.1f} GFLOP/s, "
+        f"int8 MatMulInteger {peaks['int8'] / 1e9:.1f} GOP/s; %peak uses the row's precision (naive: fp32).",
+        "FLOPs per sentence of L tokens: 2*L*N*(4H^2 + 2HI) + 4*N*L^2*H + 2H^2 (useful: each sentence at its "
+        f"own length); N={shape.layers}, H={shape.hidden}, I={shape.intermediate}.",
+        f"Service RSS, summed over its processes (loadtest.procs): {start['rss'] / 2**20:.0f} MiB after start, "
+        f"{steady['rss'] / 2**20:.0f} MiB steady (each process's peak, summed: {steady['peak_rss'] / 2**20:.0f} "
+        f"MiB); PSS (shared pages once) {start['pss'] / 2**20:.0f} / {steady['pss'] / 2**20:.0f} MiB; "
+        f"{service_variant} graphs {facts['model_bytes'] / 2**20:.0f} MiB; cache off in the service rows"
+        + (
+            f"; with a {cache_bytes / 2**20:.0f} MiB cache budget: "
+            f"{cache_facts['memory_steady']['rss'] / 2**20:.0f} MiB after the cache rows"
+            if "memory_steady" in cache_facts
+            else ""
+        ),
+        *(
+            f"  {p['role']} {p['pid']}: RSS {p['rss'] / 2**20:.0f} MiB, PSS {p['pss'] / 2**20:.0f} MiB steady"
+            for p in (steady["processes"] if len(steady["processes"]) > 1 else [])
+        ),
+        "Targets (issue 5):",
+        *targets(rows, facts, service_variant),
+    ]
 
 
 def ints(text: str) -> list[int]:
@@ -225,11 +285,7 @@ def ints(text: str) -> list[int]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m loadtest.bench",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = parser("loadtest.bench", __doc__)
     p.add_argument("--model", type=Path, default=Path("models/bert-base-chinese-twin"))
     p.add_argument("--variants", default=None, help="raw-ceiling variants; default fp32,int8 where present")
     p.add_argument("--service-variant", default="int8", help="ZHEMBED_VARIANT of the service rows")
@@ -249,97 +305,77 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--skip-naive", action="store_true")
     p.add_argument("--cache-bytes", type=int, default=64 * 2**20, help="cache budget of the cache rows")
     p.add_argument("--quick", action="store_true", help="tiny model in a temp dir, a few seconds in all")
-    p.add_argument(
-        "--out", type=Path, default=None, help="JSON path; default loadtest/results/bench-<time>.json"
-    )
-    return p.parse_args(argv)
-
-
-def run(args: argparse.Namespace, model: Path, naive_source: Path | None, naive_twin: bool) -> dict[str, Any]:
-    present = variants_in(model)
-    wanted = args.variants.split(",") if args.variants else [v for v in ("fp32", "int8") if v in present]
-    opts = args
-    opts.model, opts.naive_source, opts.naive_twin, opts.logs = (
-        model,
-        naive_source,
-        naive_twin,
-        RESULTS / "logs",
-    )
-    opts.variants = [v for v in wanted if v in present and v != "fp16"]  # fp16 only pays on CUDA
-    opts.warmup = args.warmup if args.warmup is not None else min(2.0, args.duration / 4)
-    corpus = load_corpus()
-    ids = token_ids(model, corpus)
-    shape = shape_of(model)
-    manifest = json.loads((model / "manifest.json").read_text())
-    files = [g[opts.service_variant] for g in manifest["graphs"].values() if opts.service_variant in g]
-    started = time.time()
-    print(
-        f"zhembed bench: {model} ({len(corpus)} sentences, mean {np.mean([len(x) for x in ids]):.1f} tokens)"
-    )
-    print(HEADER, flush=True)
-    peaks = {"fp32": gemm_peak("fp32"), "int8": gemm_peak("int8")}
-    raw, best = raw_rows(opts, ids, shape, peaks)
-    for r in raw:
-        print(format_row(r), flush=True)
-    raw_best = best.get(opts.service_variant)
-    bracket: Callable[[], float] | None = None
-    if raw_best is not None:
-        session = open_encoder(model, opts.service_variant)
-        size = raw_best.batch_size
-
-        def bracket() -> float:
-            return ceiling(session, opts.service_variant, ids, size, shape, 0.0).sentences_per_s
-
-    svc, facts = service_rows(opts, corpus, ids, shape, raw_best, bracket)
-    bracket = None
-    naive = [] if opts.skip_naive else naive_rows(opts, corpus)
-    cache, cache_facts = cache_rows(opts, corpus)
-    rows = raw + svc + naive + cache
-    link_naive(rows, peaks, opts.service_variant, float(np.mean([shape.flops(len(x)) for x in ids])))
-    facts.update(
-        model_bytes=sum(f["bytes"] for f in files),
-        cache_budget=0,
-        cache=cache_facts,
-        gemm_peak_gflops={k: v / 1e9 for k, v in peaks.items()},
-    )
-    seconds = time.time() - started
-    report = {
-        "model": str(model),
-        "service_variant": opts.service_variant,
-        "corpus_sentences": len(corpus),
-        "corpus_mean_tokens": float(np.mean([len(x) for x in ids])),
-        "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(opts).items()},
-        "seconds": seconds,
-        "facts": facts,
-        "rows": [r.as_json() for r in rows],
-    }
-    for text in summary(rows, facts, peaks, shape, opts.service_variant, opts.cache_bytes, seconds):
-        print(text)
-    write_json(report, args.out, "bench")
-    return report
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    p.add_argument("--out", type=Path, default=None, help="JSON path (loadtest/results/bench-<time>.json)")
+    args = p.parse_args(argv)
     if args.quick:
         args.duration = min(args.duration, 1.0)
         args.warmup = 0.3 if args.warmup is None else args.warmup
         args.concurrency = [1, 8] if args.concurrency == [1, 8, 32, 128] else args.concurrency
         args.texts = [1, 4] if args.texts == [1, 16] else args.texts
-        args.batch_sizes = [1, 8]
-        args.raw_seconds = 0.0
-        with quick_model() as (model, source):
-            report = run(args, model, source, naive_twin=False)
-    else:
-        manifest = json.loads((args.model / "manifest.json").read_text())
-        source = Path(manifest["source"]["model"])
-        naive_source = source if source.is_dir() else None
-        twin = manifest["source"]["weights"] == "random" and not any(
-            (source / f).is_file() for f in ("model.safetensors", "pytorch_model.bin")
-        )
-        report = run(args, args.model, naive_source, twin)
-    errors = sum(r["errors"] or 0 for r in report["rows"])
-    return 1 if errors else 0
+        args.batch_sizes, args.raw_seconds = [1, 8], 0.0
+    args.warmup = args.warmup if args.warmup is not None else min(2.0, args.duration / 4)
+    return args
+
+
+def run(opts: argparse.Namespace, model: Path) -> dict[str, Any]:
+    """Every row on ``model``; the naive service runs on the export's source folder, where it has one (a
+    twin's, with no weights, on the twin's random weights)."""
+    manifest = json.loads((model / "manifest.json").read_text())
+    source = Path(manifest["source"]["model"])
+    weights = any((source / f).is_file() for f in ("model.safetensors", "pytorch_model.bin"))
+    opts.naive_source = source if source.is_dir() else None
+    opts.naive_twin = manifest["source"]["weights"] == "random" and not weights
+    present = variants_in(model)
+    wanted = opts.variants.split(",") if opts.variants else [v for v in ("fp32", "int8") if v in present]
+    opts.variants = [v for v in wanted if v in present and v != "fp16"]  # fp16 only pays on CUDA
+    opts.model, opts.logs, opts.corpus = model, RESULTS / "logs", load_corpus()
+    ids, shape = encode(tokenizer_of(model), opts.corpus), shape_of(model)
+    mean_tokens = float(np.mean([len(x) for x in ids]))
+    opts.flops_per_sentence = float(np.mean([shape.flops(len(x)) for x in ids]))
+    files = [g[opts.service_variant] for g in manifest["graphs"].values() if opts.service_variant in g]
+    started = time.time()
+    print(f"zhembed bench: {model} ({len(opts.corpus)} sentences, mean {mean_tokens:.1f} tokens)")
+    print(HEADER, flush=True)
+    peaks = {"fp32": gemm_peak("fp32"), "int8": gemm_peak("int8")}
+    raw, best = raw_rows(opts, peaks)
+    raw_best = best.get(opts.service_variant)
+
+    def bracket() -> float:
+        assert raw_best is not None
+        return ceiling(model, opts.service_variant, ids, raw_best.batch_size, 0.0).sentences_per_s
+
+    svc, facts = service_rows(opts, raw_best, bracket if raw_best is not None else None)
+    naive = [] if opts.skip_naive else naive_rows(opts)
+    cache, cache_facts = cache_rows(opts)
+    rows = raw + svc + naive + cache
+    link_naive(rows, peaks, opts.service_variant, opts.flops_per_sentence)
+    facts.update(
+        model_bytes=sum(f["bytes"] for f in files),
+        cache=cache_facts,
+        gemm_peak_gflops={k: v / 1e9 for k, v in peaks.items()},
+    )
+    seconds = time.time() - started
+    options = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(opts).items() if k != "corpus"}
+    report = {
+        "model": str(model),
+        "service_variant": opts.service_variant,
+        "corpus_sentences": len(opts.corpus),
+        "corpus_mean_tokens": mean_tokens,
+        "options": options,
+        "seconds": seconds,
+        "facts": facts,
+        "rows": [r.as_json() for r in rows],
+    }
+    print(*summary(rows, facts, peaks, shape, opts.service_variant, opts.cache_bytes, seconds), sep="\n")
+    write_json(report, opts.out, "bench")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    with tiny_model(None, ("fp32", "int8"), 3) if args.quick else nullcontext(args.model) as model:
+        report = run(args, model)
+    return 1 if any(r["errors"] for r in report["rows"]) else 0
 
 
 if __name__ == "__main__":

@@ -11,72 +11,68 @@ targets: job ≥ 0.95 × raw; ray ≥ 0.85 × job; memory ratio ≤ 1.2. docs/pe
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from app.bulk import flags
 from app.bulk.cli import parser as bulk_parser
 from app.bulk.embedder import Embedder
 from app.bulk.output import OutputDir
 from app.bulk.progress import Progress
 from app.bulk.runner import BulkSpec, manifest_of, prepare, run_local
 from app.bulk.sources import Fields, find_inputs
-from loadtest.corpus import encode, load_corpus, tokenizer_of, unique_texts
-from loadtest.quick_model import export_tiny
-from loadtest.raw_onnx import ceiling, open_encoder, shape_of
+from app.settings import Settings
+from loadtest.corpus import load_corpus, unique_texts
+from loadtest.harness import parser
+from loadtest.harness.report import mark
+from loadtest.quick_model import tiny_model
+from loadtest.raw_onnx import CeilingResult, ceiling
 
 DEFAULT_MODEL = Path("models/bert-base-chinese-twin")
 
 
-def write_corpus(path: Path, texts: list[str]) -> Path:
+def write_corpus(path: Path, texts: Iterable[str]) -> Path:
     with open(path, "wb") as f:
         for text in texts:
             f.write(orjson.dumps({"text": text}) + b"\n")
     return path
 
 
-def raw(model: Path, variant: str, texts: list[str], batch: int) -> dict[str, float]:
-    """Sentences/s of the raw session on ``texts``: tokenising (one thread, no offsets, 256 a call as
-    the engine's tokenisation thread) plus one whole pass of length-sorted batches of ``batch``."""
-    tokenizer = tokenizer_of(model, None)
-    session = open_encoder(model, variant)
-    result = ceiling(session, variant, [], batch, shape_of(model), 0.0, lambda: encode(tokenizer, texts))
-    return {
-        "sentences_per_s": result.sentences_per_s,
-        "tokenize_s": result.tokenize_s,
-        "padding": result.padding_share,
-    }
+def raw(model: Path, variant: str, texts: list[str], batch: int) -> CeilingResult:
+    """The raw session on ``texts``: tokenising (as the engine's tokenisation thread) plus one whole pass of
+    length-sorted batches of ``batch``."""
+    return ceiling(model, variant, texts, batch, 0.0, tokenize=True)
 
 
-def bulk_args(
+def job_of(
     corpus: Path, out: Path, model: Path, variant: str, batch: int, extra: list[str]
-) -> argparse.Namespace:
+) -> tuple[argparse.Namespace, BulkSpec, Settings]:
+    """``python -m app.bulk``'s flags for the run, its job and its settings."""
     model_flags = ["--model", str(model), "--variant", variant, "--max-batch-size", str(batch)]
     model_flags += ["--max-batch-tokens", str(max(4096, batch * 128))]
-    return bulk_parser().parse_args(
+    args = bulk_parser().parse_args(
         [*model_flags, "--input", str(corpus), "--output", str(out), "--progress", "off", *extra]
     )
+    fields = Fields()
+    inputs = find_inputs(str(corpus), None, fields)
+    job = BulkSpec(inputs, fields, out, args.shard_rows, "float", str(corpus), None)
+    return args, job, flags.settings_of(args, str(model))
 
 
 def job_run(corpus: Path, out: Path, model: Path, variant: str, batch: int) -> dict[str, float]:
     """The single-machine job's data path, timed from the first row read to the finished folder."""
-    import asyncio
-
-    from app.bulk import flags
-
-    args = bulk_args(corpus, out, model, variant, batch, [])
-    fields = Fields()
-    job = BulkSpec(
-        find_inputs(str(corpus), None, fields), fields, out, args.shard_rows, "float", str(corpus), None
-    )
-    embedder = Embedder(flags.settings_of(args, str(model)), {}, "text", args.window)
+    args, job, settings = job_of(corpus, out, model, variant, batch, [])
+    embedder = Embedder(settings, {}, "text", args.window)
 
     async def go() -> tuple[float, dict[str, Any]]:
         await embedder.check()
@@ -101,15 +97,10 @@ def ray_run(corpus: Path, out: Path, model: Path, variant: str, batch: int, core
     """The Ray path on a local Ray of ``cores`` CPUs and one actor: the pipeline and the commit."""
     import ray
 
-    from app.bulk import flags
     from app.bulk.ray_job import execute, prepare_ray
 
-    args = bulk_args(corpus, out, model, variant, batch, ["--ray", "--overwrite"])
-    fields = Fields()
-    job = BulkSpec(
-        find_inputs(str(corpus), None, fields), fields, out, args.shard_rows, "float", str(corpus), None
-    )
-    settings, manifest, _ = prepare_ray(job, flags.settings_of(args, str(model)), {}, args)
+    args, job, settings = job_of(corpus, out, model, variant, batch, ["--ray", "--overwrite"])
+    settings, manifest, _ = prepare_ray(job, settings, {}, args)
     ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=False, object_store_memory=200 * 2**20)
     try:
         started = time.perf_counter()
@@ -138,25 +129,13 @@ def peak_rss_mib(model: Path, rows: int, work: Path, text: str = "numbered") -> 
     The peak is the child's own ``VmHWM``, read until it exits (``ru_maxrss`` would not do: Linux keeps
     the high-water mark of the forking parent, this benchmark, across the exec).
     """
-    corpus = work / f"rows-{rows}.jsonl"
-    with open(corpus, "wb") as f:
-        for line in row_texts(rows, text):
-            f.write(orjson.dumps({"text": line}) + b"\n")
+    corpus = write_corpus(work / f"rows-{rows}.jsonl", row_texts(rows, text))
     out = work / f"out-{rows}"
-    command = [
-        sys.executable,
-        "-m",
-        "app.bulk",
-        "--model",
-        str(model),
-        "--variant",
-        "int8",
-        "--input",
-        str(corpus),
-    ]
     batch = "256" if text == "char" else "64"  # three-token rows: a large model needs wide batches
-    command += ["--output", str(out), "--progress", "off", "--overwrite", "--max-batch-size", batch]
+    flags = ["--model", str(model), "--variant", "int8", "--input", str(corpus), "--output", str(out)]
+    flags += ["--progress", "off", "--overwrite", "--max-batch-size", batch]
     started = time.perf_counter()
+    command = [sys.executable, "-m", "app.bulk", *flags]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     status = Path(f"/proc/{process.pid}/status")
     peak_kib = 0
@@ -175,25 +154,16 @@ def peak_rss_mib(model: Path, rows: int, work: Path, text: str = "numbered") -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m loadtest.bulk",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = parser("loadtest.bulk", __doc__)
     p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="an exported model (the int8 twin)")
     p.add_argument("--variant", default="int8")
     p.add_argument("--texts", type=int, default=3000, help="distinct texts of the speed rows")
     p.add_argument("--batch-sizes", default="8,16,32", help="raw batch sizes to pick the best of")
     p.add_argument("--skip-ray", action="store_true")
     p.add_argument("--skip-speed", action="store_true")
+    p.add_argument("--memory-rows", default=None, help="row counts (default 10000,1000000); empty: none")
     p.add_argument(
-        "--memory-rows", default=None, help="rows of the memory rows (default 10000,1000000); empty: none"
-    )
-    p.add_argument(
-        "--memory-model",
-        type=Path,
-        default=None,
-        help="the model of the memory rows (default: the tiny model; the twin with --memory-text char)",
+        "--memory-model", type=Path, default=None, help="the model of the memory rows (default: tiny)"
     )
     p.add_argument(
         "--memory-text",
@@ -201,42 +171,31 @@ def main(argv: list[str] | None = None) -> int:
         default="numbered",
         help="numbered: distinct short texts; char: one character a row (3 tokens)",
     )
-    p.add_argument(
-        "--quick", action="store_true", help="the tiny model, 300 texts, 2,000 / 20,000 memory rows"
-    )
+    p.add_argument("--quick", action="store_true", help="tiny model, 300 texts, 2,000 / 20,000 memory rows")
     args = p.parse_args(argv)
     cores = len(os.sched_getaffinity(0))
-    with tempfile.TemporaryDirectory(prefix="zhembed-bulk-bench-") as tmp:
+    rows = (
+        args.memory_rows if args.memory_rows is not None else "2000,20000" if args.quick else "10000,1000000"
+    )
+    sizes = [int(n) for n in rows.split(",") if n]
+    with tempfile.TemporaryDirectory(prefix="zhembed-bulk-bench-") as tmp, contextlib.ExitStack() as stack:
         work = Path(tmp)
-        tiny: Path | None = None
-        if args.quick:
-            tiny, _ = export_tiny(work / "source", work / "tiny", variants=("fp32", "int8"))
+        tiny = stack.enter_context(tiny_model(None, ("fp32", "int8"), 3)) if args.quick else None
+        if tiny is not None:
             args.model, args.texts = tiny, 300
-            args.memory_rows = "2000,20000" if args.memory_rows is None else args.memory_rows
-        lines: list[str] = []
-        if not args.skip_speed:
-            lines += speed_rows(args, work, cores)
-        sizes = [
-            int(n)
-            for n in (args.memory_rows if args.memory_rows is not None else "10000,1000000").split(",")
-            if n
-        ]
+        lines = [] if args.skip_speed else speed_rows(args, work, cores)
         if sizes:
-            memory_model = args.memory_model
-            if memory_model is None:
-                if tiny is None:
-                    tiny, _ = export_tiny(work / "source", work / "tiny", variants=("fp32", "int8"))
-                memory_model = tiny
-            name = "tiny model" if memory_model == tiny else memory_model.name
+            given: Path | None = args.memory_model
+            memory_model = given or tiny or stack.enter_context(tiny_model(None, ("fp32", "int8"), 3))
+            name = "tiny model" if given is None else given.name
             peaks = {n: peak_rss_mib(memory_model, n, work, args.memory_text) for n in sizes}
             for n, (mib, seconds) in peaks.items():
                 lines.append(
                     f"| memory, {n:,} rows ({name}, {args.memory_text} rows) | peak RSS {mib:.0f} MiB | {n / seconds:,.0f} rows/s incl. start | |"
                 )
-            small, large = peaks[min(sizes)][0], peaks[max(sizes)][0]
-            ratio = large / small
+            ratio = peaks[max(sizes)][0] / peaks[min(sizes)][0]
             lines.append(
-                f"| memory ratio {max(sizes):,} / {min(sizes):,} rows | {ratio:.2f} | target ≤ 1.2 | {'PASS' if ratio <= 1.2 else 'MISS'} |"
+                f"| memory ratio {max(sizes):,} / {min(sizes):,} rows | {ratio:.2f} | target ≤ 1.2 | {mark(ratio <= 1.2)} |"
             )
     print(f"\nbulk job, {cores} cores" + ("" if args.skip_speed else f", speed rows on {args.model}") + "\n")
     print("| row | figure | note | target |\n|---|---|---|---|")
@@ -247,33 +206,33 @@ def main(argv: list[str] | None = None) -> int:
 def speed_rows(args: argparse.Namespace, work: Path, cores: int) -> list[str]:
     texts = unique_texts(load_corpus(), 0, args.texts)
     corpus = write_corpus(work / "corpus.jsonl", texts)
-    sizes = [int(b) for b in args.batch_sizes.split(",")]
     sample = texts[: max(len(texts) // 6, 64)]
-    picks = {b: raw(args.model, args.variant, sample, b)["sentences_per_s"] for b in sizes}
-    best = max(picks, key=lambda b: picks[b])
+    picks = {
+        b: raw(args.model, args.variant, sample, int(b)).sentences_per_s for b in args.batch_sizes.split(",")
+    }
+    best = int(max(picks, key=lambda b: picks[b]))
     print(
         "raw on a sixth of the corpus, by batch size: "
-        + ", ".join(f"{b}: {v:.1f}/s" for b, v in picks.items()),
-        flush=True,
+        + ", ".join(f"{b}: {v:.1f}/s" for b, v in picks.items())
     )
     before = raw(args.model, args.variant, texts, best)
     job = job_run(corpus, work / "out-job", args.model, args.variant, best)
     ray = None if args.skip_ray else ray_run(corpus, work / "out-ray", args.model, args.variant, best, cores)
     after = raw(args.model, args.variant, texts, best)
-    ceiling_rate = (before["sentences_per_s"] + after["sentences_per_s"]) / 2
+    ceiling_rate = (before.sentences_per_s + after.sentences_per_s) / 2
     vs_raw = job["sentences_per_s"] / ceiling_rate
     lines = [
         f"| raw {args.variant}, batch {best}, tokenising included | {ceiling_rate:.1f} sentences/s | before / after the job: "
-        f"{before['sentences_per_s']:.1f} / {after['sentences_per_s']:.1f}; padding {before['padding']:.1%}; tokenising "
-        f"{before['tokenize_s']:.2f} s | |",
+        f"{before.sentences_per_s:.1f} / {after.sentences_per_s:.1f}; padding {before.padding_share:.1%}; tokenising "
+        f"{before.tokenize_s:.2f} s | |",
         f"| job (read, embed, write Parquet) | {job['sentences_per_s']:.1f} sentences/s | {vs_raw:.2f} × raw; padding "
-        f"{job['padding']:.1%} | ≥ 0.95 × raw: {'PASS' if vs_raw >= 0.95 else 'MISS'} |",
+        f"{job['padding']:.1%} | ≥ 0.95 × raw: {mark(vs_raw >= 0.95)} |",
     ]
     if ray is not None:
         vs_job = ray["sentences_per_s"] / job["sentences_per_s"]
         lines.append(
             f"| ray (local, {cores} CPUs, 1 actor) | {ray['sentences_per_s']:.1f} sentences/s | {vs_job:.2f} × job; "
-            f"{ray['seconds']:.1f} s incl. actor start | ≥ 0.85 × job: {'PASS' if vs_job >= 0.85 else 'MISS'} |"
+            f"{ray['seconds']:.1f} s incl. actor start | ≥ 0.85 × job: {mark(vs_job >= 0.85)} |"
         )
     return lines
 

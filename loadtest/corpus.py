@@ -1,14 +1,18 @@
-"""The benchmark corpus (``data/corpus_zh.txt``, one sentence a line), its token lengths, and request
-bodies made from it."""
+"""The benchmark corpus (``data/corpus_zh.txt``, one sentence a line), its texts as the engine tokenises
+them, and request bodies made from it.
+
+The locustfile reads it too, in the stock Locust image: only the standard library is imported at the top.
+"""
 
 from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-import orjson
-from tokenizers import Tokenizer
+if TYPE_CHECKING:
+    import numpy as np
+    from tokenizers import Tokenizer
 
 CORPUS = Path(__file__).parent / "data" / "corpus_zh.txt"
 # The 100%-hit workload's texts (bench's cache row, pyspy --cache-hits): the corpus's first 64.
@@ -16,30 +20,31 @@ HIT_SET = 64
 
 
 def load_corpus(path: Path = CORPUS) -> list[str]:
-    """The non-empty lines of ``path``."""
-    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    """The non-empty lines of ``path``.
+
+    Raises:
+        SystemExit: it has none.
+    """
+    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not lines:
+        raise SystemExit(f"loadtest: no sentences in {path}")
+    return lines
 
 
-def tokenizer_of(model_dir: Path, max_length: int | None = 512) -> Tokenizer:
-    """The model's tokenizer, unpadded, truncating to ``max_length`` (None: not at all)."""
+def tokenizer_of(model_dir: Path, max_length: int = 512) -> Tokenizer:
+    """The model's tokenizer, unpadded, truncating to ``max_length``."""
+    from tokenizers import Tokenizer
+
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     tokenizer.no_padding()
-    if max_length is None:
-        tokenizer.no_truncation()
-    else:
-        tokenizer.enable_truncation(max_length)
+    tokenizer.enable_truncation(max_length)
     return tokenizer
-
-
-def token_ids(model_dir: Path, texts: list[str], max_length: int = 512) -> list[np.ndarray]:
-    """Each text's ids as the service computes them ([CLS] … [SEP], truncated to ``max_length``)."""
-    return [
-        np.asarray(e.ids, dtype=np.int64) for e in tokenizer_of(model_dir, max_length).encode_batch(texts)
-    ]
 
 
 def encode(tokenizer: Tokenizer, texts: list[str]) -> list[np.ndarray]:
     """Each text's ids as the engine's tokenisation thread encodes them: 256 a call, no offsets."""
+    import numpy as np
+
     return [
         np.asarray(e.ids, dtype=np.int64)
         for i in range(0, len(texts), 256)
@@ -52,6 +57,8 @@ def request_bodies(corpus: list[str], per_request: int, seed: int = 0) -> list[b
 
     One text per request is sent as a string, more as a list; the last body wraps around to the start.
     """
+    import orjson
+
     texts = corpus[:]
     random.Random(seed).shuffle(texts)
     if per_request == 1:

@@ -1,10 +1,11 @@
-"""CPU per sentence of the service and engine alone, no HTTP: ``Service.embed`` on a real model (issue 19).
+"""CPU per sentence of the service and engine alone, no HTTP: ``Service.embed`` on a real model.
 
     python -m loadtest.engine_path [--model DIR] [--cells 8x32,64x32,32x1] [--seconds 4] [--gpu-like]
 
 The service and engine built in-process from the tiny model (cache off, one intra-op thread), with
-closed-loop asyncio clients sending distinct texts. Columns: cell, sent/s, batch, us/sent (the whole
-process's CPU), in run (the inference thread inside ``Session.run``), outside, and µs per sentence by thread.
+closed-loop clients (:func:`loadtest.loadgen.closed_loop`) sending distinct texts. Columns: cell, sent/s,
+batch, us/sent (the whole process's CPU), in run (the inference thread inside ``Session.run``), outside,
+and µs per sentence by thread.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import argparse
 import asyncio
 import os
 import threading
-import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import uvloop
@@ -24,8 +25,10 @@ from app.tasks.service import Service
 from app.telemetry.metrics import Metrics
 from loadtest import procs
 from loadtest.corpus import load_corpus, unique_texts
-from loadtest.harness.cell import STRIDE, parse_cells
+from loadtest.harness import parser
+from loadtest.harness.cell import STRIDE, Cell, parse_cells
 from loadtest.harness.service import GPU_LIKE, fields, in_process
+from loadtest.loadgen import Answer, closed_loop
 from loadtest.quick_model import tiny_model
 
 
@@ -39,46 +42,34 @@ def thread_cpu() -> dict[str, float]:
     return out
 
 
-def cpu_in_run(metrics: Metrics) -> float:
-    return float(metrics.inference_cpu._value.get())
-
-
-async def cell(
-    service: Service, metrics: Metrics, clients: int, texts: int, seconds: float, start: int
-) -> str:
+async def cell(service: Service, metrics: Metrics, c: Cell, seconds: float, start: int) -> str:
+    """``c``'s closed-loop clients calling ``Service.embed`` for ``seconds`` after a quarter of that (queues
+    as deep as they get); CPU and batches read at the window's edges."""
     corpus = load_corpus()
-    counter = iter(range(start, start + 10_000_000, texts))
-    done = 0
-    stop = False
-    per_thread: dict[str, float] = {}
+    stats = service.engine.batcher.stats
 
-    async def client() -> None:
-        nonlocal done
-        while not stop:
-            batch = unique_texts(corpus, next(counter), texts)
-            await service.embeddings.embed(batch[0] if texts == 1 else batch, EmbedOptions())
-            done += texts
+    async def call(n: int) -> Answer:
+        batch = unique_texts(corpus, start + n * c.texts, c.texts)
+        await service.embeddings.embed(batch[0] if c.texts == 1 else batch, EmbedOptions())
+        return Answer(None, c.texts)
 
-    async def measured() -> tuple[int, float, float, float, int, int]:
-        await asyncio.sleep(seconds / 4)  # warm: queues as deep as they get
-        threads0 = thread_cpu()
-        d0, c0, r0, t0 = done, time.process_time(), cpu_in_run(metrics), time.perf_counter()
-        b0, i0 = service.engine.batcher.stats.batches, service.engine.batcher.stats.items
-        await asyncio.sleep(seconds)
-        d1, c1, r1, t1 = done, time.process_time(), cpu_in_run(metrics), time.perf_counter()
-        b1, i1 = service.engine.batcher.stats.batches, service.engine.batcher.stats.items
-        threads1 = thread_cpu()
-        per_thread.update({k: v - threads0.get(k, 0.0) for k, v in threads1.items()})
-        return d1 - d0, c1 - c0, r1 - r0, t1 - t0, b1 - b0, i1 - i0
+    async def edges() -> list[tuple[dict[str, float], float, int, int]]:
+        readings = []
+        for wait in (seconds / 4, seconds):
+            await asyncio.sleep(wait)
+            in_run = float(metrics.inference_cpu._value.get())  # the inference thread inside Session.run
+            readings.append((thread_cpu(), in_run, stats.batches, stats.items))
+        return readings
 
-    tasks = [asyncio.ensure_future(client()) for _ in range(clients)]
-    sentences, cpu, run, wall, batches, items = await measured()
-    stop = True
-    await asyncio.gather(*tasks)
+    load, ((threads0, r0, b0, i0), (threads1, r1, b1, i1)) = await asyncio.gather(
+        closed_loop(lambda: nullcontext(call), c.clients, seconds, seconds / 4), edges()
+    )
+    cpu, run, batches, items = load.client_cpu_s, r1 - r0, b1 - b0, i1 - i0  # the process: clients and all
     per = 1e6 / max(items, 1)
+    per_thread = {k: v - threads0.get(k, 0.0) for k, v in threads1.items()}
     threads = "  ".join(f"{k}: {v * per:.0f}" for k, v in sorted(per_thread.items()) if v * per >= 1)
     return (
-        f"{clients}x{texts:<10}{sentences / wall:>9.0f}{items / max(batches, 1):>7.1f}"
+        f"{c.clients}x{c.texts:<10}{load.sentences_per_s:>9.0f}{items / max(batches, 1):>7.1f}"
         f"{cpu * per:>9.0f}{run * per:>8.0f}{(cpu - run) * per:>9.0f}  {threads}"
     )
 
@@ -94,16 +85,13 @@ async def run(args: argparse.Namespace, model: Path) -> None:
     )
     try:
         for k, c in enumerate(parse_cells(args.cells)):
-            print(
-                await cell(service, engine.metrics, c.clients, c.texts, args.seconds, STRIDE * (k + 1)),
-                flush=True,
-            )
+            print(await cell(service, engine.metrics, c, args.seconds, STRIDE * (k + 1)), flush=True)
     finally:
         engine.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest.engine_path", description=__doc__)
+    p = parser("loadtest.engine_path", __doc__)
     p.add_argument("--model", type=Path, default=None, help="export folder (reused, or exported into)")
     p.add_argument("--cells", default="8x32,64x32,32x1", help="clients x texts per request")
     p.add_argument("--seconds", type=float, default=4.0, help="measured seconds per cell")

@@ -1,29 +1,25 @@
-"""The floor of a cell: the work per sentence that no design of the service can skip (issue 19).
+"""The floor of a cell: the work per sentence that no design of the service can skip.
 
-    python -m loadtest.floor --model DIR --texts 32 --start N [--count 4096]
-
-CPU time, in a process of its own (nothing of the caller's state counts or helps), of tokenising the
-cell's own texts as the service does for /embed and writing their vectors into the JSON answer (orjson,
-``[texts, hidden]`` per call). Prints one JSON object.
+:func:`floor`: CPU time, in a process of its own (spawned: nothing of the caller's state counts or
+helps), of tokenising the cell's own texts as the service does for /embed and writing their vectors
+into the JSON answer (orjson, ``[texts, hidden]`` per call).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import multiprocessing
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import orjson
-from tokenizers import Tokenizer
 
-from loadtest.corpus import load_corpus, unique_texts
+from loadtest.corpus import load_corpus, tokenizer_of, unique_texts
 
 # Texts per tokeniser call: what the issue's floor was measured with (the service batches across requests).
 TOKENIZE_BATCH = 32
@@ -62,9 +58,7 @@ def measure(model: Path, texts_per_request: int, start: int, count: int) -> Floo
     max_length = int(config["tokenizer"]["max_length"])
     # On the calling thread, as the service encodes (app/model/tokenizer.py says why).
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    tokenizer = Tokenizer.from_file(str(model / "tokenizer.json"))
-    tokenizer.no_padding()
-    tokenizer.enable_truncation(max_length)
+    tokenizer = tokenizer_of(model, max_length)
     texts = unique_texts(load_corpus(), start, count)
     chunks = [texts[i : i + TOKENIZE_BATCH] for i in range(0, len(texts), TOKENIZE_BATCH)]
 
@@ -92,33 +86,6 @@ def measure(model: Path, texts_per_request: int, start: int, count: int) -> Floo
 
 
 def floor(model: Path, texts_per_request: int, start: int, count: int = 4096) -> Floor:
-    """:func:`measure` in a process of its own.
-
-    Raises:
-        RuntimeError: the process failed (its stderr's end says why).
-    """
-    command = [sys.executable, "-m", "loadtest.floor", "--model", str(model)]
-    command += ["--texts", str(texts_per_request), "--start", str(start), "--count", str(count)]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"loadtest.floor failed: {done.stderr.strip()[-500:]}")
-    raw = json.loads(done.stdout)
-    return Floor(raw["tokenize_us"], raw["write_us"], raw["hidden"], raw["texts"])
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest.floor", description=__doc__)
-    p.add_argument("--model", type=Path, required=True, help="an exported model folder")
-    p.add_argument("--texts", type=int, required=True, help="texts per request of the cell")
-    p.add_argument(
-        "--start", type=int, default=0, help="the cell's first text (loadtest.corpus.unique_texts)"
-    )
-    p.add_argument("--count", type=int, default=4096, help="texts to measure on")
-    args = p.parse_args(argv)
-    result = measure(args.model, args.texts, args.start, args.count)
-    print(json.dumps({**result.__dict__, "us": result.us}))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    """:func:`measure` in a process of its own."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(measure, model, texts_per_request, start, count).result()

@@ -1,9 +1,8 @@
-"""The GPU table of issue 13 on ``POST /embed``, and the raw fp16 ceiling it is measured against.
+"""The GPU table of ``POST /embed``: the service in fp16 against the raw fp16 ceiling, and the GPU targets.
 
     bash loadtest/gpu_check.sh [ARGS]     on the GPU host, after ``source .gpu/kN/env.sh``: the whole run
     python -m loadtest.gpu_check --model models/bert-base-chinese-twin [--seconds 8] [--warmup 3]
-    python -m loadtest.gpu_check --model DIR --provider CPUExecutionProvider --clients 8 --workers 1,2 \
-        --seconds 1.5 --warmup 0.5 --raw-seconds 0.2                         (the CI test, tiny model)
+    python -m loadtest.gpu_check --model DIR --provider CPUExecutionProvider    (the same steps on a CPU)
 
 Prints fp16/fp32 parity, the raw fp16 rows (batch × sequence, sentences/s, TFLOP/s), then a row per
 cell (CLIENTS × 32, the same in base64, CLIENTS × 1, 1 × 1, and CLIENTS × 32 per ``--workers`` count:
@@ -15,11 +14,9 @@ failed. docs/performance.md says what each column means.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +25,13 @@ import onnxruntime as ort
 
 from app.serving.cluster import AUTO_CUDA_WORKERS
 from loadtest.corpus import load_corpus
-from loadtest.flops import synthetic_feed
+from loadtest.harness import parser
 from loadtest.harness.cell import STRIDE, Cell, distinct_bodies
 from loadtest.harness.measure import WORKERS_READY, measure
 from loadtest.harness.report import RESULTS, Row, cell, target, write_json
 from loadtest.harness.service import GPU_LIKE, described, service_env
-from loadtest.raw_onnx import ceiling, open_encoder, service_output, shape_of
-from loadtest.server import ServiceProcess
+from loadtest.raw_onnx import ceiling, open_encoder, service_output, shape_of, synthetic_feed
+from loadtest.server import NotReady, ServiceProcess
 
 CUDA = "CUDAExecutionProvider"
 # (sequence, batches) of the raw grid; CEILING is the (batch, sequence) the targets are ratios to.
@@ -128,49 +125,18 @@ def parity(model: Path, provider: str) -> float:
 
 def raw(model: Path, peak: float, seconds: float, provider: str) -> dict[tuple[int, int], float]:
     """Sentences/s of the fp16 encoder at each (batch, sequence) of ``RAW_GRID``, printed as a table."""
-    session, shape = open_encoder(model, "fp16", provider=provider), shape_of(model)
-    print(
-        f"raw fp16 encoder on {provider}, numpy feeds, fetching {service_output(session)}, {seconds:g} s a row"
-    )
+    fetch = service_output(open_encoder(model, "fp16", provider=provider))
+    print(f"raw fp16 encoder on {provider}, numpy feeds, fetching {fetch}, {seconds:g} s a row")
     print(f"{'seq':>5}{'batch':>7}{'sentences/s':>13}{'TFLOP/s':>10}{'% peak':>8}")
     rates: dict[tuple[int, int], float] = {}
     for seq, batches in RAW_GRID:
         for batch in batches:
             ids = list(synthetic_feed(batch, seq)["input_ids"])
-            got = ceiling(session, "fp16", ids, batch, shape, seconds)
+            got = ceiling(model, "fp16", ids, batch, seconds, provider=provider)
             rates[batch, seq], tflops = got.sentences_per_s, got.useful_flops_per_s / 1e12
-            print(
-                f"{seq:>5}{batch:>7}{got.sentences_per_s:>13.0f}{tflops:>10.2f}{100 * tflops / peak:>8.2f}",
-                flush=True,
-            )
+            line = f"{seq:>5}{batch:>7}{got.sentences_per_s:>13.0f}{tflops:>10.2f}{100 * tflops / peak:>8.2f}"
+            print(line, flush=True)
     return rates
-
-
-@dataclass
-class Measured:
-    """What the service cells gave: every cell in the order run, the main ones by label, the CLIENTS × 32
-    cell by worker count, and the worker counts whose service did not start."""
-
-    cells: list[Row] = field(default_factory=list)
-    main: dict[str, Row] = field(default_factory=dict)
-    by_workers: dict[int, Row] = field(default_factory=dict)
-    not_started: list[int] = field(default_factory=list)
-
-
-def _started(svc: ServiceProcess, workers: int) -> bool:
-    """Start the service; False, with the end of its log printed, when it did not get ready."""
-    t0 = time.perf_counter()
-    try:
-        svc.start()
-    except BaseException as exc:
-        svc.stop()
-        if not isinstance(exc, RuntimeError):
-            raise
-        lines = svc.log.read_text(errors="replace").splitlines()[-15:] if svc.log.exists() else []
-        print(f"-- ZHEMBED_WORKERS={workers}: did not start: {exc}", *lines, sep="\n    ", flush=True)
-        return False
-    print(f"-- ZHEMBED_WORKERS={workers}, ready in {time.perf_counter() - t0:.1f} s", flush=True)
-    return True
 
 
 def settings_env(args: argparse.Namespace, workers: int | None = None) -> dict[str, str]:
@@ -180,9 +146,9 @@ def settings_env(args: argparse.Namespace, workers: int | None = None) -> dict[s
     return service_env(args.model, "fp16", 2 * args.clients * 32, workers=workers, **more, **GPU_LIKE)
 
 
-def service_cells(args: argparse.Namespace) -> Measured:
-    """Every service cell, one service start per worker count, the main count first. A service that does
-    not start is reported with its log's end, and the run goes on to the next count."""
+def service_cells(args: argparse.Namespace) -> tuple[list[Row], list[int]]:
+    """Every service cell, one service start per worker count, the main count first; and the counts whose
+    service did not start (its log's end is printed, and the run goes on to the next count)."""
     corpus = load_corpus()
     many = Cell(args.clients, 32)
     main_cells = [many, Cell(args.clients, 32, "base64"), Cell(args.clients, 1), Cell(1, 1)]
@@ -191,48 +157,45 @@ def service_cells(args: argparse.Namespace) -> Measured:
         f"service: python -m app, {described(env)}; distinct corpus texts; cells {args.seconds:g} s (+{args.warmup:g} s warm-up)"
     )
     print(HEADER, flush=True)
-    got = Measured()
-    start = 0
+    cells: list[Row] = []
+    not_started: list[int] = []
     for workers in dict.fromkeys([args.main_workers, *args.workers]):
-        log = RESULTS / "logs" / f"gpu-service-w{workers}.log"
-        svc = ServiceProcess("app", settings_env(args, workers), log)
-        if not _started(svc, workers):
-            got.not_started.append(workers)
-            continue
+        log, t0 = RESULTS / "logs" / f"gpu-service-w{workers}.log", time.perf_counter()
         try:
-            for spec in main_cells if workers == args.main_workers else [many]:
-                bodies = distinct_bodies(corpus, spec.texts, start, spec.encoding)
-                c = Row.of(measure(svc, spec, bodies, args.seconds, args.warmup), workers=workers)
-                start += STRIDE
-                got.cells.append(c)
-                print(format_cell(c), flush=True)
-                if workers == args.main_workers:
-                    got.main[c.label] = c
-                if spec == many:
-                    got.by_workers[workers] = c
-        finally:
-            svc.stop()
-    return got
+            with ServiceProcess("app", settings_env(args, workers), log) as svc:
+                print(f"-- ZHEMBED_WORKERS={workers}, ready in {time.perf_counter() - t0:.1f} s", flush=True)
+                for spec in main_cells if workers == args.main_workers else [many]:
+                    bodies = distinct_bodies(corpus, spec.texts, len(cells) * STRIDE, spec.encoding)
+                    cells.append(
+                        Row.of(measure(svc, spec, bodies, args.seconds, args.warmup), workers=workers)
+                    )
+                    print(format_cell(cells[-1]), flush=True)
+        except NotReady as exc:
+            print(f"-- ZHEMBED_WORKERS={workers}: did not start: {exc}", flush=True)
+            not_started.append(workers)
+    return cells, not_started
 
 
 def run(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
     """The whole check; the JSON report, and True when every service started and every cell answered
     without errors on the number of workers asked for."""
     started = time.perf_counter()
-    config = json.loads((args.model / "manifest.json").read_text())["config"]
+    shape = shape_of(args.model)
     print(
-        f"zhembed gpu_check: {args.model} ({config['num_layers']} layers, hidden {config['hidden_size']}); "
+        f"zhembed gpu_check: {args.model} ({shape.layers} layers, hidden {shape.hidden}); "
         f"onnxruntime {ort.__version__}, {args.provider}"
     )
     cosine = parity(args.model, args.provider)
     print(f"fp16 on {args.provider} vs fp32 on CPU, pooled cosine min: {cosine:.6f}")
     rates = raw(args.model, args.peak_tflops, args.raw_seconds, args.provider)
     top = rates[CEILING]
-    got = service_cells(args)
-    scaling = ", ".join(f"{w}: {c.sentences_per_s:,.0f}" for w, c in sorted(got.by_workers.items()))
+    cells, not_started = service_cells(args)
+    on_main = {c.label: c for c in cells if c.workers == args.main_workers}
+    by_workers = {c.workers: c for c in cells if c.label == f"{args.clients}x32"}
+    scaling = ", ".join(f"{w}: {c.sentences_per_s:,.0f}" for w, c in sorted(by_workers.items()))
     print(f"{args.clients}x32 sentences/s by workers: {scaling or 'none'}")
     print(f"raw ceiling (batch {CEILING[0]}, sequence {CEILING[1]}): {top:,.0f} sentences/s")
-    verdicts = targets(got.main, args.clients, top)
+    verdicts = targets(on_main, args.clients, top)
     target_note = "" if args.provider == CUDA else f"; on {args.provider} they mean nothing"
     print(f"Targets (issue 13, GPU: an H200{target_note}):", *verdicts, sep="\n")
     total = time.perf_counter() - started
@@ -247,31 +210,27 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
         "service_env": {k: v for k, v in settings_env(args).items() if k != "ZHEMBED_MODEL"},
         "seconds": args.seconds,
         "warmup_s": args.warmup,
-        "cells": [c.as_json() for c in got.cells],
-        "not_started": got.not_started,
+        "cells": [c.as_json() for c in cells],
+        "not_started": not_started,
         "targets": verdicts,
         "total_s": total,
     }
     write_json(report, args.out, "gpu-check")
-    bad = [f"{c.label} ({c.workers} workers)" for c in got.cells if c.failed]
-    bad += [f"the service with {w} workers did not start" for w in got.not_started]
+    bad = [f"{c.label} ({c.workers} workers)" for c in cells if c.failed]
+    bad += [f"the service with {w} workers did not start" for w in not_started]
     if bad:
         print(f"failed: {'; '.join(bad)}", file=sys.stderr)
     return report, not bad
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m loadtest.gpu_check",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = parser("loadtest.gpu_check", __doc__)
     p.add_argument("--model", type=Path, default=Path("models/bert-base-chinese-twin"))
     p.add_argument("--provider", default=CUDA, help="execution provider (default: %(default)s)")
     p.add_argument("--peak-tflops", type=float, default=989.0, help="the device's dense fp16 peak")
     p.add_argument("--raw-seconds", type=float, default=2.0, help="least seconds of each raw row")
     # 8 s windows after 3 s of warm-up keep the GPU run (6 service cells, 3 service starts) near 2.5
-    # minutes, and are over 3x a p50 of 2 s (loadtest.table: shorter windows make the rate noise).
+    # minutes, and are over 3x a p50 of 2 s (harness.report: shorter windows make the rate noise).
     p.add_argument("--seconds", type=float, default=8.0, help="measured seconds per service cell")
     p.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds before each cell")
     # The CPU run wants fewer: with 256 a request outlasts a short window on 2 busy cores (bench.py).

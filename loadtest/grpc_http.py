@@ -1,4 +1,4 @@
-"""The same load over gRPC and over HTTP: sentences/s and server CPU per sentence (issue 21).
+"""The same load over gRPC and over HTTP: sentences/s and server CPU per sentence.
 
     python -m loadtest.grpc_http [--model DIR] [--clients 256] [--texts 32] [--duration 10] [--warmup 3]
                                  [--rounds 2] [--quick]
@@ -9,7 +9,6 @@ sentences/s, p50, server µs per sentence and the client's cores, on the tiny mo
 
 from __future__ import annotations
 
-import argparse
 import os
 import tempfile
 from collections.abc import Callable, Coroutine
@@ -20,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from loadtest.corpus import load_corpus, unique_texts
+from loadtest.harness import parser
 from loadtest.harness.cell import STRIDE, Cell, distinct_bodies
 from loadtest.harness.measure import Measured, measure
 from loadtest.harness.service import service_env
@@ -68,15 +68,15 @@ def server_us(m: Measured) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.grpc_http", description=__doc__.split("\n")[0])
-    parser.add_argument("--model", type=Path, default=None, help="an exported model folder (default: tiny)")
-    parser.add_argument("--clients", type=int, default=256)
-    parser.add_argument("--texts", type=int, default=32)
-    parser.add_argument("--duration", type=float, default=10.0)
-    parser.add_argument("--warmup", type=float, default=3.0)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--quick", action="store_true", help="8 clients × 4 texts, 2 s cells, one round (CI)")
-    args = parser.parse_args(argv)
+    p = parser("loadtest.grpc_http", __doc__)
+    p.add_argument("--model", type=Path, default=None, help="an exported model folder (default: tiny)")
+    p.add_argument("--clients", type=int, default=256)
+    p.add_argument("--texts", type=int, default=32)
+    p.add_argument("--duration", type=float, default=10.0)
+    p.add_argument("--warmup", type=float, default=3.0)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--quick", action="store_true", help="8 clients × 4 texts, 2 s cells, one round (CI)")
+    args = p.parse_args(argv)
     if args.quick:
         args.clients, args.texts, args.duration, args.warmup, args.rounds = 8, 4, 2.0, 0.5, 1
     corpus = load_corpus()

@@ -1,4 +1,4 @@
-"""CPU per request of the HTTP layer alone: the app as uvicorn calls it, in-process, no sockets (issue 19).
+"""CPU per request of the HTTP layer alone: the app as uvicorn calls it, in-process, no sockets.
 
     python -m loadtest.http_path [--requests 3000] [--repeats 5] [--keys] [--two-d]
 
@@ -10,7 +10,6 @@ keys on; ``--two-d`` has the stub answer one 2-D array. docs/performance.md says
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import statistics
 import time
@@ -30,6 +29,7 @@ from app.settings import Settings
 from app.tasks.answers import Answer
 from app.tasks.options import EmbedOptions
 from app.telemetry.timings import Timings
+from loadtest.harness import parser
 
 WIDTH = 768
 KEY = "bench-key"
@@ -137,13 +137,8 @@ async def _measure(app: ASGIApp, case: Case, keys: bool, requests: int, repeats:
 
 
 def build(texts: int, keys: bool, two_d: bool) -> FastAPI:
-    settings = Settings(
-        model="unused: the stub service has no model",
-        warmup=False,
-        cache_bytes=0,
-        api_keys=SecretStr(KEY) if keys else None,
-    )
-    app = create_app(settings)
+    key = SecretStr(KEY) if keys else None
+    app = create_app(Settings(model="unused: a stub service", warmup=False, cache_bytes=0, api_keys=key))
     app.state.service = StubService(texts, two_d)  # as the lifespan would, without loading a model
     return app
 
@@ -169,12 +164,12 @@ async def _null(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=3000, help="requests per run (a third for 32 texts)")
-    parser.add_argument("--repeats", type=int, default=5, help="runs per cell; the median is reported")
-    parser.add_argument("--keys", action="store_true", help="API keys on")
-    parser.add_argument("--two-d", action="store_true", help="the stub answers a 2-D array, not a list")
-    args = parser.parse_args(argv)
+    p = parser("loadtest.http_path", __doc__)
+    p.add_argument("--requests", type=int, default=3000, help="requests per run (a third for 32 texts)")
+    p.add_argument("--repeats", type=int, default=5, help="runs per cell; the median is reported")
+    p.add_argument("--keys", action="store_true", help="API keys on")
+    p.add_argument("--two-d", action="store_true", help="the stub answers a 2-D array, not a list")
+    args = p.parse_args(argv)
     print(
         f"HTTP layer, µs of CPU per request: median of {args.repeats} runs (min); keys {args.keys}, "
         f"answer {'2-D array' if args.two_d else 'list of arrays'}"

@@ -10,12 +10,9 @@ size, then sentences/s per batch × sequence cell. docs/performance.md says how 
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 from collections import Counter
-from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -24,9 +21,9 @@ import onnxruntime as ort
 from app.model.runtime import cpu_flags, cpu_has_vnni
 from export import graphs, source, validate, variants
 from export.spec import Int8Recipe
-from loadtest.flops import session_options, synthetic_feed
+from loadtest.harness import parser
 from loadtest.harness.report import cpu_model
-from loadtest.raw_onnx import interleaved
+from loadtest.raw_onnx import LAST_HIDDEN_STATE, rates, session_options, synthetic_feed
 
 RECIPES: dict[str, Int8Recipe] = {
     "per_token (default)": Int8Recipe(method="per_token"),
@@ -45,13 +42,8 @@ ALONE = 4
 MIXED = 32
 
 
-@dataclass(frozen=True)
-class Graphs:
-    """One model's fp32 graph and every recipe's int8 graph of it."""
-
-    heads: int
-    hidden: int
-    paths: dict[str, Path]
+# One model's graphs by name: its fp32 graph ("fp32") and each recipe's int8 graph of it.
+Graphs = dict[str, Path]
 
 
 def recipes(quick: bool = False) -> dict[str, Int8Recipe]:
@@ -71,10 +63,9 @@ def build(
 ) -> Graphs:
     paths = {"fp32": fp32}
     for i, (name, recipe) in enumerate(candidates.items()):
-        dst = folder / f"{fp32.stem}.int8-{i}.onnx"
-        variants.to_int8(fp32, dst, heads, hidden, calibration, recipe)
-        paths[name] = dst
-    return Graphs(heads, hidden, paths)
+        paths[name] = folder / f"{fp32.stem}.int8-{i}.onnx"
+        variants.to_int8(fp32, paths[name], heads, hidden, calibration, recipe)
+    return paths
 
 
 def _session(path: Path, threads: int) -> ort.InferenceSession:
@@ -82,7 +73,7 @@ def _session(path: Path, threads: int) -> ort.InferenceSession:
 
 
 def _mean_pooled(session: ort.InferenceSession, feed: dict[str, np.ndarray]) -> np.ndarray:
-    (hidden,) = session.run(["last_hidden_state"], feed)
+    (hidden,) = session.run([LAST_HIDDEN_STATE], feed)
     mask = feed["attention_mask"][..., None].astype(np.float32)
     return np.asarray((hidden * mask).sum(1) / mask.sum(1))
 
@@ -123,7 +114,7 @@ def quality(
     cfg = loaded.config
     built = build(fp32, workdir, calibration, cfg.num_attention_heads, cfg.hidden_size, candidates)
     rows: dict[str, dict[str, float]] = {}
-    for name, path in built.paths.items():
+    for name, path in built.items():
         session = _session(path, threads)
         checks = validate.Checks(modes=graphs.graph_modes(None), has_pooler=loaded.has_pooler)
         m = validate.measure_sessions(cfg.num_hidden_layers, checks, batches, reference, session, None)
@@ -146,14 +137,8 @@ def speed(
     The fastest call, not the mean: on a shared machine other work only ever adds time, so the minimum is
     the most repeatable estimate of what the graph itself costs.
     """
-    sessions = {name: _session(path, threads) for name, path in built.paths.items()}
-    best: dict[tuple[str, int, int], float] = {}
-    for batch, seq in cells:
-        feed = synthetic_feed(batch, seq)
-        runs = {name: partial(s.run, ["last_hidden_state"], feed) for name, s in sessions.items()}
-        fastest = interleaved(runs, seconds * rounds * len(runs), rounds, min)
-        best.update({(name, batch, seq): batch / t for name, t in fastest.items()})
-    return best
+    sessions = {name: _session(path, threads) for name, path in built.items()}
+    return rates(sessions, cells, seconds * rounds * len(sessions), rounds, min, LAST_HIDDEN_STATE)
 
 
 # The operators that multiply matrices (weights or attention's Q·Kᵀ and P·V); every other kernel is "rest".
@@ -181,9 +166,9 @@ def op_times(path: Path, threads: int, feed: dict[str, np.ndarray], runs: int) -
     with tempfile.TemporaryDirectory() as tmp:
         options.profile_file_prefix = str(Path(tmp) / "profile")
         session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        session.run(["last_hidden_state"], feed)  # warm-up: the arena for this shape
+        session.run([LAST_HIDDEN_STATE], feed)  # warm-up: the arena for this shape
         for _ in range(runs):
-            session.run(["last_hidden_state"], feed)
+            session.run([LAST_HIDDEN_STATE], feed)
         events = json.loads(Path(session.end_profiling()).read_text())
     per_op: Counter[str] = Counter()
     warm_up = True
@@ -220,7 +205,7 @@ def profile(
     fastest: dict[str, Counter[str]] = {}
     for _ in range(rounds):
         for name in names:
-            per_op = op_times(built.paths[name], threads, feed, runs)
+            per_op = op_times(built[name], threads, feed, runs)
             if name not in fastest or per_op.total() < fastest[name].total():
                 fastest[name] = per_op
     totals: dict[str, tuple[float, float]] = {}
@@ -276,22 +261,16 @@ def print_speed(title: str, best: dict[tuple[str, int, int], float], cells: list
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.int8_recipes", description=__doc__)
-    parser.add_argument("--twin", type=Path, default=Path("models/bert-base-chinese-twin"))
-    parser.add_argument("--seconds", type=float, default=0.2, help="per graph, per cell, per round")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument(
-        "--profile",
-        action="store_true",
-        help="also kernel time per op type and GEMM vs the rest, per candidate, b8 s48",
+    p = parser("loadtest.int8_recipes", __doc__)
+    p.add_argument("--twin", type=Path, default=Path("models/bert-base-chinese-twin"))
+    p.add_argument("--seconds", type=float, default=0.2, help="per graph, per cell, per round")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument(
+        "--profile", action="store_true", help="also kernel time per op type, GEMM vs the rest, b8 s48"
     )
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="default and dynamic only; speed on MiniLM, 4 cells, 1 short round",
-    )
-    args = parser.parse_args(argv)
+    p.add_argument("--quick", action="store_true", help="default and dynamic, MiniLM speed, 4 cells")
+    args = p.parse_args(argv)
     fp32_twin = args.twin / "encoder.fp32.onnx"
     if not args.quick and not fp32_twin.is_file():
         raise SystemExit(f"{fp32_twin} is missing: python -m loadtest.make_twin --out {args.twin}")
@@ -308,11 +287,10 @@ def main(argv: list[str] | None = None) -> None:
             return
         twin = build(fp32_twin, Path(tmp), [synthetic_feed(8, 32)], 12, 768, recipes())
         cells = [(b, s) for b in BATCHES for s in SEQUENCES]
-        best = speed(twin, cells, args.seconds, args.rounds, args.threads)
         title = f"bert-base-chinese shape twin, encoder, {args.threads} threads, fastest call of {args.rounds} rounds"
-        print_speed(title, best, cells)
+        print_speed(title, speed(twin, cells, args.seconds, args.rounds, args.threads), cells)
         if args.profile:
-            profile(twin, list(twin.paths), args.threads)
+            profile(twin, list(twin), args.threads)
 
 
 # What decides int8 speed and exactness, each feature with the /proc/cpuinfo flags that show it: VNNI

@@ -18,16 +18,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import orjson
 
-Body = bytes
 # Makes the n-th request body and says how many texts it carries.
-BodyFactory = Callable[[int], tuple[Body, int]]
+BodyFactory = Callable[[int], tuple[bytes, int]]
 
 
 @dataclass
 class CellResult:
     """What one (target, workload, concurrency) cell measured."""
 
-    concurrency: int
     wall_s: float
     requests: int
     sentences: int
@@ -36,7 +34,6 @@ class CellResult:
     client_cpu_s: float
     status_counts: dict[int, int]
     first_error: str | None = None
-    retried: int = 0  # requests sent again on a new connection (:class:`_Connection`): not errors
 
     @property
     def requests_per_s(self) -> float:
@@ -55,13 +52,17 @@ class CellResult:
         return self.client_cpu_s / self.wall_s if self.wall_s else 0.0
 
 
-def cycle(bodies: list[Body], texts: int) -> BodyFactory:
+def cycle(bodies: list[bytes], texts: int) -> BodyFactory:
     """A factory that sends ``bodies`` round and round, each carrying ``texts`` texts."""
     return lambda n: (bodies[n % len(bodies)], texts)
 
 
 class HttpError(RuntimeError):
     pass
+
+
+# How a request on a connection fails without an answer (the connection is then closed).
+FAILED = (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, HttpError)
 
 
 class _Connection:
@@ -147,28 +148,17 @@ class _Connection:
             raise
         self.received = True
         self.head = raw
-        lines = raw.split(b"\r\n")
-        status = int(lines[0].split(b" ", 2)[1])
-        length: int | None = None
-        chunked = False
-        close = False
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            key = name.strip().lower()
-            if key == b"content-length":
-                length = int(value)
-            elif key == b"transfer-encoding" and b"chunked" in value.lower():
-                chunked = True
-            elif key == b"connection" and b"close" in value.lower():
-                close = True
-        if chunked:
+        first, *lines = raw.split(b"\r\n")
+        status = int(first.split(b" ", 2)[1])
+        fields = {k.strip().lower(): v.strip().lower() for k, _, v in (x.partition(b":") for x in lines)}
+        if b"chunked" in fields.get(b"transfer-encoding", b""):
             payload = await self._chunked(reader)
-        elif length is not None:
-            payload = await reader.readexactly(length)
+        elif b"content-length" in fields:
+            payload = await reader.readexactly(int(fields[b"content-length"]))
         else:
             raise HttpError(f"{method} {path}: response has neither Content-Length nor chunked encoding")
         self.answered += 1
-        if close:
+        if b"close" in fields.get(b"connection", b""):
             self.close()
         return status, payload
 
@@ -184,26 +174,22 @@ class _Connection:
             await reader.readexactly(2)
 
 
-async def get_json(host: str, port: int, path: str) -> tuple[int, object]:
-    """One GET on a fresh connection; (status, parsed JSON or raw text)."""
+async def request(host: str, port: int, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+    """One request on a fresh connection; (status, raw answer)."""
     conn = _Connection(host, port)
     try:
-        status, payload = await conn.request("GET", path)
+        return await conn.request(method, path, body)
     finally:
         conn.close()
+
+
+async def get_json(host: str, port: int, path: str) -> tuple[int, object]:
+    """One GET on a fresh connection; (status, parsed JSON or raw text)."""
+    status, payload = await request(host, port, "GET", path)
     try:
         return status, orjson.loads(payload)
     except orjson.JSONDecodeError:
         return status, payload.decode("utf-8", "replace")
-
-
-async def post(host: str, port: int, path: str, body: bytes) -> tuple[int, bytes]:
-    """One POST on a fresh connection; (status, raw answer)."""
-    conn = _Connection(host, port)
-    try:
-        return await conn.request("POST", path, body)
-    finally:
-        conn.close()
 
 
 @dataclass(frozen=True)
@@ -273,7 +259,6 @@ async def closed_loop(
         task.cancel()
     await asyncio.gather(*pending, return_exceptions=True)
     return CellResult(
-        concurrency=concurrency,
         wall_s=duration_s,
         requests=done["requests"],
         sentences=done["sentences"],
@@ -307,18 +292,16 @@ async def run_cell(
         answered: called with the head (status line and headers) of each answer counted.
     """
     extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
-    conns: list[_Connection] = []
 
     @asynccontextmanager
     async def client() -> AsyncIterator[Call]:
         conn = _Connection(host, port)
-        conns.append(conn)
 
         async def call(n: int) -> Answer:
             body, texts = make_body(n)
             try:
                 status, payload = await conn.request("POST", path, body, extra)
-            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, HttpError) as exc:
+            except FAILED as exc:
                 conn.close()
                 return Answer(None, 0, f"{type(exc).__name__}: {exc}")
             if status != 200:
@@ -332,6 +315,4 @@ async def run_cell(
         finally:
             conn.close()
 
-    result = await closed_loop(client, concurrency, duration_s, warmup_s, drain_s, answered)
-    result.retried = sum(c.retried for c in conns)
-    return result
+    return await closed_loop(client, concurrency, duration_s, warmup_s, drain_s, answered)

@@ -1,7 +1,8 @@
 """Locust load test for zhembed: embed, similarity, fill-mask and a cache-heavy mix.
 
-Runs as its own process (``locust -f loadtest/locustfile.py``); nothing imports it. It needs only Locust
-and the standard library, so it also runs in the stock ``locustio/locust`` image (docker-compose.yml).
+Runs as its own process (``locust -f loadtest/locustfile.py`` from the project root); nothing imports it.
+It needs only Locust, the standard library and :mod:`loadtest.corpus`, so it also runs in the stock
+``locustio/locust`` image (docker-compose.yml).
 
 User classes (all run, by weight, unless named on the command line):
 
@@ -16,14 +17,7 @@ times), ``spike`` (``--base-users``, a jump to ``--spike-users`` for ``--spike-s
 (both, for the web UI's ``--class-picker``), or unset (``-u``/``-r``/``-t`` as usual).
 
 Text comes from ``loadtest/data/corpus_zh.txt`` (one sentence a line); ``LOADTEST_CORPUS`` names another
-file.
-
-Headless, writing CSV and HTML reports (see docs/deployment.md, "Load test")::
-
-    locust -f loadtest/locustfile.py --headless -H http://127.0.0.1:8080 -u 32 -r 8 -t 2m \\
-        --csv loadtest/results/mix --html loadtest/results/mix.html
-    LOADTEST_SHAPE=step locust -f loadtest/locustfile.py --headless -H http://127.0.0.1:8080 \\
-        --csv loadtest/results/step --html loadtest/results/step.html EmbedUser
+file. docs/deployment.md ("Load test") has the commands: headless with CSV and HTML reports, each shape.
 """
 
 from __future__ import annotations
@@ -38,25 +32,15 @@ from locust import FastHttpUser, LoadTestShape, between, events, task
 from locust.argument_parser import LocustArgumentParser
 from locust.env import Environment
 
-ROOT = Path(__file__).resolve().parent.parent
-CORPUS = ROOT / "loadtest" / "data" / "corpus_zh.txt"
+from loadtest.corpus import CORPUS, load_corpus
+
 # Characters a [MASK] may replace: CJK ideographs only, so the masked text still reads as a sentence.
 _HAN = re.compile(r"[\u4e00-\u9fff]")
 # Long enough for realistic sentences, short enough to fit any model's window (the CI test model has 128
 # positions); /embed and /similarity also send longer texts with truncation or chunking on.
 FILL_MASK_MAX_CHARS = 100
 
-
-def load_corpus() -> list[str]:
-    """Non-empty lines of ``LOADTEST_CORPUS``, or of the project's corpus."""
-    path = Path(os.environ.get("LOADTEST_CORPUS") or CORPUS)
-    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
-    if not any(lines):
-        raise SystemExit(f"loadtest: no sentences in {path}")
-    return [line for line in lines if line]
-
-
-SENTENCES = load_corpus()
+SENTENCES = load_corpus(Path(os.environ.get("LOADTEST_CORPUS") or CORPUS))
 
 
 @events.init_command_line_parser.add_listener

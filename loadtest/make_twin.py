@@ -9,21 +9,21 @@ costs to run, so it is right for benchmarks; its outputs mean nothing.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from export.__main__ import main as export_main
 from export.source import write_bert_base_chinese_twin_source
+from loadtest.harness import parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.make_twin", description=__doc__)
-    parser.add_argument("--out", type=Path, default=Path("models/bert-base-chinese-twin"))
-    parser.add_argument("--source", type=Path, default=None, help="where to write the source folder")
-    parser.add_argument("--variants", default="fp32,fp16,int8")
-    parser.add_argument("--force", action="store_true")
-    args = parser.parse_args(argv)
+    p = parser("loadtest.make_twin", __doc__)
+    p.add_argument("--out", type=Path, default=Path("models/bert-base-chinese-twin"))
+    p.add_argument("--source", type=Path, default=None, help="where to write the source folder")
+    p.add_argument("--variants", default="fp32,fp16,int8")
+    p.add_argument("--force", action="store_true")
+    args = p.parse_args(argv)
     source = args.source or args.out.with_name(args.out.name + "-source")
     write_bert_base_chinese_twin_source(source)
     export_args = ["--model", str(source), "--out", str(args.out), "--twin", "--variants", args.variants]

@@ -1,4 +1,4 @@
-"""The service's own cost per sentence: what ``python -m app`` spends beside the model (issues 13, 19).
+"""The service's own cost per sentence: what ``python -m app`` spends beside the model.
 
     python -m loadtest.overhead [--model DIR] [--duration 12] [--warmup 4] [--workers N] [--quick]
                                 [--gpu-like] [--cells 8x32,64x32,256x32,32x1,256x1] [--out PATH]
@@ -20,14 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from app.settings import Settings
-from loadtest.corpus import load_corpus, token_ids, unique_texts
+from loadtest.corpus import load_corpus, unique_texts
 from loadtest.floor import floor
+from loadtest.harness import parser
 from loadtest.harness.cell import STRIDE, Cell, distinct_bodies, parse_cells
 from loadtest.harness.measure import measure
 from loadtest.harness.report import RESULTS, Row, cell, cpu_model, target, write_json
 from loadtest.harness.service import GPU_LIKE, PREFIX, service_env
 from loadtest.quick_model import tiny_model
-from loadtest.raw_onnx import ceiling, open_encoder, shape_of
+from loadtest.raw_onnx import ceiling
 from loadtest.server import ServiceProcess
 
 CELLS = "8x32,64x32,256x32,32x1,256x1"
@@ -66,9 +67,8 @@ def targets(cells: list[Row], gpu_like: bool) -> list[str]:
         ok, detail = (None, "not run") if c is None else (c.machinery_us <= bound, f"{c.machinery_us:.0f} us")
         out.append(target(f"machinery <= {bound:.0f} us/sentence at {label} ({mode})", ok, detail))
     for label, bound in others.items():
-        out.append(
-            target(f"machinery <= {bound:.0f} us/sentence at {label} ({other})", None, f"run with {other}")
-        )
+        name = f"machinery <= {bound:.0f} us/sentence at {label} ({other})"
+        out.append(target(name, None, f"run with {other}"))
     for c in (c for c in cells if c.texts == 1):
         name = f"CPU outside Session.run <= {OUTSIDE_US_PER_REQUEST_X1:.0f} us/request at {c.label}"
         out.append(target(name, c.outside_us <= OUTSIDE_US_PER_REQUEST_X1, f"{c.outside_us:.0f} us"))
@@ -79,14 +79,6 @@ def targets(cells: list[Row], gpu_like: bool) -> list[str]:
     ratio = large.sentences_per_s / small.sentences_per_s
     detail = f"{ratio:.2f} ({large.sentences_per_s:.0f} / {small.sentences_per_s:.0f})"
     return [*out, target(name, ratio >= SCALING_256_VS_8, detail)]
-
-
-def raw_rate(model: Path, variant: str, corpus: list[str], batch_size: int, seconds: float) -> float:
-    """Sentences/s of the encoder session (service options, one intra-op thread) on the benchmark's kind
-    of text, in length-sorted batches of ``batch_size``."""
-    session = open_encoder(model, variant, threads=1)
-    ids = token_ids(model, unique_texts(corpus, 0, len(corpus)))
-    return ceiling(session, variant, ids, batch_size, shape_of(model), seconds).sentences_per_s
 
 
 def measure_cell(
@@ -128,7 +120,12 @@ def run(args: argparse.Namespace, model: Path) -> dict[str, Any]:
         flush=True,
     )
     started = time.time()
-    raw = [raw_rate(model, args.variant, corpus, batch_size, args.raw_seconds)]  # before the service
+    texts = unique_texts(corpus, 0, len(corpus))  # the benchmark's kind of text, in length-sorted batches
+
+    def raw_rate() -> float:  # the encoder session with the service's options and one intra-op thread
+        return ceiling(model, args.variant, texts, batch_size, args.raw_seconds, threads=1).sentences_per_s
+
+    raw = [raw_rate()]  # before the service
     measured: list[Row] = []
     print(HEADER, flush=True)
     with ServiceProcess("app", env, RESULTS / "logs" / "overhead-service.log") as svc:
@@ -138,7 +135,7 @@ def run(args: argparse.Namespace, model: Path) -> dict[str, Any]:
             row.tokenize_us, row.write_us = f.tokenize_us, f.write_us
             measured.append(row)
             print(format_cell(row), flush=True)
-    raw.append(raw_rate(model, args.variant, corpus, batch_size, args.raw_seconds))  # and after it
+    raw.append(raw_rate())  # and after it
     raw_us = 2e6 / sum(raw)
     verdicts = targets(measured, args.gpu_like)
     print(
@@ -172,26 +169,16 @@ def run(args: argparse.Namespace, model: Path) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m loadtest.overhead",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = parser("loadtest.overhead", __doc__)
     p.add_argument("--model", type=Path, default=None, help="export folder (reused, or exported into)")
     p.add_argument("--variant", default="fp32", help="ZHEMBED_VARIANT of the service and the raw pass")
     p.add_argument("--cells", default=None, help=f"clients x texts per request (default {CELLS})")
     p.add_argument("--duration", type=float, default=12.0, help="measured seconds per cell")
     p.add_argument("--warmup", type=float, default=4.0, help="unmeasured seconds before each cell")
-    p.add_argument(
-        "--max-cell-s", type=float, default=200.0, help="longest window of a cell rerun for a slow p50"
-    )
+    p.add_argument("--max-cell-s", type=float, default=200.0, help="longest window of a rerun cell")
     p.add_argument("--raw-seconds", type=float, default=3.0, help="least seconds of each raw pass")
     p.add_argument("--workers", type=int, default=1, help="ZHEMBED_WORKERS of the service")
-    p.add_argument(
-        "--gpu-like",
-        action="store_true",
-        help="the batch settings a GPU gets: " + ", ".join(f"{k}={v}" for k, v in GPU_LIKE.items()),
-    )
+    p.add_argument("--gpu-like", action="store_true", help=f"the batch settings a GPU gets: {GPU_LIKE}")
     p.add_argument("--quick", action="store_true", help=f"cells {QUICK_CELLS}, 1.5 s each (CI)")
     p.add_argument("--out", type=Path, default=None, help="JSON path")
     args = p.parse_args(argv)

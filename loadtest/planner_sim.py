@@ -14,7 +14,6 @@ non-preemptive batcher reaches on a machine with those costs, without one; no th
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -22,7 +21,8 @@ import numpy as np
 
 from app.engine import planner as planning
 from app.engine.costs import CostModel
-from loadtest.corpus import load_corpus, token_ids, unique_texts
+from loadtest.corpus import encode, load_corpus, tokenizer_of, unique_texts
+from loadtest.harness import parser
 from loadtest.raw_onnx import DEFAULT_MODEL
 
 
@@ -101,30 +101,23 @@ def simulate(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.planner_sim", description=__doc__)
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="whose tokenizer counts the tokens")
-    parser.add_argument("--costs", default="8.1,0,1.33,0", help="a,b,c,d in ms (default: 2 AVX2 cores)")
-    parser.add_argument("--clients", type=int, default=8)
-    parser.add_argument("--budget-ms", type=float, default=196.0, help="the queue-delay budget")
-    parser.add_argument("--rtt-ms", type=float, default=3.0, help="from an answer to the next request")
-    parser.add_argument("--answers", type=int, default=3000)
-    args = parser.parse_args(argv)
+    p = parser("loadtest.planner_sim", __doc__)
+    p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="whose tokenizer counts the tokens")
+    p.add_argument("--costs", default="8.1,0,1.33,0", help="a,b,c,d in ms (default: 2 AVX2 cores)")
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--budget-ms", type=float, default=196.0, help="the queue-delay budget")
+    p.add_argument("--rtt-ms", type=float, default=3.0, help="from an answer to the next request")
+    p.add_argument("--answers", type=int, default=3000)
+    args = p.parse_args(argv)
     a, b, c, d = (float(x) / 1000 for x in args.costs.split(","))
     model = CostModel(a, b, c, d)
-    corpus = load_corpus()
-    lengths = np.array([len(x) for x in token_ids(args.model, unique_texts(corpus, 0, 2000))])
+    texts = unique_texts(load_corpus(), 0, 2000)
+    lengths = np.array([len(x) for x in encode(tokenizer_of(args.model), texts)])
     print(f"{args.clients} clients x 1 text, cost {args.costs} ms, mean length {lengths.mean():.1f}")
     print(f"{'policy':<20}  sentences/s  p50 ms  p99 ms  p99/p50")
+    budget_s, rtt_s = args.budget_ms / 1000, args.rtt_ms / 1000
     for policy in POLICIES:
-        rate, p50, p99 = simulate(
-            model,
-            lengths,
-            args.clients,
-            args.budget_ms / 1000,
-            args.rtt_ms / 1000,
-            args.answers,
-            policy=policy,
-        )
+        rate, p50, p99 = simulate(model, lengths, args.clients, budget_s, rtt_s, args.answers, policy=policy)
         print(f"{policy:<20}  {rate:>11.1f}  {p50 * 1000:>6.0f}  {p99 * 1000:>6.0f}  {p99 / p50:>7.2f}")
     return 0
 

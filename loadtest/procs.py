@@ -6,7 +6,7 @@ a benchmark reads a server's memory or CPU; docs/performance.md (the soak) says 
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -83,14 +83,6 @@ class Memory:
     uss: int = 0
     peak_rss: int = 0  # VmHWM: the most RSS so far; over a tree, the sum of each one's peak (an upper bound)
 
-    def __add__(self, other: Memory) -> Memory:
-        return Memory(
-            self.rss + other.rss,
-            self.pss + other.pss,
-            self.uss + other.uss,
-            self.peak_rss + other.peak_rss,
-        )
-
 
 def _kb(path: Path, keys: tuple[str, ...]) -> dict[str, int]:
     """``Key:  N kB`` lines of a /proc file, in bytes, summed per key (smaps has one block per mapping,
@@ -146,10 +138,8 @@ class Tree:
 
     @property
     def memory(self) -> Memory:
-        total = Memory()
-        for p in self.processes:
-            total += p.memory
-        return total
+        """Each figure summed over the processes."""
+        return Memory(*(sum(getattr(p.memory, f.name) for p in self.processes) for f in fields(Memory)))
 
     @property
     def cpu_s(self) -> float:

@@ -12,7 +12,6 @@ holding the bench's hit set, all the load asks for) implies ``--nonblocking`` (n
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import subprocess
 import sys
@@ -25,13 +24,10 @@ import uvloop
 
 from loadtest import loadgen
 from loadtest.corpus import HIT_SET, load_corpus, request_bodies
+from loadtest.harness import parser
 from loadtest.harness.report import RESULTS
 from loadtest.harness.service import service_env
 from loadtest.server import HOST, ServiceProcess
-
-
-def _is_python(frame: str) -> bool:
-    return ".py:" in frame or ".py)" in frame
 
 
 def _stacks(path: Path) -> Iterator[tuple[list[str], int]]:
@@ -49,7 +45,7 @@ def summarise(stacks: Path, top: int, python_leaf: bool) -> str:
     for frames, count in _stacks(stacks):
         thread, leaf = frames[0], frames[-1]
         if python_leaf:
-            leaf = next((f for f in reversed(frames[1:]) if _is_python(f)), leaf)
+            leaf = next((f for f in reversed(frames[1:]) if ".py:" in f or ".py)" in f), leaf)
         per_thread[thread][leaf] += count
         total += count
     out: list[str] = []
@@ -61,17 +57,13 @@ def summarise(stacks: Path, top: int, python_leaf: bool) -> str:
     return "\n".join(out)
 
 
-def _function(frame: str) -> str:
-    return frame.split(" (", 1)[0]
-
-
 def inclusive_shares(stacks: Path, names: list[str]) -> str:
     """Each of ``names`` (functions, as py-spy names them): its share of its thread's samples, callees in."""
     per_thread: Counter[str] = Counter()
     hits: dict[tuple[str, str], int] = defaultdict(int)
     for frames, count in _stacks(stacks):
         per_thread[frames[0]] += count
-        functions = {_function(f) for f in frames[1:]}
+        functions = {f.split(" (", 1)[0] for f in frames[1:]}  # py-spy's "name (file:line)"
         for name in names:
             if name in functions:
                 hits[frames[0], name] += count
@@ -85,22 +77,18 @@ def inclusive_shares(stacks: Path, names: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.pyspy", description=__doc__)
-    parser.add_argument("--model", type=Path, default=Path("models/bert-base-chinese-twin"))
-    parser.add_argument("--variant", default="int8")
-    parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--texts", type=int, default=1)
-    parser.add_argument("--seconds", type=float, default=15.0)
-    parser.add_argument("--rate", type=int, default=250, help="samples per second")
-    parser.add_argument("--top", type=int, default=8)
-    parser.add_argument(
-        "--cache-hits", action="store_true", help="profile the 100%%-hit workload of the bench's cache row"
-    )
-    parser.add_argument(
-        "--nonblocking", action="store_true", help="do not pause the service; no native frames"
-    )
-    parser.add_argument("--inclusive", default="", help="comma-separated functions to report inclusively")
-    args = parser.parse_args(argv)
+    p = parser("loadtest.pyspy", __doc__)
+    p.add_argument("--model", type=Path, default=Path("models/bert-base-chinese-twin"))
+    p.add_argument("--variant", default="int8")
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--texts", type=int, default=1)
+    p.add_argument("--seconds", type=float, default=15.0)
+    p.add_argument("--rate", type=int, default=250, help="samples per second")
+    p.add_argument("--top", type=int, default=8)
+    p.add_argument("--cache-hits", action="store_true", help="the bench cache row's 100%%-hit load")
+    p.add_argument("--nonblocking", action="store_true", help="do not pause the service (no native frames)")
+    p.add_argument("--inclusive", default="", help="comma-separated functions to report inclusively")
+    args = p.parse_args(argv)
     nonblocking = args.nonblocking or args.cache_hits
     pyspy = shutil.which("py-spy")
     if pyspy is None:
@@ -114,22 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     make = loadgen.cycle(request_bodies(corpus, args.texts), args.texts)
     with ServiceProcess("app", env, RESULTS / "logs" / "pyspy-service.log") as svc:
         uvloop.run(loadgen.run_cell(HOST, svc.port, "/embed", make, args.concurrency, 2.0, 0.0))  # warm
-        sample = ["-p", str(svc.pid), "-d", str(int(args.seconds)), "-r", str(args.rate)]
-        record = subprocess.Popen(
-            [
-                pyspy,
-                "record",
-                *sample,
-                "--threads",
-                *(["--nonblocking"] if nonblocking else ["--native"]),
-                "-f",
-                "raw",
-                "-o",
-                str(stacks),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
+        sample = ["-p", str(svc.pid), "-d", str(int(args.seconds)), "-r", str(args.rate), "--threads"]
+        mode = ["--nonblocking"] if nonblocking else ["--native"]
+        command = [pyspy, "record", *sample, *mode, "-f", "raw", "-o", str(stacks)]
+        record = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         result = uvloop.run(
             loadgen.run_cell(HOST, svc.port, "/embed", make, args.concurrency, args.seconds + 1, 0.5)
         )

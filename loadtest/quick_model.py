@@ -28,17 +28,17 @@ def _export(source: Path, out: Path, variants: Sequence[Variant], layers: int) -
 
 def export_tiny(
     source: Path, out: Path, variants: Sequence[Variant] = ("fp32", "int8"), layers: int = 3
-) -> tuple[Path, Path]:
+) -> Path:
     """Write a tiny BERT (``layers`` layers, hidden 64, real vocab) as a Hugging Face folder at ``source``
-    and export it to ``out``. Returns (model dir, HF source).
+    and export it to ``out``; returns ``out``. Its manifest names the Hugging Face folder it came from.
 
     Under ``LOADTEST_TINY_CACHE`` the export is copied from that cache (made there first if it is not);
-    the source returned is then the cache's (read it, do not write it) and ``source`` stays unwritten.
+    the source is then the cache's (read it, do not write it) and ``source`` stays unwritten.
     """
     cache = os.environ.get(CACHE_VARIABLE)
     if not cache or out.exists():  # an existing folder is re-exported in place (a no-op when up to date)
         _export(source, out, variants, layers)
-        return out, source
+        return out
     entry = Path(cache) / f"layers{layers}-{'-'.join(variants)}"
     entry.parent.mkdir(parents=True, exist_ok=True)
     # One exporter per entry, across processes (parallel test workers share the folder).
@@ -48,25 +48,17 @@ def export_tiny(
             shutil.rmtree(entry, ignore_errors=True)
             _export(entry / "source", entry / "model", variants, layers)
     shutil.copytree(entry / "model", out)
-    return out, entry / "source"
-
-
-@contextmanager
-def quick_model(
-    variants: Sequence[Variant] = ("fp32", "int8"), layers: int = 3
-) -> Iterator[tuple[Path, Path]]:
-    """:func:`export_tiny` into a temp dir that lives as long as the context: (model dir, HF source)."""
-    with tempfile.TemporaryDirectory(prefix="zhembed-quick-") as tmp:
-        yield export_tiny(Path(tmp) / "source", Path(tmp) / "model", variants, layers)
+    return out
 
 
 @contextmanager
 def tiny_model(
-    folder: Path | None, variants: Sequence[Variant] = ("fp32",), layers: int = 4
+    folder: Path | None = None, variants: Sequence[Variant] = ("fp32",), layers: int = 4
 ) -> Iterator[Path]:
-    """The tiny model: an export already in ``folder``, else exported there (or into a temp dir)."""
+    """The tiny model: an export already in ``folder``, else exported there (or into a temp dir that lives
+    as long as the context)."""
     if folder is not None and (folder / "manifest.json").is_file():
         yield folder
         return
     with tempfile.TemporaryDirectory(prefix="zhembed-tiny-") as tmp:
-        yield export_tiny(Path(tmp) / "source", folder or Path(tmp) / "model", variants, layers)[0]
+        yield export_tiny(Path(tmp) / "source", folder or Path(tmp) / "model", variants, layers)

@@ -1,37 +1,100 @@
-"""The raw ONNX Runtime encoder, in-process, with ideal batches: the ceiling any HTTP service is measured
-against.
+"""The raw ONNX Runtime encoder, in-process, with ideal batches: the ceiling any service is measured against,
+its FLOP count, and the GEMM peak of this machine.
 
     python -m loadtest.raw_onnx [--model DIR] [--variants fp32,int8] [--seconds 2]
     python -m loadtest.raw_onnx --variants int8 --batches 2,4,8 --lengths 256,384,512   # long inputs
 
-The grid times the encoder at batch 1, 8, 32 × sequence 16, 32, 128 (``--batches``, ``--lengths``) and prints sentences/s per variant
-and the int8/fp32 ratio. Variants are interleaved within each cell (short rounds, alternating) so that a
+The grid times the encoder at batch 1, 8, 32 × sequence 16, 32, 128 (or ``--batches`` × ``--lengths``) and
+prints sentences/s per variant and the int8/fp32 ratio. Variants are interleaved within each cell (short rounds, alternating) so that a
 machine that slows down mid-run slows every variant alike. Sessions use the service's options
-(``app.model.runtime.session_options``, through ``loadtest.flops.session_options``), and fetch what the
-service fetches for a default /embed (``service_output``).
+(``app.model.runtime.session_options``, not a copy), and fetch what the service fetches for a default
+/embed (``service_output``).
+
+The FLOP count (multiply-add = 2 FLOP) of one sequence of ``L`` tokens through ``N`` layers of hidden size
+``H`` and feed-forward size ``I``:
+
+    F(L) = 2·L·N·(4·H² + 2·H·I)      Q, K, V, output projections and the two feed-forward matmuls
+         + 4·N·L²·H                  attention scores Q·Kᵀ and the weighted sum A·V
+         + 2·H²                      pooler (one token)
+
+Embeddings, LayerNorm, GELU and softmax are left out (well under 1% at these sizes). "Useful" FLOP/s
+counts each sentence at its own length; "computed" counts the padded batch shape. The peak is one large
+GEMM of the same precision with the service's session options: fp32 ``MatMul`` and int8 ``MatMulInteger``
+(uint8 activations × int8 weights, as the int8 graph runs them), shaped like BERT's feed-forward.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
 
 from app.model.runtime import CPU
-from loadtest.flops import BertShape, session_options, synthetic_feed
+from app.model.runtime import session_options as service_session_options
+from loadtest.corpus import encode, tokenizer_of
+from loadtest.harness import parser
 
 LAST_HIDDEN_STATE = "last_hidden_state"
 MEAN_PREFIX = "mean_"  # the encoder's pooled means are mean_{layer} (app/model/manifest.py)
 DEFAULT_MODEL = Path("models/bert-base-chinese-twin")
+
+
+@dataclass(frozen=True)
+class BertShape:
+    layers: int
+    hidden: int
+    intermediate: int
+
+    def flops(self, length: int) -> float:
+        """FLOPs of one sequence of ``length`` tokens (formula in the module docstring)."""
+        n, h, i, L = self.layers, self.hidden, self.intermediate, length
+        return 2.0 * L * n * (4 * h * h + 2 * h * i) + 4.0 * n * L * L * h + 2.0 * h * h
+
+
+def session_options(threads: int = 0, provider: str = CPU) -> ort.SessionOptions:
+    """The service's session options, with ONNX Runtime's warnings off."""
+    options = service_session_options(provider, threads)
+    options.log_severity_level = 3
+    return options
+
+
+def gemm_peak(precision: str, m: int = 512, k: int = 768, n: int = 3072, seconds: float = 1.5) -> float:
+    """Best observed FLOP/s of one ``[m, k] × [k, n]`` GEMM (``precision``: fp32 or int8)."""
+    rng = np.random.default_rng(0)
+    x: np.ndarray
+    if precision == "fp32":
+        w = numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32), "w")
+        types, op = (TensorProto.FLOAT, TensorProto.FLOAT), "MatMul"
+        x = rng.standard_normal((m, k)).astype(np.float32)
+    else:
+        w = numpy_helper.from_array(rng.integers(-127, 128, (k, n), dtype=np.int8), "w")
+        types, op = (TensorProto.UINT8, TensorProto.INT32), "MatMulInteger"
+        x = rng.integers(0, 256, (m, k), dtype=np.uint8)
+    inputs = [helper.make_tensor_value_info("x", types[0], ["m", k])]
+    outputs = [helper.make_tensor_value_info("y", types[1], ["m", n])]
+    graph = helper.make_graph([helper.make_node(op, ["x", "w"], ["y"])], "gemm", inputs, outputs, [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    session = ort.InferenceSession(model.SerializeToString(), session_options(), providers=[CPU])
+    best = interleaved({"gemm": partial(session.run, None, {"x": x})}, seconds, rounds=1, stat=min)
+    return 2.0 * m * k * n / best["gemm"]
+
+
+def synthetic_feed(batch: int, seq: int) -> dict[str, np.ndarray]:
+    """Encoder inputs of fixed shape: random in-vocabulary ids between [CLS] and [SEP], no padding."""
+    ids = np.random.default_rng(0).integers(1000, 20000, (batch, seq)).astype(np.int64)
+    ids[:, 0], ids[:, -1] = 101, 102
+    return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
 
 
 def service_output(session: ort.InferenceSession) -> str:
@@ -45,16 +108,17 @@ def service_output(session: ort.InferenceSession) -> str:
     return f"{MEAN_PREFIX}{max(means)}" if means else LAST_HIDDEN_STATE
 
 
-def open_encoder(
-    model_dir: Path, variant: str, threads: int = 0, provider: str = CPU
-) -> ort.InferenceSession:
-    """The encoder session of ``variant`` as listed in ``model_dir``'s manifest, on ``provider``.
+def _manifest(model_dir: Path) -> dict[str, Any]:
+    return dict(json.loads((model_dir / "manifest.json").read_text()))
+
+
+def open_encoder(model: Path, variant: str, threads: int = 0, provider: str = CPU) -> ort.InferenceSession:
+    """The encoder session of ``variant`` as listed in ``model``'s manifest, on ``provider``.
 
     Raises:
         SystemExit: ONNX Runtime fell back to another provider.
     """
-    manifest = json.loads((model_dir / "manifest.json").read_text())
-    file = model_dir / manifest["graphs"]["encoder"][variant]["file"]
+    file = model / _manifest(model)["graphs"]["encoder"][variant]["file"]
     session = ort.InferenceSession(str(file), session_options(threads, provider), providers=[provider])
     if session.get_providers()[0] != provider:
         raise SystemExit(f"the session fell back to {session.get_providers()} instead of {provider}")
@@ -62,18 +126,17 @@ def open_encoder(
 
 
 def shape_of(model_dir: Path) -> BertShape:
-    config = json.loads((model_dir / "manifest.json").read_text())["config"]
+    config = _manifest(model_dir)["config"]
     return BertShape(config["num_layers"], config["hidden_size"], config["intermediate_size"])
 
 
 def variants_in(model_dir: Path) -> list[str]:
-    return list(json.loads((model_dir / "manifest.json").read_text())["graphs"]["encoder"])
+    return list(_manifest(model_dir)["graphs"]["encoder"])
 
 
 def feed(ids: list[np.ndarray]) -> dict[str, np.ndarray]:
     """One right-padded batch, as the service builds it."""
-    longest = max(len(x) for x in ids)
-    input_ids = np.zeros((len(ids), longest), dtype=np.int64)
+    input_ids = np.zeros((len(ids), max(len(x) for x in ids)), dtype=np.int64)
     for row, x in enumerate(ids):
         input_ids[row, : len(x)] = x
     mask = (input_ids != 0).astype(np.int64)
@@ -84,7 +147,6 @@ def feed(ids: list[np.ndarray]) -> dict[str, np.ndarray]:
 class CeilingResult:
     """Rates over whole passes; with tokenising, ``tokenize_s`` is its time in one pass (included)."""
 
-    variant: str
     batch_size: int
     sentences_per_s: float
     batches_per_s: float
@@ -97,42 +159,45 @@ class CeilingResult:
 
 
 def ceiling(
-    session: ort.InferenceSession,
+    model: Path,
     variant: str,
-    ids: list[np.ndarray],
+    texts: Sequence[Any],
     batch_size: int,
-    shape: BertShape,
     min_seconds: float,
-    tokenize: Callable[[], list[np.ndarray]] | None = None,
+    tokenize: bool = False,
+    threads: int = 0,
+    provider: str = CPU,
 ) -> CeilingResult:
-    """Whole passes over ``ids`` sorted by length, in batches of ``batch_size``, for at least ``min_seconds``.
-    With ``tokenize``, each pass first tokenises its texts (its result stands for ``ids``), timed with it.
+    """The ceiling: whole passes over ``texts`` (strings, tokenised as the engine does, or ids) sorted by
+    length, in batches of ``batch_size``, for at least ``min_seconds``, in a session of ``variant`` of
+    ``model``. With ``tokenize``, each pass first tokenises its texts, timed with it.
 
     Whole passes only: a partial pass over a length-sorted corpus would favour the short end.
     """
+    session, shape = open_encoder(model, variant, threads, provider), shape_of(model)
+    tokenizer = tokenizer_of(model) if isinstance(texts[0], str) else None
     tokenizing: list[float] = []
 
     def tokenized() -> list[np.ndarray]:
-        assert tokenize is not None
         t0 = time.perf_counter()
-        got = tokenize()
+        got = encode(tokenizer, list(texts))
         tokenizing.append(time.perf_counter() - t0)
         return got
 
-    ids = ids if tokenize is None else tokenized()  # the first pass's
-    ordered = sorted(ids, key=len)
+    ordered = sorted(texts if tokenizer is None else tokenized(), key=len)
+    if not tokenize:
+        tokenizing.clear()
     batches = [feed(ordered[i : i + batch_size]) for i in range(0, len(ordered), batch_size)]
     useful = sum(shape.flops(len(x)) for x in ordered)
-    computed = sum(shape.batch_flops(*b["input_ids"].shape) for b in batches)
-    real_tokens = sum(len(x) for x in ordered)
-    padded_tokens = sum(b["input_ids"].size for b in batches)
+    computed = sum(b["input_ids"].shape[0] * shape.flops(b["input_ids"].shape[1]) for b in batches)
+    padding = 1 - sum(len(x) for x in ordered) / sum(b["input_ids"].size for b in batches)
     fetch = [service_output(session)]
     session.run(fetch, batches[len(batches) // 2])  # warm the arena for a typical shape
     times: list[float] = []
     passes = 0
     start = time.perf_counter()
     while passes == 0 or time.perf_counter() - start < min_seconds:
-        if tokenize is not None and passes:
+        if tokenize and passes:
             tokenized()
         for b in batches:
             t0 = time.perf_counter()
@@ -141,14 +206,13 @@ def ceiling(
         passes += 1
     elapsed = sum(times) + sum(tokenizing)
     return CeilingResult(
-        variant=variant,
         batch_size=batch_size,
         sentences_per_s=passes * len(ordered) / elapsed,
         batches_per_s=len(times) / elapsed,
         batch_ms=[t * 1000 for t in times],
         useful_flops_per_s=passes * useful / elapsed,
         computed_flops_per_s=passes * computed / elapsed,
-        padding_share=1 - real_tokens / padded_tokens,
+        padding_share=padding,
         passes=passes,
         tokenize_s=sum(tokenizing) / passes,
     )
@@ -178,67 +242,50 @@ def interleaved(
     return {name: stat(s) for name, s in samples.items()}
 
 
-def _runs(
-    sessions: dict[str, ort.InferenceSession], feed: dict[str, np.ndarray]
-) -> dict[str, Callable[[], object]]:
-    """Each session's call on ``feed``, fetching what the service fetches."""
-    return {name: partial(s.run, [service_output(s)], feed) for name, s in sessions.items()}
-
-
-def grid(
-    model_dir: Path,
-    variants: list[str],
+def rates(
+    sessions: Mapping[str, ort.InferenceSession],
+    cells: list[tuple[int, int]],
     seconds: float,
-    batches: tuple[int, ...] = (1, 8, 32),
-    lengths: tuple[int, ...] = (16, 32, 128),
-) -> list[dict[str, float | int | str]]:
-    """sentences/s per variant at batch × sequence, variants interleaved within each cell."""
-    sessions = {v: open_encoder(model_dir, v) for v in variants}
-    rows: list[dict[str, float | int | str]] = []
-    for batch in batches:
-        for seq in lengths:
-            med = interleaved(_runs(sessions, synthetic_feed(batch, seq)), seconds)
-            row: dict[str, float | int | str] = {"batch": batch, "seq": seq}
-            for v in variants:
-                row[v] = batch / med[v]
-            if "int8" in med and "fp32" in med:
-                row["int8/fp32"] = med["fp32"] / med["int8"]
-            rows.append(row)
-            print(_grid_line(row, variants), flush=True)
-    return rows
-
-
-def _grid_line(row: dict[str, float | int | str], variants: list[str]) -> str:
-    cells = [f"{row['batch']:>5} {row['seq']:>5}"] + [f"{float(row[v]):>10.1f}" for v in variants]
-    if "int8/fp32" in row:
-        cells.append(f"{float(row['int8/fp32']):>9.2f}x")
-    return " ".join(cells)
+    rounds: int = 6,
+    stat: Callable[[list[float]], float] = statistics.median,
+    fetch: str | None = None,
+) -> dict[tuple[str, int, int], float]:
+    """Sentences/s of each session at each (batch, sequence) cell of :func:`synthetic_feed`, sessions
+    interleaved within a cell (:func:`interleaved`); each fetches ``fetch``, or what /embed fetches."""
+    out: dict[tuple[str, int, int], float] = {}
+    for batch, seq in cells:
+        x = synthetic_feed(batch, seq)
+        runs = {k: partial(s.run, [fetch or service_output(s)], x) for k, s in sessions.items()}
+        out.update({(k, batch, seq): batch / t for k, t in interleaved(runs, seconds, rounds, stat).items()})
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.raw_onnx", description=__doc__)
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
-    parser.add_argument("--variants", default=None, help="comma-separated; default: fp32,int8 where present")
-    parser.add_argument("--seconds", type=float, default=2.0, help="timing budget per cell")
-    parser.add_argument("--batches", default="1,8,32", help="batch sizes of the grid, comma-separated")
-    parser.add_argument(
-        "--lengths", default="16,32,128", help="sequence lengths of the grid, comma-separated"
-    )
-    args = parser.parse_args(argv)
+    p = parser("loadtest.raw_onnx", __doc__)
+    p.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    p.add_argument("--variants", default=None, help="comma-separated; default: fp32,int8 where present")
+    p.add_argument("--seconds", type=float, default=2.0, help="timing budget per cell")
+    p.add_argument("--batches", default="1,8,32", help="batch sizes of the grid, comma-separated")
+    p.add_argument("--lengths", default="16,32,128", help="sequence lengths of the grid, comma-separated")
+    args = p.parse_args(argv)
     present = variants_in(args.model)
     wanted = args.variants.split(",") if args.variants else [v for v in ("fp32", "int8") if v in present]
     missing = [v for v in wanted if v not in present]
     if missing:
         print(f"raw_onnx: {args.model} has no {missing}; it has {present}", file=sys.stderr)
         return 2
+    both = {"int8", "fp32"} <= set(wanted)
     print("sentences/s of the raw encoder session (fetching what a default /embed fetches)")
     print(
-        f"{'batch':>5} {'seq':>5} "
-        + " ".join(f"{v:>10}" for v in wanted)
-        + ("  int8/fp32" if {"int8", "fp32"} <= set(wanted) else "")
+        f"{'batch':>5} {'seq':>5} " + " ".join(f"{v:>10}" for v in wanted) + ("  int8/fp32" if both else "")
     )
+    sessions = {v: open_encoder(args.model, v) for v in wanted}
     batches, lengths = (tuple(int(n) for n in text.split(",")) for text in (args.batches, args.lengths))
-    grid(args.model, wanted, args.seconds, batches, lengths)
+    for cell in [(b, s) for b in batches for s in lengths]:
+        got = rates(sessions, [cell], args.seconds)
+        line = [f"{cell[0]:>5} {cell[1]:>5}"] + [f"{got[(v, *cell)]:>10.1f}" for v in wanted]
+        ratio = [f"{got[('int8', *cell)] / got[('fp32', *cell)]:>9.2f}x"] if both else []
+        print(" ".join(line + ratio), flush=True)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Issue 28's cells against the raw ceiling and today's service: what the scheduler buys, as ratios.
+"""The scheduler's cells against the raw ceiling and another tree's service (``--today``), as ratios.
 
     python -m loadtest.scheduler [--model DIR] [--today TREE] [--today-all] [--duration 20] [--warmup 3] \
         [--background 64x32] [--quick]
@@ -28,12 +28,13 @@ import numpy as np
 import uvloop
 
 from loadtest import loadgen
-from loadtest.corpus import encode, load_corpus, tokenizer_of, unique_texts
+from loadtest.corpus import load_corpus, unique_texts
+from loadtest.harness import parser
 from loadtest.harness.cell import STRIDE, Cell, distinct_bodies, parse_cells
 from loadtest.harness.report import RESULTS, Row, mark, write_json
 from loadtest.harness.service import service_env
 from loadtest.quick_model import tiny_model
-from loadtest.raw_onnx import DEFAULT_MODEL, ceiling, open_encoder, shape_of
+from loadtest.raw_onnx import DEFAULT_MODEL, ceiling
 from loadtest.server import HOST, ServiceProcess, scrape
 
 QUEUED = "zhembed_queue_duration_seconds_count"
@@ -43,30 +44,12 @@ DISTURBED = 0.8
 
 def raw_ceiling(opts: argparse.Namespace, texts: list[str], batch_sizes: tuple[int, ...]) -> dict[int, float]:
     """Sentences/s of the bare session on ``texts`` at each batch size, tokenising included (see module)."""
-    tokenizer, session, shape = (
-        tokenizer_of(opts.model),
-        open_encoder(opts.model, opts.variant),
-        shape_of(opts.model),
-    )
     out: dict[int, float] = {}
     for size in batch_sizes:
-        got = ceiling(
-            session, opts.variant, [], size, shape, opts.raw_seconds, lambda: encode(tokenizer, texts)
-        )
+        got = ceiling(opts.model, opts.variant, texts, size, opts.raw_seconds, tokenize=True)
         out[size] = got.sentences_per_s
         print(f"  raw b={size}: {out[size]:.1f} sentences/s ({got.passes} pass(es))", flush=True)
     return out
-
-
-class Bodies:
-    """Request bodies of distinct texts: each group of each cell draws from its own range of numbers."""
-
-    def __init__(self, corpus: list[str]) -> None:
-        self.corpus = random.Random(0).sample(corpus, len(corpus))
-        self.ranges = itertools.count(0, STRIDE)
-
-    def maker(self, texts: int) -> loadgen.BodyFactory:
-        return distinct_bodies(self.corpus, texts, next(self.ranges))
 
 
 def _queued_by_urgency(series: dict[str, float]) -> dict[str, float]:
@@ -91,11 +74,11 @@ def wait_idle(svc: ServiceProcess, timeout_s: float = 120.0) -> None:
 
 
 def run_cells(
-    svc: ServiceProcess, groups: list[tuple[str, Cell]], opts: argparse.Namespace, bodies: Bodies
+    svc: ServiceProcess, groups: list[tuple[str, Cell]], opts: argparse.Namespace, starts: Iterator[int]
 ) -> list[Row]:
     """One cell: every group's clients at once. A group: (name, what its clients send)."""
     wait_idle(svc)
-    before_stats = svc.engine_stats()
+    before = svc.engine_stats()
 
     async def main() -> tuple[list[loadgen.CellResult], dict[str, float], dict[str, float]]:
         tasks = [
@@ -104,7 +87,7 @@ def run_cells(
                     HOST,
                     svc.port,
                     c.route,
-                    bodies.maker(c.texts),
+                    distinct_bodies(opts.corpus, c.texts, next(starts)),
                     c.clients,
                     opts.duration,
                     opts.warmup,
@@ -121,21 +104,18 @@ def run_cells(
         return list(await asyncio.gather(*tasks)), first, last
 
     results, first, last = uvloop.run(main())
-    after_stats = svc.engine_stats()
-    moved = {
-        k: after_stats[k] - before_stats.get(k, 0)
-        for k in after_stats
-        if isinstance(after_stats[k], int | float) and not isinstance(after_stats[k], bool)
-    }
+    after = svc.engine_stats()
+    moved = {k: v - before.get(k, 0) for k, v in after.items() if type(v) in (int, float)}
+    mean_batch = moved["batched_items"] / moved["batches"] if moved.get("batches") else float("nan")
     cells = []
     for (name, c), result in zip(groups, results, strict=True):
         key = str(c.urgency or 3) if str(c.urgency or 3) in last else "all"
-        cell = Row(
+        rate = (last.get(key, 0.0) - first.get(key, 0.0)) / opts.duration  # counted by the server
+        row = Row(
             name,
             clients=c.clients,
             texts=c.texts,
-            sentences_per_s=(last.get(key, 0.0) - first.get(key, 0.0))
-            / opts.duration,  # counted by the server
+            sentences_per_s=rate,
             p50_ms=result.percentile(50),
             p99_ms=result.percentile(99),
             requests=result.requests,
@@ -143,15 +123,13 @@ def run_cells(
             status_counts={str(k): v for k, v in result.status_counts.items()},
             extra={"client_sentences_per_s": result.sentences_per_s, "engine": moved},
         )
-        batches = moved.get("batches", 0)
-        mean_batch = moved.get("batched_items", 0) / batches if batches else float("nan")
         print(
-            f"  {name:<34} {cell.sentences_per_s:7.1f} sentences/s (client {result.sentences_per_s:.1f})"
-            f"  p50 {cell.p50_ms:7.0f} ms  p99 {cell.p99_ms:7.0f} ms  {cell.requests} answers, "
-            f"{cell.errors} errors; mean batch {mean_batch:.1f}; engine {engine_speed(cell):.0f} tokens/s",
+            f"  {name:<34} {rate:7.1f} sentences/s (client {result.sentences_per_s:.1f})"
+            f"  p50 {row.p50_ms:7.0f} ms  p99 {row.p99_ms:7.0f} ms  {row.requests} answers, "
+            f"{row.errors} errors; mean batch {mean_batch:.1f}; engine {engine_speed(row):.0f} tokens/s",
             flush=True,
         )
-        cells.append(cell)
+        cells.append(row)
     return cells
 
 
@@ -165,49 +143,45 @@ def linked(model: Path, into: Path) -> Path:
     return into
 
 
-@contextlib.contextmanager
 def servers(
-    opts: argparse.Namespace, peak_inputs: int
-) -> Iterator[tuple[ServiceProcess, ServiceProcess | None]]:
-    # Room for every client group at once: these cells measure scheduling, not refusals. The batch cost
-    # model goes under the run's own folder if the model folder is read-only.
+    opts: argparse.Namespace, peak_inputs: int, stack: contextlib.ExitStack
+) -> tuple[ServiceProcess, ServiceProcess | None]:
+    """Ours, and today's where ``--today`` names it, started one after the other: the cost model is
+    measured on a quiet machine. Room for every client group at once: these cells measure scheduling, not
+    refusals. The batch cost model goes under the run's own folder."""
     env = service_env(opts.model, opts.variant, 2 * peak_inputs, cache_dir=opts.cost_cache)
-    ours = ServiceProcess("app", env, opts.logs / "scheduler-ours.log", cwd=Path(__file__).parents[1])
-    today = None
-    if opts.today is not None:
-        today_env = {**env, "PYTHONPATH": str(opts.today)}
-        today = ServiceProcess("app", today_env, opts.logs / "scheduler-today.log", cwd=opts.today)
-    with ours:  # started one after the other: the cost model is measured on a quiet machine
-        if today is None:
-            yield ours, None
-        else:
-            with today:
-                yield ours, today
+    here = Path(__file__).parents[1]
+    ours = stack.enter_context(ServiceProcess("app", env, opts.logs / "scheduler-ours.log", cwd=here))
+    if opts.today is None:
+        return ours, None
+    today_env = {**env, "PYTHONPATH": str(opts.today)}
+    log = opts.logs / "scheduler-today.log"
+    return ours, stack.enter_context(ServiceProcess("app", today_env, log, cwd=opts.today))
 
 
 def run(opts: argparse.Namespace) -> dict[str, Any]:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one thread, as the service tokenises
     corpus = load_corpus()
-    shuffled = corpus[:]
-    random.Random(7).shuffle(shuffled)
-    raw_texts = unique_texts(shuffled, 90_000_000, opts.raw_texts)
+    raw_texts = unique_texts(random.Random(7).sample(corpus, len(corpus)), 90_000_000, opts.raw_texts)
     print(
         f"raw ceiling, {opts.variant}, {len(raw_texts)} distinct texts, tokenising included (start)",
         flush=True,
     )
     raw_start = raw_ceiling(opts, raw_texts, (8, 32))
-    bodies = Bodies(corpus)
+    # Each group of each cell sends texts from its own range of numbers.
+    opts.corpus, starts = random.Random(0).sample(corpus, len(corpus)), itertools.count(0, STRIDE)
     (bg,) = opts.background
     out: dict[str, Any] = {"raw_start": raw_start, "cells": {}}
     cells: dict[str, Row] = {}
-    with servers(opts, bg.inputs + 64) as (ours, today):
+    with contextlib.ExitStack() as stack:
+        ours, today = servers(opts, bg.inputs + 64, stack)
         status, info = asyncio.run(loadgen.get_json(HOST, ours.port, "/info"))
         out["cost_model"] = info["batching"] if status == 200 and isinstance(info, dict) else None
         if out["cost_model"] is not None:
             print_model("cost model at start", out["cost_model"])
 
         def one(svc: ServiceProcess, key: str, clients: int, texts: int) -> None:
-            (cells[key],) = run_cells(svc, [(key, Cell(clients, texts))], opts, bodies)
+            (cells[key],) = run_cells(svc, [(key, Cell(clients, texts))], opts, starts)
 
         print("cells", flush=True)
         one(ours, "ours 8x1 (1)", 8, 1)
@@ -219,8 +193,8 @@ def run(opts: argparse.Namespace) -> dict[str, Any]:
             one(today, "today 32x1", 32, 1)
             one(today, "today 8x16", 8, 16)
         background = ("background", Cell(bg.clients, bg.texts, urgency=7))
-        (cells["background alone"],) = run_cells(ours, [background], opts, bodies)
-        mixed = run_cells(ours, [background, ("interactive", Cell(8, 1))], opts, bodies)
+        (cells["background alone"],) = run_cells(ours, [background], opts, starts)
+        mixed = run_cells(ours, [background, ("interactive", Cell(8, 1))], opts, starts)
         cells["background mixed"], cells["interactive mixed"] = mixed
         one(ours, "ours 8x1 (2)", 8, 1)
         if today is not None:
@@ -276,12 +250,8 @@ def summarise(
     idle_p99 = _mean(*(cells[k].p99_ms or nan for k in ours_8x1))
     rows: list[dict[str, Any]] = []
 
-    def row(
-        what: str, ours: float, against: float | None, ratio: float | None, target: str, ok: bool | None
-    ) -> None:
-        rows.append(
-            {"what": what, "ours": ours, "against": against, "ratio": ratio, "target": target, "ok": ok}
-        )
+    def row(*values: Any) -> None:  # what, ours, against, ratio, target, ok
+        rows.append(dict(zip(("what", "ours", "against", "ratio", "target", "ok"), values, strict=True)))
 
     for key in ("ours 32x1", "ours 8x16"):
         ratio = rate[key] / raw
@@ -319,21 +289,19 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.scheduler", description=__doc__)
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
-    parser.add_argument("--variant", default="int8")
-    parser.add_argument("--today", type=Path, default=None, help="another checkout to measure as today's")
-    parser.add_argument("--today-all", action="store_true", help="today's 32x1 and 8x16 too")
-    parser.add_argument("--duration", type=float, default=20.0, help="measured seconds per cell")
-    parser.add_argument("--warmup", type=float, default=3.0, help="seconds of load before each cell counts")
-    parser.add_argument("--raw-texts", type=int, default=320, help="texts of each raw pass")
-    parser.add_argument("--raw-seconds", type=float, default=5.0, help="least seconds of raw passes per size")
-    parser.add_argument(
-        "--background", type=parse_cells, default="64x32", help="clients x texts of the background client"
-    )
-    parser.add_argument("--quick", action="store_true", help="a tiny model and short cells (a CI test)")
-    parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args(argv)
+    p = parser("loadtest.scheduler", __doc__)
+    p.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    p.add_argument("--variant", default="int8")
+    p.add_argument("--today", type=Path, default=None, help="another checkout to measure as today's")
+    p.add_argument("--today-all", action="store_true", help="today's 32x1 and 8x16 too")
+    p.add_argument("--duration", type=float, default=20.0, help="measured seconds per cell")
+    p.add_argument("--warmup", type=float, default=3.0, help="seconds of load before each cell counts")
+    p.add_argument("--raw-texts", type=int, default=320, help="texts of each raw pass")
+    p.add_argument("--raw-seconds", type=float, default=5.0, help="least seconds of raw passes per size")
+    p.add_argument("--background", type=parse_cells, default="64x32", help="clients x texts, at u=7")
+    p.add_argument("--quick", action="store_true", help="a tiny model and short cells (a CI test)")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="zhembed-sched-") as tmp:
         args.logs, args.cost_cache = RESULTS / "logs", Path(tmp) / "cache"
         if args.quick:

@@ -40,6 +40,10 @@ async def scrape(port: int) -> dict[str, float]:
     return parse_exposition(payload) if status == 200 and isinstance(payload, str) else {}
 
 
+class NotReady(RuntimeError):
+    """The service exited, or did not answer ready in time; the message ends with its log's last lines."""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind((HOST, 0))
@@ -83,7 +87,7 @@ class ServiceProcess:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.module} exited with {self.proc.returncode}; see {self.log}")
+                raise self._failed(f"{self.module} exited with {self.proc.returncode}")
             try:
                 status, _ = asyncio.run(get_json(HOST, self.port, self.ready_path))
                 if status == 200:
@@ -91,7 +95,11 @@ class ServiceProcess:
             except OSError:
                 pass
             time.sleep(0.2)
-        raise RuntimeError(f"{self.module} not ready after {timeout_s:.0f} s; see {self.log}")
+        raise self._failed(f"{self.module} not ready after {timeout_s:.0f} s")
+
+    def _failed(self, why: str) -> NotReady:
+        tail = self.log.read_text(errors="replace").splitlines()[-15:] if self.log.exists() else []
+        return NotReady("\n    ".join([f"{why}; see {self.log}", *tail]))
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -11,7 +11,6 @@ warm-up.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import statistics
 from pathlib import Path
@@ -20,6 +19,7 @@ import uvloop
 
 from loadtest import loadgen
 from loadtest.corpus import load_corpus, request_bodies
+from loadtest.harness import parser
 from loadtest.harness.service import service_env
 from loadtest.server import HOST, ServiceProcess
 
@@ -39,11 +39,11 @@ def _pct(values: list[float], q: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.stages", description=__doc__)
-    parser.add_argument("--model", type=Path, default=Path("models/bert-base-chinese-twin"))
-    parser.add_argument("--concurrency", default="1,32")
-    parser.add_argument("--seconds", type=float, default=10.0)
-    args = parser.parse_args(argv)
+    p = parser("loadtest.stages", __doc__)
+    p.add_argument("--model", type=Path, default=Path("models/bert-base-chinese-twin"))
+    p.add_argument("--concurrency", default="1,32")
+    p.add_argument("--seconds", type=float, default=10.0)
+    args = p.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",")]
     env = service_env(args.model, "auto", max(levels))
     make = loadgen.cycle(request_bodies(load_corpus(), 1), 1)

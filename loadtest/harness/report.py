@@ -87,11 +87,12 @@ class Row:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, m: Measured, kind: str = "service", workers: int = 1, note: str = "") -> Row:
-        """The row of a measured cell; its note says when the rate is noise."""
+    def of(cls, m: Measured, kind: str = "service", workers: int = 1, label: str = "") -> Row:
+        """The row of a measured cell (labelled as the cell, unless ``label``); its note says when the rate
+        is noise."""
         r = m.load
         return cls(
-            label=m.cell.label,
+            label=label or m.cell.label,
             kind=kind,
             clients=m.cell.clients,
             texts=m.cell.texts,
@@ -114,7 +115,7 @@ class Row:
             session_run_s=m.run_cpu_s if m.after else NAN,
             inference_wall_s=m.delta(INFERENCE_SUM) if m.after else NAN,
             workers_ready=m.after.get(WORKERS_READY, NAN),
-            note="; ".join(x for x in (note, reliability_warning(r)) if x),
+            note=reliability_warning(r) or "",
         )
 
     def per_sentence(self, seconds: float) -> float:

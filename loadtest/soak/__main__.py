@@ -28,6 +28,7 @@ from pathlib import Path
 
 from loadtest import loadgen, procs
 from loadtest.corpus import load_corpus, request_bodies
+from loadtest.harness import parser
 from loadtest.harness.cell import Cell, distinct_bodies
 from loadtest.harness.measure import measure
 from loadtest.harness.service import service_env
@@ -62,15 +63,13 @@ def measure_capacity(svc: ServiceProcess, bodies: loadgen.BodyFactory, cell: Cel
 def run(args: argparse.Namespace, model: Path) -> SoakReport:
     seconds = args.minutes * 60
     schedule = faults.parse_faults(args.faults, seconds, args.worker_max_memory_mb is not None)
-    redis_needed = bool(schedule)
-    bodies = soak_bodies(load_corpus(), args.texts, args.seed, unique=redis_needed)
+    bodies = soak_bodies(load_corpus(), args.texts, args.seed, unique=bool(schedule))
     bound = args.worker_max_memory_mb if any(f.kind == faults.BOUND for f in schedule) else None
-    more = {"cache_bytes": args.cache_bytes, "worker_max_memory_mb": bound}
+    redis = faults.RedisServer(args.redis_server, args.redis_max_memory_mb) if schedule else None
+    more = {"cache_bytes": args.cache_bytes, "worker_max_memory_mb": bound, "redis_url": redis and redis.url}
     env = service_env(model, args.variant, args.pool * args.texts, **more)
-    redis = faults.RedisServer(args.redis_server, args.redis_max_memory_mb) if redis_needed else None
     if redis is not None:
         redis.start()
-        env["ZHEMBED_REDIS_URL"] = redis.url
     log = Path(args.log)
     try:
         with ServiceProcess("app", env, log) as svc:
@@ -134,11 +133,7 @@ def _fault_text(f: Fault) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m loadtest.soak",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = parser("loadtest.soak", __doc__)
     p.add_argument("--model", type=Path, default=Path("models/bert-base-chinese-twin"))
     p.add_argument("--variant", default="int8", help="ZHEMBED_VARIANT of the service")
     p.add_argument("--minutes", type=float, default=10.0, help="how long to hold the load")

@@ -13,6 +13,8 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
+from loadtest.server import free_port
+
 KILL = "kill"
 REDIS = "redis"
 BOUND = "bound"
@@ -43,9 +45,8 @@ class FaultSpecError(ValueError):
 @dataclass(frozen=True)
 class Fault:
     kind: str
-    at_s: (
-        float | None
-    )  # seconds into the soak; None for ``bound`` (it fires on its own) and ``term`` (the end)
+    # Seconds into the soak; None for ``bound`` (it fires on its own) and ``term`` (the end).
+    at_s: float | None
 
 
 _TIME = re.compile(r"^(\d+(?:\.\d+)?)(s|m|%)$")
@@ -104,9 +105,8 @@ class FaultEvent:
 
     kind: str
     start_s: float  # seconds into the soak
-    end_s: (
-        float | None
-    )  # when it was over (the replacement seen, Redis back, the old worker gone); None: never
+    # When it was over (the replacement seen, Redis back, the old worker gone); None: never.
+    end_s: float | None
     detail: str
     on_killed: list[int] = field(default_factory=list)  # kill: ids of the requests in flight on the worker
 
@@ -239,9 +239,7 @@ class RedisServer:
             )
         self.binary = found
         self.max_memory_mb = max_memory_mb
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = int(s.getsockname()[1])
+        self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property

@@ -109,12 +109,7 @@ class OpenLoop:
                 error: BaseException | None = None
                 try:
                     status, payload = await conn.request("POST", "/embed", body)
-                except (
-                    OSError,
-                    asyncio.IncompleteReadError,
-                    asyncio.LimitOverrunError,
-                    loadgen.HttpError,
-                ) as exc:
+                except loadgen.FAILED as exc:
                     conn.close()
                     error = exc
                 finally:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.flops import BertShape
-from loadtest.table import summary
+from loadtest.bench import summary
+from loadtest.raw_onnx import BertShape
 from tests.loadtest.conftest import run_module
 
 EXPECTED = [

@@ -55,7 +55,7 @@ def test_quick_overhead_measures_each_cell_and_splits_the_server_cpu(tmp_path: P
 def test_the_floor_is_tokenising_and_writing_in_a_process_of_its_own(tmp_path: Path) -> None:
     from loadtest.quick_model import export_tiny
 
-    model = export_tiny(tmp_path / "source", tmp_path / "model", ("fp32",), 2)[0]
+    model = export_tiny(tmp_path / "source", tmp_path / "model", ("fp32",), 2)
     got = floor(model, texts_per_request=32, start=0, count=256)
     assert got.hidden == 64 and got.texts == 256
     assert 0 < got.tokenize_us < 10_000 and 0 < got.write_us < 10_000

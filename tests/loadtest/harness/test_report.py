@@ -14,7 +14,6 @@ from loadtest.loadgen import CellResult
 
 def _cell(latency_ms: float, wall_s: float, requests: int = 10) -> CellResult:
     return CellResult(
-        concurrency=8,
         wall_s=wall_s,
         requests=requests,
         sentences=16 * requests,
