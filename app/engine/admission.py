@@ -111,6 +111,17 @@ class Admission:
             )
         return Permits(self, count)
 
+    def join(self, ledger: Ledger) -> None:
+        """Count permits in ``ledger`` from now on: the server's, once this worker is warm. The warm-up
+        counts its own, so that a replacement started while the server is full still warms up.
+
+        Raises:
+            RuntimeError: permits are still held in the ledger it leaves.
+        """
+        if self.ledger.total() != 0:
+            raise RuntimeError(f"admission joined another ledger with {self.ledger.total()} permits held")
+        self.ledger = ledger
+
     def _give_back(self, count: int) -> None:
         if self.ledger.give_back(count) < 0:
             raise RuntimeError("admission released more permits than it gave out")

@@ -22,7 +22,7 @@ from typing import Any
 from tokenizers import Encoding
 
 from app.engine import calibration, costs
-from app.engine.admission import Admission, Ledger, Permits
+from app.engine.admission import Admission, Permits
 from app.engine.batching import Batcher
 from app.engine.inference import Inference
 from app.engine.planner import Limits
@@ -56,15 +56,14 @@ class Engine:
         model: OnnxModel,
         settings: Settings,
         metrics: Metrics,
-        ledger: Ledger | None = None,
         tracing: Tracing | None = None,
     ) -> None:
-        """``ledger``: where admission counts permits, shared by the workers of one server (default: here);
-        ``tracing``: where batch spans go (None: tracing off)."""
+        """``tracing``: where batch spans go (None: tracing off). Admission counts permits here until a
+        worker of several joins the server's ledger (:meth:`~app.engine.admission.Admission.join`)."""
         self.model = model
         self.metrics = metrics
         self.settings = settings
-        self.admission = Admission(settings.max_concurrent_inputs, ledger)
+        self.admission = Admission(settings.max_concurrent_inputs)
         self.tokenization = Tokenization(model.tokenizer, capacity=settings.max_concurrent_inputs)
         # Each admitted input becomes at most this many windows (a token never spans less than a char).
         windows = math.ceil(settings.max_input_chars / max(model.tokenizer.max_length - 2, 1)) + 1

@@ -76,7 +76,9 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loaded = model if model is not None else await asyncio.to_thread(load_model, settings)
-        engine = Engine(loaded, settings, metrics, cluster.ledger if cluster is not None else None, tracing)
+        # The server's shared ledger once warm (_warm): a warm-up never waits on, or is refused by, the
+        # traffic the other workers hold.
+        engine = Engine(loaded, settings, metrics, tracing)
         engine.start()
         cache = _build_cache(settings, metrics)
         service = Service(settings, loaded, engine, cache, metrics)
@@ -192,6 +194,8 @@ async def _warm(service: Service, warmup: bool, metrics: Metrics, cluster: Clust
     await service.engine.wait_calibrated()  # the batch cost model: measured once, then read from its cache
     if warmup:
         await service.warmup()
+    if cluster is not None:
+        service.engine.admission.join(cluster.ledger)
     _quiet_gc()
     service.ready = True
     metrics.ready(True)

@@ -307,9 +307,10 @@ class OpenLoop:
         if self.schedule and self.svc.proc is not None:
             grace = 60.0  # more than the service's drain + grace (2 + 25 s by default)
             self.exit_code = await asyncio.to_thread(self.svc.proc.wait, grace)
-            term = next(e for e in self.events if e.kind == faults.TERM)
-            term.end_s = self.now_s()
-            term.detail += f"; exited {self.exit_code} at {term.end_s:.1f} s"
+            term = next((e for e in self.events if e.kind == faults.TERM), None)
+            if term is not None:  # none where the service ended before the schedule did
+                term.end_s = self.now_s()
+                term.detail += f"; exited {self.exit_code} at {term.end_s:.1f} s"
 
     def windows(self) -> list[Window]:
         rows = []

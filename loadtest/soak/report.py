@@ -240,7 +240,7 @@ def render(report: SoakReport) -> str:
         f"connection (counted, not errors), {report.reopened} idle connections found closed; statuses "
         f"{report.status_counts}"
         + (f"; {sum(on_killed.values())} in flight on the killed worker ({on_killed})" if on_killed else "")
-        + ("" if report.exit_code is None else f"; the service exited {report.exit_code} after the SIGTERM")
+        + ("" if report.exit_code is None else f"; the service exited {report.exit_code}")
         + ("" if report.replacements is None else f"; {REPLACEMENTS} {report.replacements:g}")
         + f"; lost where no loss is allowed: {lost or 0} (target 0): {'PASS' if report.requests_ok else 'FAIL'}"
     )

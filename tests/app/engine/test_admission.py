@@ -38,3 +38,17 @@ def test_background_requests_are_refused_before_interactive_ones_from_one_budget
     background.release()
     interactive.release()
     assert admission.in_use == 0 and admission.rejected == 2
+
+
+def test_joining_another_ledger_counts_there_and_refuses_with_permits_held() -> None:
+    from app.engine.admission import LocalLedger
+
+    admission, server = Admission(limit=4), LocalLedger()
+    held = admission.try_acquire(1)
+    with pytest.raises(RuntimeError, match="1 permits held"):
+        admission.join(server)
+    held.release()
+    admission.join(server)
+    with admission.try_acquire(3):
+        assert server.total() == 3
+    assert server.total() == 0

@@ -77,3 +77,23 @@ def test_worker_count_auto_is_one_on_cpu_and_four_on_cuda() -> None:
     assert resolve_count(Settings(providers="CPUExecutionProvider")) == 1
     cuda = Settings(providers="CUDAExecutionProvider,CPUExecutionProvider")
     assert resolve_count(cuda) == AUTO_CUDA_WORKERS
+
+
+def test_a_replacement_warms_up_while_the_server_is_full_then_counts_in_its_ledger(
+    tiny_model: Any, tiny_settings: Settings, tmp_path: Any
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from app.serving.factory import create_app
+
+    # Slot 0 serves and holds every permit; slot 2 is the replacement starting beside it.
+    limit = tiny_settings.max_concurrent_inputs
+    shared = Shared.create(mp.get_context("spawn"), 3, 2, str(tmp_path))
+    shared.permits[0] = limit
+    cluster = Cluster(shared, 2, replacing="memory")
+    with TestClient(create_app(tiny_settings, tiny_model, cluster)) as client:
+        assert shared.ready[2] == 1  # warmed up: its warm-up counted its own permits
+        assert client.post("/embed", json={"inputs": "你好"}).status_code == 429  # then the server's
+        shared.permits[0] = 0
+        assert client.post("/embed", json={"inputs": "你好"}).status_code == 200
+    assert list(shared.permits[:]) == [0, 0, 0]
