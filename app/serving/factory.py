@@ -48,6 +48,8 @@ from app.telemetry.otel_config import from_environment
 
 log = logging.getLogger(__name__)
 
+REDIS_CLOSE_S = 5.0  # the most a stopping worker waits for its Redis client to close
+
 
 def create_app(
     settings: Settings | None = None, model: OnnxModel | None = None, cluster: Cluster | None = None
@@ -125,8 +127,11 @@ def create_app(
                 pushing.cancel()
             if cluster is not None:
                 cluster.set_ready(False)
-            if cache.shared is not None:
-                await cache.shared.aclose()
+            if cache.shared is not None:  # bounded: a stop must not wait on a Redis that does not answer
+                try:
+                    await asyncio.wait_for(cache.shared.aclose(), REDIS_CLOSE_S)
+                except TimeoutError:
+                    log.warning("the Redis client did not close within %.0f s; left as it is", REDIS_CLOSE_S)
             engine.stop()
             await asyncio.to_thread(tracing.shutdown)  # what is queued goes out, within seconds
 

@@ -17,9 +17,11 @@ from app.serving.memory import memory_bytes
 
 log = logging.getLogger("app")
 
-# A worker that dies sooner than this after its start is not replaced (it would only die again: a model
-# it cannot load, a port it cannot use); the server stops instead.
+# A worker that dies sooner than this after its start died starting. It is started again, since the cause
+# may have passed (the OOM killer, an operator's kill -9), but not for ever: the server stops at the
+# EARLY_DEATHS-th such death with no worker ready in between (a model it cannot load, a port it cannot use).
 MIN_UPTIME_S = 10.0
+EARLY_DEATHS = 3
 # How often each worker's memory is read: a few reads of /proc per worker, and memory grows over minutes.
 MEMORY_CHECK_S = 2.0
 MB = 1024 * 1024
@@ -80,6 +82,11 @@ class Slots:
         # Its wait for connections, then uvicorn's graceful shutdown (shorter than that) and the lifespan's:
         # past this a retiring worker is stuck, and is killed so that its slot is free again.
         self.retire_kill_s = 2 * retire_s + 10
+        # A worker told to stop drains, waits for its requests and stops its engine within ``retire_s``;
+        # one still alive past this is stuck, and is killed so that the server's own exit is not held up.
+        self.stop_kill_s = retire_s + 15
+        self._stopped_at: float | None = None
+        self._early_deaths: list[float] = []  # when each worker that died starting died, since one got ready
         self._memory = memory
         self._kill = kill
         self._clock = clock
@@ -95,6 +102,8 @@ class Slots:
 
     def signal_all(self, sig: int) -> None:
         self._forwarded.add(sig)
+        if self._stopped_at is None:
+            self._stopped_at = self._clock()
         for slot in self.slots:
             if slot is not None and slot.proc.is_alive() and slot.proc.pid is not None:
                 self._kill(slot.proc.pid, sig)
@@ -109,9 +118,29 @@ class Slots:
             if s is not None and self.shared.serving[i]
         )
 
+    def reap_stopping(self) -> None:
+        """After a stop was forwarded: kill every worker still alive ``stop_kill_s`` later (it is stuck)."""
+        if self._stopped_at is None or self._clock() - self._stopped_at <= self.stop_kill_s:
+            return
+        for index, slot in enumerate(self.slots):
+            if slot is not None and slot.proc.is_alive() and slot.proc.pid is not None:
+                log.error(
+                    "worker %d (pid %s) is still stopping after %.0f s; killing it",
+                    index,
+                    slot.proc.pid,
+                    self.stop_kill_s,
+                )
+                self._kill(slot.proc.pid, signal.SIGKILL)
+        self._stopped_at = None  # once
+
     def step(self) -> bool:
         """One round of decisions; False when a worker died right after its start (the server stops)."""
         now = self._clock()
+        if self._early_deaths and any(
+            s is not None and s.started >= self._early_deaths[-1] and self.shared.ready[i]
+            for i, s in enumerate(self.slots)
+        ):
+            self._early_deaths.clear()  # a worker started since got ready: whatever it was has passed
         for index, slot in enumerate(self.slots):
             if slot is not None and not slot.proc.is_alive() and not self._exited(index, slot, now):
                 self.failed = True
@@ -137,8 +166,16 @@ class Slots:
             self.slots[index] = None
             return True
         if now - slot.started < MIN_UPTIME_S:
-            log.error("worker %d exited with %s right after its start; stopping", index, proc.exitcode)
-            return False
+            self._early_deaths.append(now)
+            if len(self._early_deaths) >= EARLY_DEATHS:
+                log.error(
+                    "worker %d exited with %s right after its start, the %d-th to with none ready since; "
+                    "stopping",
+                    index,
+                    proc.exitcode,
+                    len(self._early_deaths),
+                )
+                return False
         self._forget(index, proc)
         successor = next((i for i, s in enumerate(self.slots) if s is not None and s.replaces == index), None)
         if successor is not None:  # its replacement is already starting: it serves in its place once ready
@@ -191,7 +228,9 @@ class Slots:
             self._kill(slot.proc.pid, signal.SIGKILL)
 
     def _check_memory(self) -> None:
-        starting = any(s is not None and s.replaces is not None for s in self.slots)
+        past: list[
+            tuple[int, float, int]
+        ] = []  # (bytes, -started, slot) of the serving workers past the bound
         for index, slot in enumerate(self.slots):
             if slot is None or slot.proc.pid is None or not slot.proc.is_alive():
                 continue
@@ -202,25 +241,29 @@ class Slots:
             if (
                 self.bound_bytes
                 and measured > self.bound_bytes
-                and not starting
                 and slot.retiring_since is None
                 and self.shared.serving[index]
                 and self.shared.ready[index]
             ):
-                free = next((i for i, s in enumerate(self.slots) if s is None), None)
-                if free is None:  # the worker last replaced has not exited yet
-                    continue
-                log.warning(
-                    "worker %d (pid %d) uses %.0f MB, past the bound of %d MB (worker-max-memory-mb); "
-                    "starting worker %d to replace it",
-                    index,
-                    slot.proc.pid,
-                    measured / MB,
-                    self.bound_bytes // MB,
-                    free,
-                )
-                self.slots[free] = Slot(self._start(free, "memory"), self._clock(), "memory", replaces=index)
-                starting = True
+                past.append((measured, -slot.started, -index))
+        free = next((i for i, s in enumerate(self.slots) if s is None), None)
+        starting = any(s is not None and s.replaces is not None for s in self.slots)
+        if not past or starting or free is None:  # one at a time; no slot free until the last one exits
+            return
+        measured, _, last = max(past)  # the most memory first, then the oldest: none waits for ever
+        index = -last
+        old = self.slots[index]
+        assert old is not None
+        log.warning(
+            "worker %d (pid %s) uses %.0f MB, past the bound of %d MB (worker-max-memory-mb); "
+            "starting worker %d to replace it",
+            index,
+            old.proc.pid,
+            measured / MB,
+            self.bound_bytes // MB,
+            free,
+        )
+        self.slots[free] = Slot(self._start(free, "memory"), self._clock(), "memory", replaces=index)
 
     def _forget(self, index: int, proc: Proc) -> None:
         _forget(self.shared, index, proc)

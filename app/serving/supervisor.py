@@ -120,6 +120,7 @@ def serve(settings: Settings, count: int) -> int:
                 forwarded += 1
             if not signals and not slots.step():
                 signals.append(signal.SIGTERM)
+            slots.reap_stopping()
             time.sleep(0.1)
     finally:
         listener.close()

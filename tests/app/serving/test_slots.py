@@ -7,7 +7,7 @@ import multiprocessing as mp
 import signal
 
 from app.serving.cluster import Cluster, Shared
-from app.serving.slots import MB, MEMORY_CHECK_S, MIN_UPTIME_S, RETIRE_SIGNAL, Slots
+from app.serving.slots import EARLY_DEATHS, MB, MEMORY_CHECK_S, MIN_UPTIME_S, RETIRE_SIGNAL, Slots
 
 
 class FakeProc:
@@ -131,10 +131,53 @@ def test_a_replacement_that_dies_while_starting_is_started_again_or_stops_the_se
     g.shared.ready[0] = g.shared.ready[1] = 1
     g.memory_mb = {g.proc(0).pid: 150}  # type: ignore[dict-item]
     g.step()
-    g.proc(2).exitcode = 1  # right after its start: the server stops
+    for _ in range(EARLY_DEATHS - 1):  # right after its start: started again, a few times
+        g.proc(2).exitcode = 1
+        g.step(0.1)
+    assert [(i, why) for i, why, _ in g.started[2:]] == [(2, "memory")] * EARLY_DEATHS
+    g.proc(2).exitcode = 1  # and again, with no worker ready in between: the server stops
     g.now += 0.1
     assert g.slots.step() is False and g.slots.failed
     assert g.killed == []  # the old worker was never told to retire
+
+
+def test_deaths_at_start_are_counted_only_until_a_worker_gets_ready() -> None:
+    f = Fakes(bound_mb=0)
+    f.step(MIN_UPTIME_S)
+    for _ in range(5):  # each killed right after its start, each successor ready before the next death
+        f.proc(1).exitcode = -9
+        f.step(0.1)
+        f.shared.ready[1] = 1
+        f.step(0.1)
+    assert [(i, why) for i, why, _ in f.started[2:]] == [(1, "crash")] * 5 and not f.slots.failed
+
+
+def test_the_worker_most_past_the_bound_is_replaced_first_then_the_oldest() -> None:
+    f = Fakes()
+    f.shared.ready[0] = f.shared.ready[1] = 1
+    f.memory_mb = {f.proc(0).pid: 150, f.proc(1).pid: 180}  # type: ignore[dict-item]
+    f.step()
+    assert f.started[2][:2] == (2, "memory") and f.slots.slots[2].replaces == 1  # type: ignore[union-attr]
+
+    g = Fakes()  # equal: the one started first, so that a bound every worker passes rotates through all
+    g.shared.ready[0] = g.shared.ready[1] = 1
+    g.slots.slots[0].started += 1  # type: ignore[union-attr]  # worker 1 is the older
+    g.memory_mb = {g.proc(0).pid: 150, g.proc(1).pid: 150}  # type: ignore[dict-item]
+    g.step()
+    assert g.slots.slots[2].replaces == 1  # type: ignore[union-attr]
+
+
+def test_a_worker_still_alive_long_after_the_stop_is_killed() -> None:
+    f = Fakes(bound_mb=0)
+    f.slots.signal_all(signal.SIGTERM)
+    f.proc(0).exitcode = 0  # drained and exited; worker 1 hangs
+    f.now += f.slots.stop_kill_s
+    f.slots.reap_stopping()
+    assert f.killed == [(f.proc(0).pid, signal.SIGTERM), (f.proc(1).pid, signal.SIGTERM)]
+    f.now += 1
+    f.slots.reap_stopping()
+    f.slots.reap_stopping()  # once
+    assert f.killed[2:] == [(f.proc(1).pid, signal.SIGKILL)]
 
 
 def test_a_worker_that_crashes_while_its_replacement_starts_is_taken_over_by_it() -> None:
