@@ -156,10 +156,9 @@ def test_an_unreachable_collector_fails_no_request(
     try:
         assert running.app.state.tracing.enabled
         with httpx.Client(base_url=running.url, timeout=10) as client:
-            started = time.perf_counter()
+            # Answered as ever (that no request waits on the collector is test_tracing's, by thread).
             for i in range(50):
                 assert client.post("/embed", json={"inputs": f"第{i}句"}).status_code == 200
-            assert time.perf_counter() - started < 10
     finally:
         running.app.state.stop()
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -32,6 +31,7 @@ from tests.app.api.rpc.grpc_process import (
     start_grpc_server,
     stop_grpc_server,
 )
+from tests.app.conftest import wait_until
 from tests.app.vectors import BATCHING_TOLERANCE, assert_same_bits, assert_same_vectors
 
 TEXTS = ["今天天气很好", "北京是中国的首都。", "你好", "这家餐厅的菜很好吃，服务也很周到。"]
@@ -305,16 +305,21 @@ def test_sigterm_drains_grpc_with_http(tiny_model_dir: Path, stubs: dict[str, Mo
                 yield pb.EmbedRequest(inputs=f"信号之后{i}")
 
         answers: list[Any] = []
-        streaming = threading.Thread(
-            target=lambda: answers.extend(rpc.EmbedStub(server.channel).EmbedStream(requests()))
-        )
+
+        def stream() -> None:
+            for answer in rpc.EmbedStub(server.channel).EmbedStream(requests()):
+                answers.append(answer)
+
+        streaming = threading.Thread(target=stream)
         streaming.start()
-        time.sleep(0.5)
+        wait_until(lambda: len(answers) == 1)  # the stream is accepted and answering before the signal
         server.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.3)
         health = health_pb2_grpc.HealthStub(server.channel)
-        assert (
-            health.Check(health_pb2.HealthCheckRequest()).status == health_pb2.HealthCheckResponse.NOT_SERVING
+        wait_until(
+            lambda: (
+                health.Check(health_pb2.HealthCheckRequest()).status
+                == health_pb2.HealthCheckResponse.NOT_SERVING
+            )
         )
         refused = rpc_error(rpc.EmbedStub(server.channel).Embed, pb.EmbedRequest(inputs="新的"))
         assert refused.code() == grpc.StatusCode.UNAVAILABLE
