@@ -17,13 +17,15 @@ import random
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import uvloop
 
-from loadtest import loadgen
+from app.settings import Settings
+from loadtest import loadgen, sparse_cost
 from loadtest.corpus import HIT_SET, load_corpus, request_bodies, token_ids
 from loadtest.flops import BertShape, gemm_peak
 from loadtest.harness.cell import Cell, distinct_bodies
@@ -34,6 +36,9 @@ from loadtest.quick_model import quick_model
 from loadtest.raw_onnx import CeilingResult, ceiling, open_encoder, shape_of, variants_in
 from loadtest.server import HOST, ServiceProcess
 from loadtest.table import HEADER, format_row, link_naive, summary
+
+# The service's batch size (its default max_batch_size): the sparse head's cost is timed at it.
+SERVICE_BATCH = int(Settings.model_fields["max_batch_size"].default)
 
 # --------------------------------------------------------------------------------------------- raw
 
@@ -279,8 +284,15 @@ def run(args: argparse.Namespace, model: Path, naive_source: Path | None, naive_
     print(HEADER, flush=True)
     peaks = {"fp32": gemm_peak("fp32"), "int8": gemm_peak("int8")}
     raw, best = raw_rows(opts, ids, shape, peaks)
+    facts: dict[str, Any] = {}
     for r in raw:
         print(format_row(r), flush=True)
+    if "/embed_sparse" in opts.routes:  # where the sparse route's time goes, beside its service rows
+        cost = sparse_cost.measure(model, opts.service_variant, ids, SERVICE_BATCH, opts.raw_seconds)
+        facts["sparse_cost"] = (
+            None if cost is None else {**asdict(cost), "share": cost.share, "line": cost.line()}
+        )
+        print(cost.line() if cost else f"{model} has no {opts.service_variant} sparse graph", flush=True)
     raw_best = best.get(opts.service_variant)
     bracket: Callable[[], float] | None = None
     if raw_best is not None:
@@ -290,7 +302,8 @@ def run(args: argparse.Namespace, model: Path, naive_source: Path | None, naive_
         def bracket() -> float:
             return ceiling(session, opts.service_variant, ids, size, shape, 0.0).sentences_per_s
 
-    svc, facts = service_rows(opts, corpus, ids, shape, raw_best, bracket)
+    svc, service_facts = service_rows(opts, corpus, ids, shape, raw_best, bracket)
+    facts.update(service_facts)
     bracket = None
     naive = [] if opts.skip_naive else naive_rows(opts, corpus)
     cache, cache_facts = cache_rows(opts, corpus)

@@ -98,6 +98,21 @@ def targets(rows: list[Row], facts: dict[str, Any], variant: str) -> list[str]:
     return out
 
 
+def sparse_targets(rows: list[Row]) -> list[str]:
+    """Issue 34's target: each ``/embed_sparse`` service row against the same cell of ``/embed``."""
+    by = {r.label: r for r in rows if r.kind == "service"}
+    out: list[str] = []
+    for label, sparse in by.items():
+        dense = by.get(label.removesuffix(" /embed_sparse"))
+        if dense is None or dense is sparse or not dense.sentences_per_s or sparse.sentences_per_s is None:
+            continue
+        ratio = sparse.sentences_per_s / dense.sentences_per_s
+        cell_name = label.removeprefix("service ").removesuffix(" /embed_sparse")
+        detail = f"{sparse.sentences_per_s:.1f} / {dense.sentences_per_s:.1f} sent/s = {ratio:.2f}"
+        out.append(target(f"/embed_sparse {cell_name} >= 0.8 x /embed", ratio >= 0.8, detail))
+    return out
+
+
 def summary(
     rows: list[Row],
     facts: dict[str, Any],
@@ -138,4 +153,8 @@ def summary(
         "Targets (issue 5):",
         *targets(rows, facts, service_variant),
     ]
+    sparse = sparse_targets(rows)
+    if sparse or facts.get("sparse_cost"):
+        cost = facts.get("sparse_cost")
+        out += ["Targets (issue 34):", *sparse, *([cost["line"]] if cost else [])]
     return out
