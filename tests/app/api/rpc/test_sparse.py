@@ -137,3 +137,30 @@ def test_info_lists_the_route_and_what_the_graph_computes(sparse_server: Server)
     info = httpx.get(sparse_server.url + "/info", timeout=30).json()
     assert "/embed_sparse" in info["routes"]
     assert info["sparse"] == {"pooling": "max", "activation": "relu"}
+
+
+def test_sparse_requests_are_counted_under_their_own_route(
+    sparse_server: Server, stubs: dict[str, ModuleType]
+) -> None:
+    def counted() -> dict[tuple[str, str], float]:
+        """(route, protocol) → answered with 200 / OK, from zhembed_requests_total."""
+        out: dict[tuple[str, str], float] = {}
+        for line in httpx.get(sparse_server.url + "/metrics", timeout=30).text.splitlines():
+            if line.startswith("zhembed_requests_total{") and (
+                'status="200"' in line or 'status="OK"' in line
+            ):
+                labels = dict(
+                    pair.split("=", 1) for pair in line[line.index("{") + 1 : line.index("}")].split(",")
+                )
+                key = (labels["route"].strip('"'), labels["protocol"].strip('"'))
+                out[key] = out.get(key, 0.0) + float(line.rpartition(" ")[2])
+        return out
+
+    before = counted()
+    post(sparse_server, "/embed_sparse", {"inputs": ["计数一次", "计数两次"]})
+    pb, rpc = stubs["tei_pb2"], stubs["tei_pb2_grpc"]
+    rpc.EmbedStub(sparse_server.channel).EmbedSparse(pb.EmbedSparseRequest(inputs="计数三次"))
+    after = counted()
+    grown = {key: after[key] - before.get(key, 0.0) for key in after if after[key] != before.get(key, 0.0)}
+    grown.pop(("/metrics", "http"), None)  # the first scrape
+    assert grown == {("/embed_sparse", "http"): 1.0, ("/tei.v1.Embed/EmbedSparse", "grpc"): 1.0}, grown
