@@ -19,13 +19,15 @@ import sys
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import uvloop
 
-from loadtest import loadgen
+from app.settings import Settings
+from loadtest import loadgen, sparse_cost
 from loadtest.corpus import HIT_SET, encode, load_corpus, request_bodies, tokenizer_of
 from loadtest.harness import parser
 from loadtest.harness.cell import Cell, distinct_bodies
@@ -40,6 +42,8 @@ HEADER = (
     f"{'row':<28} {'sent/s':>9} {'req/s':>9} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'err':>5} "
     f"{'GFLOP/s':>8} {'%peak':>6} {'svc/raw':>7} {'svc/nv':>7} {'cli cpu':>7} {'srv cpu':>7}  note"
 )
+# The service's batch size (its default max_batch_size): the sparse head's cost is timed at it.
+SERVICE_BATCH = int(Settings.model_fields["max_batch_size"].default)
 HITS, MISSES = 'zhembed_cache_hits_total{tier="memory"}', 'zhembed_cache_misses_total{tier="memory"}'
 
 
@@ -238,6 +242,21 @@ def targets(rows: list[Row], facts: dict[str, Any], variant: str) -> list[str]:
     return out
 
 
+def sparse_targets(rows: list[Row]) -> list[str]:
+    """Issue 34's target: each ``/embed_sparse`` service row against the same cell of ``/embed``."""
+    by = {r.label: r for r in rows if r.kind == "service"}
+    out: list[str] = []
+    for label, sparse in by.items():
+        dense = by.get(label.removesuffix(" /embed_sparse"))
+        if dense is None or dense is sparse or not dense.sentences_per_s or sparse.sentences_per_s is None:
+            continue
+        ratio = sparse.sentences_per_s / dense.sentences_per_s
+        cell_name = label.removeprefix("service ").removesuffix(" /embed_sparse")
+        detail = f"{sparse.sentences_per_s:.1f} / {dense.sentences_per_s:.1f} sent/s = {ratio:.2f}"
+        out.append(target(f"/embed_sparse {cell_name} >= 0.8 x /embed", ratio >= 0.8, detail))
+    return out
+
+
 def summary(
     rows: list[Row],
     facts: dict[str, Any],
@@ -277,7 +296,14 @@ def summary(
         ),
         "Targets (issue 5):",
         *targets(rows, facts, service_variant),
+        *sparse_summary(rows, facts),
     ]
+
+
+def sparse_summary(rows: list[Row], facts: dict[str, Any]) -> list[str]:
+    """Issue 34's targets and where the sparse route's time goes, when it was measured."""
+    sparse, cost = sparse_targets(rows), facts.get("sparse_cost")
+    return ["Targets (issue 34):", *sparse, *([cost["line"]] if cost else [])] if sparse or cost else []
 
 
 def ints(text: str) -> list[int]:
@@ -338,6 +364,13 @@ def run(opts: argparse.Namespace, model: Path) -> dict[str, Any]:
     print(HEADER, flush=True)
     peaks = {"fp32": gemm_peak("fp32"), "int8": gemm_peak("int8")}
     raw, best = raw_rows(opts, peaks)
+    sparse: dict[str, Any] = {}
+    if "/embed_sparse" in opts.routes:  # where the sparse route's time goes, beside its service rows
+        cost = sparse_cost.measure(model, opts.service_variant, ids, SERVICE_BATCH, opts.raw_seconds)
+        sparse["sparse_cost"] = (
+            None if cost is None else {**asdict(cost), "share": cost.share, "line": cost.line()}
+        )
+        print(cost.line() if cost else f"{model} has no {opts.service_variant} sparse graph", flush=True)
     raw_best = best.get(opts.service_variant)
 
     def bracket() -> float:
@@ -345,6 +378,7 @@ def run(opts: argparse.Namespace, model: Path) -> dict[str, Any]:
         return ceiling(model, opts.service_variant, ids, raw_best.batch_size, 0.0).sentences_per_s
 
     svc, facts = service_rows(opts, raw_best, bracket if raw_best is not None else None)
+    facts.update(sparse)
     naive = [] if opts.skip_naive else naive_rows(opts)
     cache, cache_facts = cache_rows(opts)
     rows = raw + svc + naive + cache

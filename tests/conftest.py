@@ -83,6 +83,21 @@ def tiny_sparse_dir(tiny_source_dir: Path, tmp_path_factory: pytest.TempPathFact
     return out
 
 
+@pytest.fixture(scope="session")
+def tiny_sparse_encoder(tiny_source_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A sentence-transformers ``SparseEncoder`` folder (``MLMTransformer`` → ``SpladePooling("max")``) of
+    the tiny BERT, and its export (fp32): ``(folder, export)``."""
+    from export.pipeline import ExportOptions, run_export
+    from loadtest.sparse_twin import write_sparse_encoder
+
+    base = tmp_path_factory.mktemp("tiny-sparse-encoder")
+    folder = write_sparse_encoder(tiny_source_dir, base / "folder", "max")
+    run_export(
+        ExportOptions(out=base / "model", model=str(folder), variants=("fp32",)), log=lambda _line: None
+    )
+    return folder, base / "model"
+
+
 # A tiny BERT whose config.json says it was trained for shorter vectors, as a Matryoshka checkpoint's does
 # (vLLM reads the same key): requests may ask for these widths of its 64.
 MATRYOSHKA_DIMENSIONS = [64, 32, 16]

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.bench import summary
+from loadtest.bench import sparse_targets, summary
+from loadtest.harness.report import Row
 from loadtest.raw_onnx import BertShape
 from tests.loadtest.conftest import run_module
 
@@ -67,3 +68,41 @@ def test_the_summary_gives_the_memory_of_the_whole_tree_and_each_process() -> No
     assert "590 MiB after start, 860 MiB steady" in text and "PSS (shared pages once) 500 / 770 MiB" in text
     assert "worker 2: RSS 390 MiB, PSS 360 MiB steady" in text
     assert "[MISS] RSS <= 1.5 x model + cache budget: 860 MiB vs 150 MiB" in text
+
+
+@pytest.mark.slow  # exports the tiny sparse model (shared) and starts two servers: ~60 s on 2 cores
+def test_the_sparse_route_beside_embed_with_its_ratio_and_the_heads_cost(
+    tiny_sparse_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "bench.json"
+    # 2 × 4, not the 8 × 16: the tiny model's head is most of its FLOPs (a 64-wide hidden state
+    # against 21,128 tokens), so under CI's CPU cap an 8 × 16 request takes longer than a short window.
+    flags = ["--concurrency", "2", "--texts", "4", "--duration", "2", "--warmup", "0.5", "--skip-naive"]
+    stdout = run_module(
+        "loadtest.bench",
+        *("--model", str(tiny_sparse_dir), "--routes", "/embed,/embed_sparse", "--out", str(out)),
+        *(*flags, "--batch-sizes", "8", "--raw-seconds", "0"),
+        timeout=600,
+    )
+    report = json.loads(out.read_text())
+    service = {r["label"]: r for r in report["rows"] if r["kind"] == "service"}
+    assert sorted(service) == ["service c=2 x4", "service c=2 x4 /embed_sparse"]
+    assert all(r["errors"] == 0 and r["sentences_per_s"] > 0 for r in service.values())
+    assert "/embed_sparse c=2 x4 >= 0.8 x /embed: " in stdout
+    cost = report["facts"]["sparse_cost"]
+    assert cost["variant"] == "int8" and cost["encoder_ms"] > 0 and cost["sparse_ms"] > 0
+    assert cost["line"] in stdout
+
+
+def test_the_sparse_target_compares_each_sparse_row_with_the_same_cell_of_embed() -> None:
+    rows = [
+        Row("service c=8 x16", sentences_per_s=100.0),
+        Row("service c=8 x16 /embed_sparse", sentences_per_s=85.0),
+        Row("service c=1 x1", sentences_per_s=50.0),
+        Row("service c=1 x1 /embed_sparse", sentences_per_s=30.0),
+        Row("service c=32 x1 /embed_sparse", sentences_per_s=30.0),  # no /embed row: not judged
+    ]
+    assert sparse_targets(rows) == [
+        "  [PASS] /embed_sparse c=8 x16 >= 0.8 x /embed: 85.0 / 100.0 sent/s = 0.85",
+        "  [MISS] /embed_sparse c=1 x1 >= 0.8 x /embed: 30.0 / 50.0 sent/s = 0.60",
+    ]

@@ -154,7 +154,7 @@ class EmbedServicer:
         raise NotImplementedError('Method not implemented!')
 
     def EmbedSparse(self, request, context):
-        """zhembed serves no sparse (SPLADE) models: these answer UNIMPLEMENTED.
+        """A model exported with the sparse (SPLADE) graph answers these; another answers FAILED_PRECONDITION.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
