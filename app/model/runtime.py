@@ -7,6 +7,8 @@ says in one log line what it chose and why.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,16 +142,54 @@ def session_options(provider: str, intra_op_threads: int = 0) -> ort.SessionOpti
     return options
 
 
+# The intra-op threads of this process's one shared pool once it is made (ONNX Runtime makes it once per
+# process and refuses to replace it); None before.
+_shared_pool: int | None = None
+
+
+def share_thread_pool(intra_op_threads: int) -> None:
+    """Make the process's one intra-op thread pool, which every session opened with ``shared_pool`` runs on
+    (a service of several models: one inference thread runs one batch at a time, so one pool of every
+    core serves all of them, where a pool per session would leave idle threads per model spinning on the
+    same cores). ONNX Runtime makes it once per process: a second call keeps the first pool.
+
+    Args:
+        intra_op_threads: its threads; 0 lets ONNX Runtime use every physical core.
+    """
+    global _shared_pool
+    if _shared_pool is None:
+        ort.set_global_thread_pool_sizes(intra_op_threads, 1)
+        _shared_pool = intra_op_threads
+    elif _shared_pool != intra_op_threads:
+        log.warning(
+            "ONNX Runtime's shared thread pool was made with %d intra-op threads and cannot be remade with %d",
+            _shared_pool,
+            intra_op_threads,
+        )
+
+
 class OnnxModel:
     """The encoder (and masked-LM head) sessions of one variant, plus the tokenizer."""
 
-    def __init__(self, folder: Path, manifest: Manifest, choice: Choice, intra_op_threads: int) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        manifest: Manifest,
+        choice: Choice,
+        intra_op_threads: int,
+        shared_pool: bool = False,
+    ) -> None:
+        """``shared_pool``: the sessions run on the process's one thread pool (:func:`share_thread_pool`)."""
         self.folder = folder
         self.manifest = manifest
         self.variant = choice.variant
         self.reason = choice.reason
         self.tokenizer = TextTokenizer(folder, manifest.tokenizer)
         options = session_options(choice.providers[0], intra_op_threads)
+        if shared_pool:  # the process's one pool (its threads: intra_op_threads), not one of its own
+            share_thread_pool(intra_op_threads)
+            options.use_per_session_threads = False
+            options.intra_op_num_threads = options.inter_op_num_threads = 0  # the pool's, not these
         encoder = manifest.graphs["encoder"][choice.variant]
         self._encoder = ort.InferenceSession(str(folder / encoder.file), options, providers=choice.providers)
         self.providers: list[str] = self._encoder.get_providers()
@@ -281,8 +321,9 @@ def check_model(settings: Settings) -> tuple[Path, Manifest, Choice]:
     return folder, manifest, choice
 
 
-def load_model(settings: Settings) -> OnnxModel:
-    """Resolve, verify and load the model the settings name.
+def load_model(settings: Settings, shared_pool: bool = False) -> OnnxModel:
+    """Resolve, verify and load the model the settings name (``shared_pool``: on the process's one thread
+    pool, :func:`share_thread_pool`).
 
     Raises:
         ManifestError: the model is missing, corrupt, or cannot run with these settings; one message.
@@ -290,7 +331,7 @@ def load_model(settings: Settings) -> OnnxModel:
     folder, manifest, choice = check_model(settings)
     allocator.configure(settings.mmap_threshold_kb)  # before the sessions: loading allocates the most
     try:
-        model = OnnxModel(folder, manifest, choice, settings.intra_op_threads)
+        model = OnnxModel(folder, manifest, choice, settings.intra_op_threads, shared_pool)
     # InvalidProtobuf: a graph whose bytes are not ONNX at all (its sha256 may still match a bad export).
     except (OrtFail, OrtInvalidGraph, OrtInvalidProtobuf) as exc:
         raise ManifestError(
@@ -306,3 +347,44 @@ def load_model(settings: Settings) -> OnnxModel:
         model.reason,
     )
     return model
+
+
+@contextmanager
+def named(name: str | None) -> Iterator[None]:
+    """A :class:`ManifestError` raised within says which model of several it is about (``name``; None:
+    the one model of a service of one, whose messages stay as they are)."""
+    try:
+        yield
+    except ManifestError as exc:
+        if name is None:
+            raise
+        raise ManifestError(f"model {name}: {exc}") from exc
+
+
+def load_models(settings: Settings) -> list[OnnxModel]:
+    """Resolve, verify and load every model the settings name (:meth:`Settings.model_entries`), in order;
+    several share the process's one thread pool.
+
+    Raises:
+        ManifestError: the first model that is missing, corrupt or cannot run; its message names it.
+    """
+    entries = settings.model_entries()
+    models = []
+    for name, own in entries:
+        with named(name):
+            models.append(load_model(own, shared_pool=len(entries) > 1))
+    return models
+
+
+def check_models(settings: Settings) -> list[Path]:
+    """Resolve (exporting on first use) and verify every model the settings name, without loading them:
+    their folders, in order (``python -m app`` with several workers, before any starts).
+
+    Raises:
+        ManifestError: the first model that is missing, corrupt or cannot run; its message names it.
+    """
+    folders = []
+    for name, own in settings.model_entries():
+        with named(name):
+            folders.append(check_model(own)[0])
+    return folders
