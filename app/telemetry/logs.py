@@ -74,8 +74,10 @@ def request_line(
     timings: Timings | None,
     trace_id: str | None,
     error_type: str | None = None,
+    model: str = "",
 ) -> None:
-    """Log the one INFO line of a finished request (route is the route's template, never the raw path)."""
+    """Log the one INFO line of a finished request (route is the route's template, never the raw path;
+    ``model``: the one that served it, left out when none was chosen)."""
     if not logger.isEnabledFor(logging.INFO):
         return
     fields: dict[str, Any] = {
@@ -85,6 +87,8 @@ def request_line(
         "inputs": inputs,
         "tokens": tokens,
     }
+    if model:
+        fields["model"] = model
     total_ms = 0.0
     if timings is not None:
         total_ms = timings.total_ms
