@@ -186,7 +186,9 @@ class OnnxModel:
         self.reason = choice.reason
         self.tokenizer = TextTokenizer(folder, manifest.tokenizer)
         options = session_options(choice.providers[0], intra_op_threads)
-        if shared_pool:  # the process's one pool (its threads: intra_op_threads), not one of its own
+        # Once the process has the shared pool, ONNX Runtime refuses a session a pool of its own (only a
+        # process that serves more than once, as the tests do, gets here with one model after several).
+        if shared_pool or _shared_pool is not None:  # the process's one pool, not one of its own
             share_thread_pool(intra_op_threads)
             options.use_per_session_threads = False
             options.intra_op_num_threads = options.inter_op_num_threads = 0  # the pool's, not these

@@ -55,8 +55,9 @@ class Settings(BaseSettings):
         description="Several models in one service: NAME=SOURCE entries, comma-separated, each SOURCE as "
         "--model takes it, optionally followed by ;OPTION=VALUE for what differs from the settings here: "
         f"{', '.join(PER_MODEL)} (max_concurrent_inputs: the model's admission budget; by default the "
-        "process's split evenly among the models without one). NAME is what a request's `model` names. "
-        "Also given as repeated --model NAME=SOURCE flags. Unset: one model, --model.",
+        "process's split evenly among the models without one). NAME is what a request's `model` names; "
+        "the first is the default. Also given as repeated --model NAME=SOURCE flags. Set, it names every "
+        "model: model and served-model-name are not read. Unset: one model, --model.",
     )
     cache_dir: Path = Field(
         default=Path("~/.cache/zhembed"), description="Where models given as hub ids are exported to."
@@ -279,8 +280,6 @@ class Settings(BaseSettings):
                 f"max_inputs_per_request ({self.max_inputs_per_request}) exceeds max_concurrent_inputs "
                 f"({self.max_concurrent_inputs}): such a request could never be admitted"
             )
-        if self.models is not None and {"model", "served_model_name"} & self.model_fields_set:
-            raise ValueError("models names every model and its name: set it or model, not both")
         self.model_entries()  # a malformed entry stops the start here
         if self.shutdown_drain_s > self.shutdown_grace_s:
             raise ValueError(
