@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from app.telemetry.context import CURRENT_MODEL
 from app.telemetry.timings import Timings
 
 try:
@@ -74,10 +75,9 @@ def request_line(
     timings: Timings | None,
     trace_id: str | None,
     error_type: str | None = None,
-    model: str = "",
 ) -> None:
-    """Log the one INFO line of a finished request (route is the route's template, never the raw path;
-    ``model``: the one that served it, left out when none was chosen)."""
+    """Log the one INFO line of a finished request (route is the route's template, never the raw path),
+    with the model that served it where one was chosen (:data:`app.telemetry.context.CURRENT_MODEL`)."""
     if not logger.isEnabledFor(logging.INFO):
         return
     fields: dict[str, Any] = {
@@ -87,7 +87,7 @@ def request_line(
         "inputs": inputs,
         "tokens": tokens,
     }
-    if model:
+    if model := CURRENT_MODEL.get():
         fields["model"] = model
     total_ms = 0.0
     if timings is not None:

@@ -77,7 +77,6 @@ class Observer:
                 timings=timings,
                 trace_id=self.tracing.trace_id(span),
                 error_type=error_type,
-                model=model,
             )
 
 
