@@ -330,7 +330,17 @@ def load_model(settings: Settings, shared_pool: bool = False) -> OnnxModel:
     Raises:
         ManifestError: the model is missing, corrupt, or cannot run with these settings; one message.
     """
-    folder, manifest, choice = check_model(settings)
+    return _open(settings, *check_model(settings), shared_pool)
+
+
+def _open(
+    settings: Settings, folder: Path, manifest: Manifest, choice: Choice, shared_pool: bool
+) -> OnnxModel:
+    """The sessions of a model :func:`check_model` verified.
+
+    Raises:
+        ManifestError: ONNX Runtime cannot load its graphs.
+    """
     allocator.configure(settings.mmap_threshold_kb)  # before the sessions: loading allocates the most
     try:
         model = OnnxModel(folder, manifest, choice, settings.intra_op_threads, shared_pool)
@@ -364,17 +374,22 @@ def named(name: str | None) -> Iterator[None]:
 
 
 def load_models(settings: Settings) -> list[OnnxModel]:
-    """Resolve, verify and load every model the settings name (:meth:`Settings.model_entries`), in order;
-    several share the process's one thread pool.
+    """Resolve and verify every model the settings name (:meth:`Settings.model_entries`), then load them, in
+    order; several share the process's one thread pool.
 
     Raises:
-        ManifestError: the first model that is missing, corrupt or cannot run; its message names it.
+        ManifestError: the first model that is missing, corrupt or cannot run (before any is loaded, unless
+            ONNX Runtime refuses its graphs); its message names it.
     """
     entries = settings.model_entries()
-    models = []
+    checked = []
     for name, own in entries:
         with named(name):
-            models.append(load_model(own, shared_pool=len(entries) > 1))
+            checked.append(check_model(own))
+    models = []
+    for (name, own), (folder, manifest, choice) in zip(entries, checked, strict=True):
+        with named(name):
+            models.append(_open(own, folder, manifest, choice, shared_pool=len(entries) > 1))
     return models
 
 

@@ -232,7 +232,10 @@ async def _warm(served: Models, warmup: bool, metrics: Metrics, cluster: Cluster
         if cluster.replacing is not None:  # counted here: a replacement that dies starting is not one
             metrics.worker_replaced(cluster.replacing)
         cluster.set_ready(True)  # after the count: the supervisor retires the worker replaced on it
-    log.info("ready")
+    if served.named:  # which models, in order (the first is the default)
+        log.info("ready: %s", ", ".join(served.names))
+    else:
+        log.info("ready")
 
 
 def _own_memory() -> float:

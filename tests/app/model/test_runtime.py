@@ -122,3 +122,31 @@ def test_several_models_share_one_thread_pool(tiny_model_dir: Path) -> None:
 
     assert started(shared=False) == 12
     assert started(shared=True) == 2
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])  # load_models in one process; check_models before workers
+def test_a_bad_model_of_several_stops_the_start_with_one_line_naming_it(
+    tiny_model_dir: Path, tmp_path: Path, workers: str
+) -> None:
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "manifest.json").write_text("{not json")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "app",
+            "--model",
+            f"embed={tiny_model_dir}",
+            "--model",
+            f"tagger={tmp_path / 'model'}",
+            "--workers",
+            workers,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot start: model tagger: " in lines[0] and "not readable JSON" in lines[0]
