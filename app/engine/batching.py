@@ -89,8 +89,7 @@ class Batcher:
         ``clock``: what it reads the time from and waits through (:mod:`app.engine.clock`; default: real
         time); the sequences' ``enqueued_at`` must come from it too.
         ``max_batch_attention``: size × longest² bound on a batch (0: none; :class:`~app.engine.planner.Limits`).
-        ``cond``: the lock and condition it waits on and notifies; one shared by the queues of every model
-        that one inference thread serves (:mod:`app.engine.scheduler`), or its own.
+        ``cond``: the condition it waits on, shared by the queues one scheduler serves (or its own).
         """
         self.clock = clock or Clock()
         self._now = self.clock.now
@@ -270,8 +269,7 @@ class Batcher:
         return batch
 
     def listen(self, on: bool) -> None:
-        """While another thread's scheduler waits on this queue's condition: be woken by the arrivals that
-        may change its decision (any, while empty; those that may make a batch due, else)."""
+        """While the scheduler waits (:mod:`app.engine.scheduler`): wake it on arrivals that may matter."""
         self._idle, self._gathering = on and not self._depth, on and self._depth > 0
 
     def seen(self) -> list[float]:
@@ -291,7 +289,7 @@ class Batcher:
         """The cost bound of a batch that serves ``urgency`` work (model units): the budget, while more
         urgent work was seen within ACTIVE_S (here, or in ``seen``), aged work too (it gets its batch, not
         a long one); None otherwise (or while the scale is not known)."""
-        arrived = seen if seen is not None else [c.seen for c in self._classes]
+        arrived = seen or [c.seen for c in self._classes]
         if self._scale is None or not any(now - t < ACTIVE_S for t in arrived[:urgency]):
             return None
         budget = self.budget_s()

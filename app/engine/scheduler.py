@@ -3,7 +3,7 @@
 A service of several models (``ZHEMBED_MODELS``) has one :class:`~app.engine.engine.Engine` per model (its
 own admission budget, tokeniser, batch queue and measured cost model) and, per device, ONE inference
 thread that serves every queue, its sessions on ONNX Runtime's one shared thread pool
-(:func:`app.model.runtime.share_thread_pool`): one batch at a time on every core, never a pool per model
+(:mod:`app.model.pool`): one batch at a time on every core, never a pool per model
 fighting the others for the same cores. Before each batch the thread asks every model's queue what it
 would run next (:meth:`~app.engine.batching.Batcher.offer`, the same plan a queue of its own makes) and
 runs, of the offers:

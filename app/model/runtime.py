@@ -18,7 +18,7 @@ from onnxruntime.capi.onnxruntime_pybind11_state import Fail as OrtFail
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidGraph as OrtInvalidGraph
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidProtobuf as OrtInvalidProtobuf
 
-from app.model import allocator
+from app.model import allocator, pool
 from app.model.manifest import (
     GRAPH_NAMES,
     HEAD_OUTPUT,
@@ -142,32 +142,6 @@ def session_options(provider: str, intra_op_threads: int = 0) -> ort.SessionOpti
     return options
 
 
-# The intra-op threads of this process's one shared pool once it is made (ONNX Runtime makes it once per
-# process and refuses to replace it); None before.
-_shared_pool: int | None = None
-
-
-def share_thread_pool(intra_op_threads: int) -> None:
-    """Make the process's one intra-op thread pool, which every session opened with ``shared_pool`` runs on
-    (a service of several models: one inference thread runs one batch at a time, so one pool of every
-    core serves all of them, where a pool per session would leave idle threads per model spinning on the
-    same cores). ONNX Runtime makes it once per process: a second call keeps the first pool.
-
-    Args:
-        intra_op_threads: its threads; 0 lets ONNX Runtime use every physical core.
-    """
-    global _shared_pool
-    if _shared_pool is None:
-        ort.set_global_thread_pool_sizes(intra_op_threads, 1)
-        _shared_pool = intra_op_threads
-    elif _shared_pool != intra_op_threads:
-        log.warning(
-            "ONNX Runtime's shared thread pool was made with %d intra-op threads and cannot be remade with %d",
-            _shared_pool,
-            intra_op_threads,
-        )
-
-
 class OnnxModel:
     """The encoder (and masked-LM head) sessions of one variant, plus the tokenizer."""
 
@@ -179,19 +153,15 @@ class OnnxModel:
         intra_op_threads: int,
         shared_pool: bool = False,
     ) -> None:
-        """``shared_pool``: the sessions run on the process's one thread pool (:func:`share_thread_pool`)."""
+        """``shared_pool``: the sessions run on the process's one thread pool (:mod:`app.model.pool`)."""
         self.folder = folder
         self.manifest = manifest
         self.variant = choice.variant
         self.reason = choice.reason
         self.tokenizer = TextTokenizer(folder, manifest.tokenizer)
         options = session_options(choice.providers[0], intra_op_threads)
-        # Once the process has the shared pool, ONNX Runtime refuses a session a pool of its own (only a
-        # process that serves more than once, as the tests do, gets here with one model after several).
-        if shared_pool or _shared_pool is not None:  # the process's one pool, not one of its own
-            share_thread_pool(intra_op_threads)
-            options.use_per_session_threads = False
-            options.intra_op_num_threads = options.inter_op_num_threads = 0  # the pool's, not these
+        if shared_pool or pool.made():  # (once made, ONNX Runtime refuses a session a pool of its own)
+            pool.share(options, intra_op_threads)
         encoder = manifest.graphs["encoder"][choice.variant]
         self._encoder = ort.InferenceSession(str(folder / encoder.file), options, providers=choice.providers)
         self.providers: list[str] = self._encoder.get_providers()
@@ -325,7 +295,7 @@ def check_model(settings: Settings) -> tuple[Path, Manifest, Choice]:
 
 def load_model(settings: Settings, shared_pool: bool = False) -> OnnxModel:
     """Resolve, verify and load the model the settings name (``shared_pool``: on the process's one thread
-    pool, :func:`share_thread_pool`).
+    pool, :mod:`app.model.pool`).
 
     Raises:
         ManifestError: the model is missing, corrupt, or cannot run with these settings; one message.
