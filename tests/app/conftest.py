@@ -36,9 +36,12 @@ class Running:
         return self.app.state.service
 
 
-def start_server(settings: Settings, model: Any = None) -> tuple[Running, uvicorn.Server, threading.Thread]:
-    """A real server on a free port; ``model``: an already loaded one (else loaded from ``settings``)."""
-    app = create_app(settings, model=model)
+def start_server(
+    settings: Settings, model: Any = None, models: Any = None
+) -> tuple[Running, uvicorn.Server, threading.Thread]:
+    """A real server on a free port; ``model``: an already loaded one (else loaded from ``settings``);
+    ``models``: every model of a service of several, already loaded."""
+    app = create_app(settings, model=model, models=models)
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", loop="asyncio")
     )
@@ -269,9 +272,9 @@ def own_redis() -> Iterator[RedisProcess]:
 
 
 @contextmanager
-def serving(settings: Settings, model: Any = None) -> Iterator[Running]:
-    """A real server for ``settings`` (on ``model``, if given), stopped on exit."""
-    running, uv, thread = start_server(settings, model)
+def serving(settings: Settings, model: Any = None, models: Any = None) -> Iterator[Running]:
+    """A real server for ``settings`` (on ``model``, or ``models``, if given), stopped on exit."""
+    running, uv, thread = start_server(settings, model, models)
     try:
         yield running
     finally:

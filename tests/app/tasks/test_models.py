@@ -14,11 +14,12 @@ import httpx
 import pytest
 
 from app.errors import UnknownModel
+from app.model.runtime import load_model
 from app.settings import Settings
 from app.tasks.models import Models
 from app.telemetry.context import CURRENT_MODEL
 from tests.app.conftest import Running, gate_inference, metric, samples, serving, wait_until
-from tests.app.vectors import assert_same_vectors
+from tests.app.vectors import assert_same_answer, assert_same_vectors
 
 # --- the choice, on stand-ins ------------------------------------------------------------------------
 
@@ -94,8 +95,15 @@ def _settings(**changes: Any) -> Settings:
 
 @pytest.fixture(scope="module")
 def three(tiny_model_dir: Path, tiny_reranker_dir: Path, tiny_tagger_dir: Path) -> Iterator[Running]:
+    """The three in one process, in this one: the models loaded here each with a thread pool of its own.
+    ONNX Runtime's one shared pool, which ``python -m app`` gives several models, would be this test
+    process's for good, and ONNX Runtime then refuses every other session a pool of its own (the export's,
+    the benchmarks'); servers in processes of their own run on it (tests/app/api/rpc/test_models.py,
+    tests/app/model/test_runtime.py)."""
     models = f"embed={tiny_model_dir};max_concurrent_inputs={BUDGET},rerank={tiny_reranker_dir},ner={tiny_tagger_dir}"
-    with serving(_settings(models=models, cache_bytes=8 << 20, max_inputs_per_request=16)) as running:
+    settings = _settings(models=models, cache_bytes=8 << 20, max_inputs_per_request=16)
+    loaded = [load_model(own) for _, own in settings.model_entries()]
+    with serving(settings, models=loaded) as running:
         yield running
 
 
@@ -115,25 +123,6 @@ def singles(
 
 def _post(running: Running, path: str, body: dict[str, Any]) -> httpx.Response:
     return httpx.post(running.url + path, json=body, timeout=60)
-
-
-def _same(got: Any, want: Any, where: str) -> None:
-    """Two JSON answers are the same answer: equal structure and strings, numbers within the batching
-    tolerance (vectors) or 1e-6 (scores)."""
-    if isinstance(want, dict):
-        assert isinstance(got, dict) and set(got) == set(want), where
-        for key in want:
-            _same(got[key], want[key], f"{where}.{key}")
-    elif isinstance(want, list) and want and all(isinstance(x, float) for x in want):
-        assert_same_vectors(got, want, where)
-    elif isinstance(want, list):
-        assert isinstance(got, list) and len(got) == len(want), where
-        for i, (g, w) in enumerate(zip(got, want, strict=True)):
-            _same(g, w, f"{where}[{i}]")
-    elif isinstance(want, float):
-        assert abs(got - want) <= 1e-6, (where, got, want)
-    else:
-        assert got == want, (where, got, want)
 
 
 # (route, body, the model that must answer it): with no model named, the route's default answers.
@@ -166,7 +155,7 @@ def test_every_route_answers_as_that_models_own_server(
     want = _post(singles[model], path, {k: v for k, v in body.items() if k != "model"})
     assert got.status_code == want.status_code, (got.text, want.text)
     if want.status_code == 200:
-        _same(got.json(), want.json(), path)
+        assert_same_answer(got.json(), want.json(), path)
     else:  # the same refusal, naming the model by its name here
         assert got.json()["error_type"] == want.json()["error_type"]
         assert f"({model})" in got.json()["error"]
@@ -277,3 +266,10 @@ def test_a_flood_on_one_model_is_refused_with_its_name_and_leaves_the_others_bud
     other.join(timeout=60)
     assert sorted(answers) == [200, 200]
     assert embed.engine.admission.in_use == rerank.engine.admission.in_use == 0
+
+
+def test_the_server_here_left_this_process_without_the_shared_pool(three: Running) -> None:
+    """Every later session of this test process (an export's, a benchmark's) may still have its own pool."""
+    from app.model import pool
+
+    assert three.app.state.models.ready and not pool.made()

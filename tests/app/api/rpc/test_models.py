@@ -1,19 +1,23 @@
-"""Several models over gRPC: the metadata ``model`` names the one that answers (none: the default of the
-HTTP route the method is the twin of), each call equals its HTTP twin on the same model, and a name that
-is not served is NOT_FOUND with the served names, as HTTP's 404."""
+"""Several models in ``python -m app``, a process of its own, on ONNX Runtime's one shared thread pool: its
+answers equal each model's own single-model server; over gRPC the metadata ``model`` names the one that
+answers (none: the default of the HTTP route the method is the twin of), each call equals its HTTP twin
+on the same model, and a name that is not served is NOT_FOUND with the served names, as HTTP's 404."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import grpc
 import httpx
 import pytest
 
+from app.settings import Settings
 from tests.app.api.rpc.grpc_process import Server, f32, post, rpc_error, start_grpc_server, stop_grpc_server
-from tests.app.vectors import assert_same_vectors
+from tests.app.conftest import serving
+from tests.app.vectors import assert_same_answer, assert_same_vectors
 
 TEXTS = ["今天天气很好", "北京是中国的首都。"]
 
@@ -70,3 +74,25 @@ def test_an_unknown_model_is_not_found_listing_the_served_ones(
     text = httpx.get(three.url + "/metrics", timeout=30).text
     assert 'model="",protocol="grpc",route="/tei.v1.Embed/Embed",status="NOT_FOUND"' in text
     assert 'model="rerank",protocol="grpc",route="/tei.v1.Embed/Embed",status="OK"' in text
+
+
+def test_on_the_shared_pool_each_model_answers_as_its_own_server(
+    three: Server, tiny_model_dir: Path, tiny_reranker_dir: Path, tiny_tagger_dir: Path
+) -> None:
+    """The server of three runs every session on the process's one pool; each single-model server here, on
+    a pool of its own: the same answers."""
+    cases: list[tuple[Path, str, dict[str, Any], str | None]] = [
+        (tiny_model_dir, "/embed", {"inputs": TEXTS}, None),
+        (tiny_model_dir, "/fill-mask", {"inputs": "北京是中国的[MASK]都。"}, None),
+        (tiny_reranker_dir, "/rerank", {"query": "北京", "texts": TEXTS, "return_text": True}, None),
+        (tiny_reranker_dir, "/embed", {"inputs": TEXTS}, "rerank"),
+        (tiny_tagger_dir, "/token-classification", {"inputs": TEXTS, "aggregation_strategy": "first"}, None),
+    ]
+    for folder, path, body, model in cases:
+        settings = Settings(
+            model=str(folder), variant="fp32", intra_op_threads=1, cache_bytes=0, max_wait_ms=2
+        )
+        with serving(settings) as alone:
+            want = httpx.post(alone.url + path, json=body, timeout=60).json()
+        named = {**body, "model": model} if model is not None else body
+        assert_same_answer(post(three, path, named), want, f"{folder.parent.name}{path}")
