@@ -12,11 +12,13 @@ Two arrangements, each under the same mixed load of closed-loop clients for ``--
 
 The mixed load: ``/embed`` 8 clients × 1 text, ``/rerank`` 4 clients × (1 query, 8 documents),
 ``/token-classification`` 2 clients × 1 text. Then, on the one process, the same load beside a background
-client (``Priority: u=7``, ``--background`` clients × texts on the embedder). Prints a row per route and
-arrangement (requests/s, p50 / p99 ms, errors), the PSS of each arrangement's process tree after its load,
-then issue 33's targets as PASS / MISS lines: the one process serves at least the three's total requests/s,
-no route's p99 is worse, its PSS is at most 0.8 of theirs, and the rerank p99 beside the background is
-within 1.5 of its p99 without it. JSON in loadtest/results/. ``--quick``: tiny models, 2 s cells (CI).
+client (``Priority: u=7``, ``--background`` clients × texts on the embedder). Before the load, a few
+probes (each route of each model) are asked of both arrangements. Prints a row per route and arrangement
+(requests/s, p50 / p99 ms, errors), the PSS of each arrangement's process tree after its load, then issue
+33's targets as PASS / MISS lines: the probes' answers are the same, the one process serves at least the
+three's total requests/s, no route's p99 is worse, its PSS is at most 0.8 of theirs, and the rerank p99
+beside the background is within 1.5 of its p99 without it. JSON in loadtest/results/. ``--quick``: tiny
+models, 2 s cells (CI).
 """
 
 from __future__ import annotations
@@ -148,6 +150,46 @@ def tiny_heads(folder: Path | None, variants: tuple[str, ...]) -> Iterator[tuple
         yield folder / "reranker", folder / "tagger"
 
 
+# Requests whose answers must be the same from either arrangement: (model, route, body).
+PROBES: list[tuple[str, str, dict[str, Any]]] = [
+    ("embed", "/embed", {"inputs": ["今天天气很好", "北京是中国的首都。"]}),
+    ("embed", "/similarity", {"inputs": {"source_sentence": "你好", "sentences": ["您好", "再见"]}}),
+    (
+        "rerank",
+        "/rerank",
+        {"query": "北京的天气", "texts": ["北京今天晴", "上海下雨了"], "return_text": True},
+    ),
+    ("rerank", "/embed", {"inputs": "北京今天晴"}),
+    ("ner", "/token-classification", {"inputs": ["我叫王小明，住在北京市海淀区。"]}),
+]
+
+
+def probe(ports: dict[str, int]) -> list[tuple[int, Any]]:
+    """Each probe's status and answer, from the server of its model."""
+
+    async def ask() -> list[tuple[int, bytes]]:
+        return [
+            await loadgen.post(HOST, ports[m], path, orjson.dumps({**body, "model": m}))
+            for m, path, body in PROBES
+        ]
+
+    return [(status, orjson.loads(payload)) for status, payload in asyncio.run(ask())]
+
+
+def same_answers(got: list[tuple[int, Any]], want: list[tuple[int, Any]]) -> list[str]:
+    """The probes whose answers differ (statuses, or beyond tests/app/vectors.py's tolerances)."""
+    from tests.app.vectors import assert_same_answer
+
+    differ = []
+    for (model, path, _), (status, answer), (status_want, answer_want) in zip(PROBES, got, want, strict=True):
+        try:
+            assert status == status_want == 200, (status, status_want)
+            assert_same_answer(answer, answer_want, path)
+        except AssertionError:
+            differ.append(f"{model} {path}")
+    return differ
+
+
 def pss_mb(services: list[ServiceProcess]) -> float:
     return sum(s.processes().memory.pss for s in services) / 2**20
 
@@ -222,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         one_env = service_env(embedder, args.variant, room + 1024, models=entries, **quick)
         with ServiceProcess("app", one_env, logs / "zhembed-models-one.log") as one:
             ports = dict.fromkeys(NAMES, one.port)
+            answered_one = probe(ports)
             alone = run(ports, list(MIXED), args.duration, args.warmup)
             report["rows"] += rows("one process, three models", alone)
             one_pss = pss_mb([one])
@@ -238,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 for n in NAMES
             }
+            differ = same_answers(answered_one, probe({n: s.port for n, s in three.items()}))
             apart = run({n: s.port for n, s in three.items()}, list(MIXED), args.duration, args.warmup)
             report["rows"] += rows("three processes", apart)
             three_pss = pss_mb(list(three.values()))
@@ -248,6 +292,12 @@ def main(argv: list[str] | None = None) -> int:
         total_three = sum(r.requests_per_s for r in apart.values())
         rerank = ROUTES["rerank"]
         lines = [
+            (
+                "every probe's answer, one process vs three",
+                not differ,
+                f"{len(PROBES) - len(differ)} of {len(PROBES)} the same"
+                + (f" (differ: {', '.join(differ)})" if differ else ""),
+            ),
             (
                 "total requests/s, one process vs three",
                 total_one >= total_three,

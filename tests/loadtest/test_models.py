@@ -29,7 +29,9 @@ def test_one_process_and_three_are_measured_under_the_same_mixed_load(tmp_path: 
     memory = re.search(r"one process (\d+) MB, three (\d+) MB", stdout)
     assert memory is not None and int(memory[1]) > 0 and int(memory[2]) > 0
     targets = re.findall(r"^  \[(PASS|MISS)\] (.+?):", stdout, re.M)
+    assert targets[0] == ("PASS", "every probe's answer, one process vs three")  # the same models: the same
     assert [name for _, name in targets] == [
+        "every probe's answer, one process vs three",
         "total requests/s, one process vs three",
         *(f"{route} p99, one process vs three" for route in ROUTES),
         "PSS, one process vs three",
@@ -37,4 +39,4 @@ def test_one_process_and_three_are_measured_under_the_same_mixed_load(tmp_path: 
     ]
     written = json.loads(report.read_text())
     assert len(written["rows"]) == 3 + 4 + 3 and all(r["errors"] == 0 for r in written["rows"])
-    assert written["pss_mb"]["one"] > 0 and len(written["targets"]) == 6
+    assert written["pss_mb"]["one"] > 0 and len(written["targets"]) == 7
