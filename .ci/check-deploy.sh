@@ -109,7 +109,7 @@ for path in sys.argv[1:]:
         if doc and doc["kind"] == "ConfigMap" and doc["metadata"]["name"].startswith("zhembed-config"):
             sets[f"{os.path.basename(path)} ConfigMap"] = dict(doc["data"])
 compose = yaml.safe_load(open("docker-compose.yml"))
-for name in ("api", "api-gpu"):
+for name in ("api", "api-gpu", "api-models"):
     env = compose["services"][name]["environment"]
     sets[f"compose {name}"] = {k: str(v) for k, v in env.items() if v is not None}
 dockerfile = open("Dockerfile").read()

@@ -60,6 +60,10 @@ class NotFound(ServiceError):
     """No such route."""
 
 
+class UnknownModel(NotFound):
+    """The request names a model this service does not serve (the message lists those it does)."""
+
+
 class MethodNotAllowed(ServiceError):
     """The route exists but not for this method."""
 

@@ -36,6 +36,7 @@ from app.errors import (
     PayloadTooLarge,
     ServiceError,
     Unauthorized,
+    UnknownModel,
     Unsupported,
     ValidationFailed,
     json_kind,
@@ -78,6 +79,13 @@ ERROR_TABLE: dict[type[ServiceError], ErrorRow] = {
         "UNAUTHENTICATED",
     ),
     NotFound: ErrorRow(404, "not_found", "No such route.", _INVALID, "UNIMPLEMENTED"),
+    UnknownModel: ErrorRow(
+        404,
+        "model_not_found",
+        "No such model here; the message lists the served ones.",
+        _INVALID,
+        "NOT_FOUND",
+    ),
     MethodNotAllowed: ErrorRow(
         405, "method_not_allowed", "Method not allowed on this route.", _INVALID, "UNIMPLEMENTED"
     ),

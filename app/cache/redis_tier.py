@@ -105,8 +105,10 @@ class RedisTier:
         await self._client.aclose()
         await self._pool.disconnect()
 
-    async def get_many(self, keys: list[str]) -> dict[str, bytes]:
-        """The values Redis holds for ``keys``, in one round trip; {} while Redis is failing."""
+    async def get_many(self, keys: list[str], metrics: Metrics | None = None) -> dict[str, bytes]:
+        """The values Redis holds for ``keys``, in one round trip; {} while Redis is failing. Hits and
+        misses are counted in ``metrics`` (the asking model's view, with several; default: this tier's)."""
+        metrics = metrics or self.metrics
         if not keys or not self.breaker.allows():
             return {}
         try:
@@ -125,8 +127,8 @@ class RedisTier:
                 continue
             found[key] = value
         if corrupt:
-            self.metrics.cache_error(TIER, corrupt)
-        self.metrics.cache_lookup(TIER, hits=len(found), misses=len(keys) - len(found))
+            metrics.cache_error(TIER, corrupt)
+        metrics.cache_lookup(TIER, hits=len(found), misses=len(keys) - len(found))
         return found
 
     def put_many(self, items: dict[str, bytes]) -> None:

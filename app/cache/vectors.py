@@ -34,6 +34,8 @@ MEMORY = "memory"
 
 class VectorCache:
     def __init__(self, memory: MemoryLRU | None, shared: RedisTier | None, metrics: Metrics) -> None:
+        """One model's view of the tiers (several models share one LRU and one Redis: their keys differ
+        by the model's digest); its lookups are counted in ``metrics``, that model's view."""
         self.memory = memory
         self.shared = shared
         self.metrics = metrics
@@ -99,7 +101,7 @@ class VectorCache:
     ) -> None:
         todo = wanted
         if shared and self.shared is not None:
-            got = await self.shared.get_many(todo)
+            got = await self.shared.get_many(todo, self.metrics)
             found.update(got)
             self._remember(got)
             todo = [k for k in todo if k not in got]

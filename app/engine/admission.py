@@ -80,10 +80,12 @@ class LocalLedger:
 
 
 class Admission:
-    def __init__(self, limit: int, ledger: Ledger | None = None) -> None:
+    def __init__(self, limit: int, ledger: Ledger | None = None, model: str | None = None) -> None:
         """``ledger`` counts the permits in use; a :class:`LocalLedger` unless the server has several
-        workers, which share one (:class:`app.serving.cluster.SharedLedger`) so the limit is the server's."""
+        workers, which share one (:class:`app.serving.cluster.SharedLedger`) so the limit is the server's.
+        ``model``: whose budget this is, in a service of several (each has its own, and a 429 says whose)."""
         self.limit = limit
+        self.model = model
         self.ledger: Ledger = ledger if ledger is not None else LocalLedger()
         self.rejected = 0  # requests refused, for /info and tests
 
@@ -105,9 +107,10 @@ class Admission:
             share = (
                 "" if limit == self.limit else f", of which requests of urgency {urgency} may fill {limit}"
             )
+            whose = f"model {self.model}'s budget is full: " if self.model is not None else ""
             raise Overloaded(
-                f"{self.ledger.total()} of {self.limit} inputs in flight{share}; {count} more do not fit, "
-                "retry later"
+                f"{whose}{self.ledger.total()} of {self.limit} inputs in flight{share}; {count} more do not "
+                "fit, retry later"
             )
         return Permits(self, count)
 

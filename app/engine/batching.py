@@ -46,7 +46,7 @@ import numpy as np
 
 from app.engine.clock import Clock
 from app.engine.costs import CostModel, Refitter
-from app.engine.pending import BatchStats, Pending
+from app.engine.pending import BatchStats, Offer, Pending, pending_lengths
 from app.engine.planner import Planner
 from app.engine.priority import URGENCIES
 from app.engine.work import Seq
@@ -78,6 +78,7 @@ class Batcher:
         urgency_aging_ms: float = 1000.0,
         clock: Clock | None = None,
         max_batch_attention: int = 0,
+        cond: threading.Condition | None = None,
     ) -> None:
         """``capacity`` bounds the pending sequences; admission keeps the engine below it.
 
@@ -88,6 +89,7 @@ class Batcher:
         ``clock``: what it reads the time from and waits through (:mod:`app.engine.clock`; default: real
         time); the sequences' ``enqueued_at`` must come from it too.
         ``max_batch_attention``: size × longest² bound on a batch (0: none; :class:`~app.engine.planner.Limits`).
+        ``cond``: the condition it waits on, shared by the queues one scheduler serves (or its own).
         """
         self.clock = clock or Clock()
         self._now = self.clock.now
@@ -104,7 +106,7 @@ class Batcher:
         self._classes = [Pending(u) for u in URGENCIES]
         self._taken: set[int] = set()  # ids of sequences batched (or dropped) but still in an arrivals deque
         self._depth = 0
-        self._cond = threading.Condition()
+        self._cond = cond if cond is not None else threading.Condition()
         self._stopped = False
         self._idle = False  # the assembler waits for any sequence at all
         self._gathering = False  # the assembler waits for company until a deadline
@@ -219,31 +221,60 @@ class Batcher:
                     self.clock.wait(self._cond, None)
                     self._idle = False
                     continue
-                now = self._now()
-                group, aged = self._group(now)
-                oldest = min((self._oldest(c) for c in group), key=lambda s: s.enqueued_at)
-                if oldest.job.cancelled:
-                    self._drop_cancelled()
+                offer = self.offer(self._now())
+                if offer is None:
                     continue
-                lengths, counts = self._pending(group)
-                at = int(np.searchsorted(lengths, oldest.length))
-                overdue = now - oldest.enqueued_at > self.budget_s()
-                cap = self._cap(group[-1].urgency, now)
-                window = self.planner.choose(lengths, counts, at if overdue else None, cap)
-                n = int(counts.sum())
-                fits_all = n < self.max_batch_size and self.planner.limits.allows(n, int(lengths[-1]))
-                full = not (fits_all and window.size == n)
-                remaining = oldest.enqueued_at + self.max_wait_s - now
-                if full or remaining <= 0 or not self.company_expected():
-                    break
+                if offer.due:
+                    return self.cut(offer, waited)
                 waited = True
                 self._gathering = True
-                self.clock.wait(self._cond, remaining)
+                self.clock.wait(self._cond, offer.due_at - offer.now)
                 self._gathering = False
-            batch = self._take(group, self.planner.take(lengths, counts, window), now)
-            filled = self._fill(batch, group, int(lengths[window.top]), oldest, now)
-            self._count(batch, waited, overdue, cap is not None, aged, filled)
-            return batch
+
+    def offer(self, now: float, seen: list[float] | None = None) -> Offer | None:
+        """The batch this queue would run next, with the lock held and something pending; None when its
+        oldest sequence was cancelled (then dropped: ask again). Takes nothing: :meth:`cut` does.
+
+        ``seen``: when work of each urgency last arrived at any queue the same thread serves (their
+        :meth:`seen`), so that this one's less urgent batches are held to the budget while another model
+        has more urgent work about; None: this queue's own only.
+        """
+        group, aged = self._group(now)
+        oldest = min((self._oldest(c) for c in group), key=lambda s: s.enqueued_at)
+        if oldest.job.cancelled:
+            self._drop_cancelled()
+            return None
+        lengths, counts = pending_lengths(group)
+        at = int(np.searchsorted(lengths, oldest.length))
+        overdue = now - oldest.enqueued_at > self.budget_s()
+        cap = self._cap(group[-1].urgency, now, seen)
+        window = self.planner.choose(lengths, counts, at if overdue else None, cap)
+        n = int(counts.sum())
+        fits_all = n < self.max_batch_size and self.planner.limits.allows(n, int(lengths[-1]))
+        full = not (fits_all and window.size == n)
+        due_at = oldest.enqueued_at + self.max_wait_s
+        due = full or due_at <= now or not self.company_expected()
+        level = group[0].urgency - int((now - group[0].since) / self.aging_s)
+        return Offer(
+            self, now, group, aged, oldest, lengths, counts, window, overdue, cap, due, due_at, level
+        )
+
+    def cut(self, offer: Offer, waited: bool) -> list[Seq]:
+        """Take the batch :meth:`offer` planned (the lock still held since) out of the queue, with the less
+        urgent sequences that ride along, and count it."""
+        group, lengths, window, now = offer.group, offer.lengths, offer.window, offer.now
+        batch = self._take(group, self.planner.take(lengths, offer.counts, window), now)
+        filled = self._fill(batch, group, int(lengths[window.top]), offer.oldest, now)
+        self._count(batch, waited, offer.overdue, offer.cap is not None, offer.aged, filled)
+        return batch
+
+    def listen(self, on: bool) -> None:
+        """While the scheduler waits (:mod:`app.engine.scheduler`): wake it on arrivals that may matter."""
+        self._idle, self._gathering = on and not self._depth, on and self._depth > 0
+
+    def seen(self) -> list[float]:
+        """When work of each urgency last arrived here (``-inf``: never)."""
+        return [c.seen for c in self._classes]
 
     def _group(self, now: float) -> tuple[list[Pending], bool]:
         """The classes served next (the most urgent level after aging), and whether aging put a less
@@ -254,29 +285,15 @@ class Batcher:
         group = [c for c, level in zip(present, levels, strict=True) if level == best]
         return group, group[-1].urgency > present[0].urgency
 
-    def _cap(self, urgency: int, now: float) -> float | None:
+    def _cap(self, urgency: int, now: float, seen: list[float] | None = None) -> float | None:
         """The cost bound of a batch that serves ``urgency`` work (model units): the budget, while more
-        urgent work was seen within ACTIVE_S, aged work too (it gets its batch, not a long one); None
-        otherwise (or while the scale is not known)."""
-        if self._scale is None or not any(now - c.seen < ACTIVE_S for c in self._classes[:urgency]):
+        urgent work was seen within ACTIVE_S (here, or in ``seen``), aged work too (it gets its batch, not
+        a long one); None otherwise (or while the scale is not known)."""
+        arrived = seen or [c.seen for c in self._classes]
+        if self._scale is None or not any(now - t < ACTIVE_S for t in arrived[:urgency]):
             return None
         budget = self.budget_s()
         return budget / self._scale if budget != float("inf") else None
-
-    @staticmethod
-    def _pending(group: list[Pending]) -> tuple[np.ndarray, np.ndarray]:
-        """Distinct pending lengths of ``group`` (sorted) and how many of each."""
-        if len(group) == 1:
-            pending = sorted((n, len(b)) for n, b in group[0].buckets.items())
-        else:
-            merged: dict[int, int] = {}
-            for c in group:
-                for n, b in c.buckets.items():
-                    merged[n] = merged.get(n, 0) + len(b)
-            pending = sorted(merged.items())
-        lengths = np.array([n for n, _ in pending], dtype=np.int64)
-        counts = np.array([k for _, k in pending], dtype=np.int64)
-        return lengths, counts
 
     def _oldest(self, cls: Pending) -> Seq:
         arrivals = cls.arrivals

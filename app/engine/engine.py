@@ -27,6 +27,7 @@ from app.engine.batching import Batcher
 from app.engine.inference import Inference
 from app.engine.planner import Limits
 from app.engine.priority import URGENCIES, URGENCY
+from app.engine.scheduler import Scheduler
 from app.engine.tokenization import Tokenization
 from app.engine.work import Job, Plan, Seq
 from app.errors import ServiceError
@@ -57,13 +58,20 @@ class Engine:
         settings: Settings,
         metrics: Metrics,
         tracing: Tracing | None = None,
+        scheduler: Scheduler | None = None,
     ) -> None:
-        """``tracing``: where batch spans go (None: tracing off). Admission counts permits here until a
-        worker of several joins the server's ledger (:meth:`~app.engine.admission.Admission.join`)."""
+        """``tracing``: where batch spans go (None: tracing off); ``scheduler``: the one inference thread
+        this model shares with the others of a service of several (None: a thread of its own). Of
+        several, ``settings`` are the model's own (:meth:`Settings.model_entries`) and
+        ``settings.served_model_name`` its name, which a 429 of its budget and its batch spans give.
+        Admission counts permits here until a worker of several joins the server's ledger
+        (:meth:`~app.engine.admission.Admission.join`)."""
         self.model = model
         self.metrics = metrics
         self.settings = settings
-        self.admission = Admission(settings.max_concurrent_inputs)
+        self.scheduler = scheduler
+        name = settings.served_model_name if scheduler is not None else None
+        self.admission = Admission(settings.max_concurrent_inputs, model=name)
         self.tokenization = Tokenization(model.tokenizer, capacity=settings.max_concurrent_inputs)
         # Each admitted input becomes at most this many windows (a token never spans less than a char).
         windows = math.ceil(settings.max_input_chars / max(model.tokenizer.max_length - 2, 1)) + 1
@@ -78,11 +86,15 @@ class Engine:
             overhead_tokens=settings.batch_overhead_tokens,
             max_queue_delay_ms=settings.max_queue_delay_ms,
             urgency_aging_ms=settings.urgency_aging_ms,
+            clock=scheduler.clock if scheduler is not None else None,
+            cond=scheduler.cond if scheduler is not None else None,
         )
         self.calibrated = threading.Event()  # set once the queue plans by the cost model it will keep
         self.inference = Inference(
-            model, self.batcher, self.metrics, tracing, self._calibrate, settings.memory_trim_batches
+            model, self.batcher, self.metrics, tracing, self._calibrate, settings.memory_trim_batches, name
         )
+        if scheduler is not None and name is not None:
+            scheduler.add(name, self.batcher, self.inference)
 
     @property
     def limits(self) -> Limits:
@@ -90,12 +102,16 @@ class Engine:
         return self.batcher.planner.limits
 
     def start(self) -> None:
+        """Start the tokenisation thread, and the inference thread unless a shared scheduler runs it
+        (whose owner starts it once every model is in)."""
         self.tokenization.start()
-        self.inference.start()
+        if self.scheduler is None:
+            self.inference.start()
 
     def stop(self) -> None:
         self.batcher.stop()
-        self.inference.stop()
+        if self.scheduler is None:
+            self.inference.stop()
         self.tokenization.stop()
 
     def _calibrate(self) -> None:

@@ -53,12 +53,16 @@ class Inference:
         tracing: Tracing | None = None,
         calibrate: Callable[[], None] | None = None,
         trim_every: int = 0,
+        name: str | None = None,
     ) -> None:
         """``batcher``: where the thread takes its batches from, and hears how long each one ran;
         ``tracing``: where each batch's span goes, linked to its requests' spans (None: tracing off);
         ``calibrate``: run on the thread before its first batch (the session is its alone then);
-        ``trim_every``: batches between two trims of the C heap (:mod:`app.model.allocator`; 0: none)."""
+        ``trim_every``: batches between two trims of the C heap (:mod:`app.model.allocator`; 0: none);
+        ``name``: the model's, in a service of several (whose one thread, :mod:`app.engine.scheduler`,
+        calls :meth:`serve` instead of this object's own)."""
         self.model = model
+        self.name = name
         self.calibrate = calibrate
         self.metrics = metrics
         self.batcher = batcher
@@ -87,10 +91,12 @@ class Inference:
         if self.calibrate is not None:
             self.calibrate()
         while (batch := self.batcher.next_batch()) is not None:
-            self._run_one(batch)
+            self.serve(batch)
             self.trimmer.after_batch()
 
-    def _run_one(self, batch: list[Seq]) -> None:
+    def serve(self, batch: list[Seq]) -> None:
+        """Run one batch this model's queue handed out, write its results and wake its finished requests
+        (on the inference thread)."""
         live = [seq for seq in batch if not seq.job.cancelled]
         self.stats.dropped_cancelled += len(batch) - len(live)
         if not live:
@@ -118,10 +124,10 @@ class Inference:
         for job, count in done:
             job.finish(count)
         if self.tracing is not None:
-            self._trace(self.tracing, finished, [job for job, _ in done])
+            self._trace(self.tracing, finished, [job for job, _ in done], self.name)
 
     @staticmethod
-    def _trace(tracing: Tracing, batch: FinishedBatch, jobs: list[Job]) -> None:
+    def _trace(tracing: Tracing, batch: FinishedBatch, jobs: list[Job], model: str | None = None) -> None:
         """The batch's span, from the times it was measured with, linked to the requests it served."""
         spans = [job.trace for job in jobs if job.trace is not None]
         if not spans:
@@ -133,6 +139,7 @@ class Inference:
             len(batch.sequences),
             int(batch.attention_mask.size),
             spans,
+            model,
         )
 
     @staticmethod

@@ -1,13 +1,20 @@
-"""What the batch queue (:mod:`app.engine.batching`) holds: the pending sequences of one urgency, and
-the counters of what the assembler did."""
+"""What the batch queue (:mod:`app.engine.batching`) holds: the pending sequences of one urgency, the
+batch it offers to run next, and the counters of what the assembler did."""
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+import numpy as np
+
+from app.engine.planner import Window
 from app.engine.priority import URGENCIES
 from app.engine.work import Seq
+
+if TYPE_CHECKING:
+    from app.engine.batching import Batcher
 
 
 @dataclass
@@ -40,3 +47,44 @@ class Pending:
         self.depth = 0
         self.since = 0.0  # when it was last served, or became non-empty: what it ages from
         self.seen = -float("inf")  # when its last sequence arrived
+
+
+def pending_lengths(group: list[Pending]) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct pending lengths of ``group`` (sorted) and how many of each."""
+    if len(group) == 1:
+        pending = sorted((n, len(b)) for n, b in group[0].buckets.items())
+    else:
+        merged: dict[int, int] = {}
+        for c in group:
+            for n, b in c.buckets.items():
+                merged[n] = merged.get(n, 0) + len(b)
+        pending = sorted(merged.items())
+    lengths = np.array([n for n, _ in pending], dtype=np.int64)
+    counts = np.array([k for _, k in pending], dtype=np.int64)
+    return lengths, counts
+
+
+@dataclass(frozen=True)
+class Offer:
+    """The batch one queue would run next (:meth:`Batcher.offer`), planned at ``now`` with its lock held:
+    what :meth:`Batcher.cut` takes, and what the inference thread compares across the queues of several
+    models (:mod:`app.engine.scheduler`).
+
+    ``level``: the urgency it serves, after aging (lower runs first); ``due``: it runs now (full, past the
+    company wait, or nobody else coming), else at ``due_at`` at the latest; ``overdue``: it holds an input
+    past its queue-delay budget; ``window.efficiency``: the share of its modelled cost that is useful work.
+    """
+
+    batcher: Batcher
+    now: float
+    group: list[Pending]
+    aged: bool
+    oldest: Seq
+    lengths: np.ndarray
+    counts: np.ndarray
+    window: Window
+    overdue: bool
+    cap: float | None
+    due: bool
+    due_at: float
+    level: int

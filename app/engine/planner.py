@@ -73,11 +73,19 @@ class Limits:
 
 @dataclass(frozen=True)
 class Window:
-    """``size`` sequences with the longest at ``lengths[top]``; what it costs, in the model's unit."""
+    """``size`` sequences with the longest at ``lengths[top]``; what it costs, in the model's unit, and
+    what of that is useful work (what its sequences would cost in the best batches they could be in)."""
 
     top: int
     size: int
     cost: float
+    useful: float = 0.0
+
+    @property
+    def efficiency(self) -> float:
+        """The share of its cost that is useful work (about 1 at best), comparable across models: each
+        measures it in its own cost model's unit."""
+        return self.useful / self.cost if self.cost > 0 else 0.0
 
 
 class Planner:
@@ -151,7 +159,7 @@ class Planner:
         if not valid.flat[best]:
             raise InternalError(f"no batch window among {len(lengths)} lengths")
         top, size = divmod(best, width)
-        return Window(top, size + 1, float(cost.flat[best]))
+        return Window(top, size + 1, float(cost.flat[best]), float(useful.flat[best]))
 
     def take(self, lengths: np.ndarray, counts: np.ndarray, window: Window) -> list[tuple[int, int]]:
         """The window as ``(length, how many)`` per length, from its top length down."""

@@ -7,6 +7,8 @@ says in one log line what it chose and why.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from onnxruntime.capi.onnxruntime_pybind11_state import Fail as OrtFail
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidGraph as OrtInvalidGraph
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidProtobuf as OrtInvalidProtobuf
 
-from app.model import allocator
+from app.model import allocator, pool
 from app.model.manifest import (
     GRAPH_NAMES,
     HEAD_OUTPUT,
@@ -147,13 +149,23 @@ def session_options(provider: str, intra_op_threads: int = 0) -> ort.SessionOpti
 class OnnxModel:
     """The encoder (and masked-LM head) sessions of one variant, plus the tokenizer."""
 
-    def __init__(self, folder: Path, manifest: Manifest, choice: Choice, intra_op_threads: int) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        manifest: Manifest,
+        choice: Choice,
+        intra_op_threads: int,
+        shared_pool: bool = False,
+    ) -> None:
+        """``shared_pool``: the sessions run on the process's one thread pool (:mod:`app.model.pool`)."""
         self.folder = folder
         self.manifest = manifest
         self.variant = choice.variant
         self.reason = choice.reason
         self.tokenizer = TextTokenizer(folder, manifest.tokenizer)
         options = session_options(choice.providers[0], intra_op_threads)
+        if shared_pool or pool.made():  # (once made, ONNX Runtime refuses a session a pool of its own)
+            pool.share(options, intra_op_threads)
         encoder = manifest.graphs["encoder"][choice.variant]
         self._encoder = ort.InferenceSession(str(folder / encoder.file), options, providers=choice.providers)
         self.providers: list[str] = self._encoder.get_providers()
@@ -289,16 +301,27 @@ def check_model(settings: Settings) -> tuple[Path, Manifest, Choice]:
     return folder, manifest, choice
 
 
-def load_model(settings: Settings) -> OnnxModel:
-    """Resolve, verify and load the model the settings name.
+def load_model(settings: Settings, shared_pool: bool = False) -> OnnxModel:
+    """Resolve, verify and load the model the settings name (``shared_pool``: on the process's one thread
+    pool, :mod:`app.model.pool`).
 
     Raises:
         ManifestError: the model is missing, corrupt, or cannot run with these settings; one message.
     """
-    folder, manifest, choice = check_model(settings)
+    return _open(settings, *check_model(settings), shared_pool)
+
+
+def _open(
+    settings: Settings, folder: Path, manifest: Manifest, choice: Choice, shared_pool: bool
+) -> OnnxModel:
+    """The sessions of a model :func:`check_model` verified.
+
+    Raises:
+        ManifestError: ONNX Runtime cannot load its graphs.
+    """
     allocator.configure(settings.mmap_threshold_kb)  # before the sessions: loading allocates the most
     try:
-        model = OnnxModel(folder, manifest, choice, settings.intra_op_threads)
+        model = OnnxModel(folder, manifest, choice, settings.intra_op_threads, shared_pool)
     # InvalidProtobuf: a graph whose bytes are not ONNX at all (its sha256 may still match a bad export).
     except (OrtFail, OrtInvalidGraph, OrtInvalidProtobuf) as exc:
         raise ManifestError(
@@ -314,3 +337,49 @@ def load_model(settings: Settings) -> OnnxModel:
         model.reason,
     )
     return model
+
+
+@contextmanager
+def named(name: str | None) -> Iterator[None]:
+    """A :class:`ManifestError` raised within says which model of several it is about (``name``; None:
+    the one model of a service of one, whose messages stay as they are)."""
+    try:
+        yield
+    except ManifestError as exc:
+        if name is None:
+            raise
+        raise ManifestError(f"model {name}: {exc}") from exc
+
+
+def load_models(settings: Settings) -> list[OnnxModel]:
+    """Resolve and verify every model the settings name (:meth:`Settings.model_entries`), then load them, in
+    order; several share the process's one thread pool.
+
+    Raises:
+        ManifestError: the first model that is missing, corrupt or cannot run (before any is loaded, unless
+            ONNX Runtime refuses its graphs); its message names it.
+    """
+    entries = settings.model_entries()
+    checked = []
+    for name, own in entries:
+        with named(name):
+            checked.append(check_model(own))
+    models = []
+    for (name, own), (folder, manifest, choice) in zip(entries, checked, strict=True):
+        with named(name):
+            models.append(_open(own, folder, manifest, choice, shared_pool=len(entries) > 1))
+    return models
+
+
+def check_models(settings: Settings) -> list[Path]:
+    """Resolve (exporting on first use) and verify every model the settings name, without loading them:
+    their folders, in order (``python -m app`` with several workers, before any starts).
+
+    Raises:
+        ManifestError: the first model that is missing, corrupt or cannot run; its message names it.
+    """
+    folders = []
+    for name, own in settings.model_entries():
+        with named(name):
+            folders.append(check_model(own)[0])
+    return folders

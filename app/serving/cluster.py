@@ -6,7 +6,8 @@ What holds with N > 1, as with one process:
 
 - **429 before queueing**, against ONE budget: the permits in use are counted per worker in shared memory
   (:class:`SharedLedger`) and a request is refused only when the server's total would pass
-  ``max_concurrent_inputs``. A worker that dies has its count cleared when it is replaced.
+  ``max_concurrent_inputs`` (with several models, each model's own budget, over every worker). A worker
+  that dies has its counts cleared when it is replaced.
 - **/metrics shows every worker in one scrape**: prometheus-client's multiprocess mode (each worker
   writes its samples to files in a directory of the supervisor's; whichever worker answers the scrape
   reads them all).
@@ -56,36 +57,47 @@ class Shared:
     """What the workers of one server share, one entry per slot: permit counts, ready flags, serving flags
     and memory, and the metrics directory."""
 
-    permits: SynchronizedArray[Any]  # ctypes c_longlong per slot
+    permits: SynchronizedArray[
+        Any
+    ]  # ctypes c_longlong per slot and model: slot i's model m at i × models + m
     ready: SynchronizedArray[Any]  # ctypes c_byte per slot: its worker is warmed up
     serving: SynchronizedArray[Any]  # ctypes c_byte per slot: its worker counts for /ready (the supervisor's)
     memory: SynchronizedArray[Any]  # ctypes c_longlong per slot: its worker's bytes, as last measured
     metrics_dir: str
+    models: int = 1  # each with its own admission budget
 
     @classmethod
-    def create(cls, ctx: Any, slots: int, serving: int, metrics_dir: str) -> Shared:
-        """``slots`` slots from multiprocessing context ``ctx``, of which the first ``serving`` serve."""
+    def create(cls, ctx: Any, slots: int, serving: int, metrics_dir: str, models: int = 1) -> Shared:
+        """``slots`` slots from multiprocessing context ``ctx``, of which the first ``serving`` serve, for a
+        service of ``models`` models."""
         shared = cls(
-            ctx.Array("q", slots),
+            ctx.Array("q", slots * models),
             ctx.Array("b", slots),
             ctx.Array("b", slots),
             ctx.Array("q", slots),
             metrics_dir,
+            models,
         )
         shared.serving[:serving] = [1] * serving
         return shared
 
 
 class SharedLedger:
-    """Admission permits of every worker, counted per worker in shared memory (see module docstring)."""
+    """Admission permits of every worker, counted per worker in shared memory (see module docstring); with
+    several models, one ledger per model (its budget), over every worker."""
 
-    def __init__(self, permits: SynchronizedArray[Any], index: int) -> None:
+    def __init__(self, permits: SynchronizedArray[Any], index: int, model: int = 0, models: int = 1) -> None:
         self._permits = permits
-        self._index = index
+        self._index = index * models + model
+        self._model = model
+        self._models = models
+
+    def _in_use(self) -> int:
+        return int(sum(self._permits[self._model :: self._models]))
 
     def try_take(self, count: int, limit: int) -> bool:
         with self._permits.get_lock():
-            if sum(self._permits[:]) + count > limit:
+            if self._in_use() + count > limit:
                 return False
             self._permits[self._index] += count
             return True
@@ -96,7 +108,7 @@ class SharedLedger:
             return int(self._permits[self._index])
 
     def total(self) -> int:
-        return int(sum(self._permits[:]))
+        return self._in_use()
 
 
 class Cluster:
@@ -110,7 +122,11 @@ class Cluster:
         self.shared = shared
         self.index = index
         self.replacing = replacing
-        self.ledger = SharedLedger(shared.permits, index)
+        self.ledger = self.ledger_for(0)
+
+    def ledger_for(self, model: int) -> SharedLedger:
+        """The admission ledger of the ``model``-th model (in the order of ``settings.model_entries()``)."""
+        return SharedLedger(self.shared.permits, self.index, model, self.shared.models)
 
     @property
     def size(self) -> int:

@@ -19,7 +19,7 @@ import gc
 import inspect
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -37,10 +37,12 @@ from app.api.http.routes import router
 from app.cache.memory_tier import MemoryLRU
 from app.cache.vectors import VectorCache
 from app.engine.engine import Engine
-from app.model.runtime import OnnxModel, load_model
+from app.engine.scheduler import Scheduler
+from app.model.runtime import OnnxModel, load_models
 from app.serving.cluster import Cluster
 from app.serving.memory import memory_bytes
 from app.settings import Settings, SettingsError
+from app.tasks.models import Models
 from app.tasks.service import Service
 from app.telemetry.metrics import Metrics
 from app.telemetry.observe import Observer
@@ -52,21 +54,27 @@ REDIS_CLOSE_S = 5.0  # the most a stopping worker waits for its Redis client to 
 
 
 def create_app(
-    settings: Settings | None = None, model: OnnxModel | None = None, cluster: Cluster | None = None
+    settings: Settings | None = None,
+    model: OnnxModel | None = None,
+    cluster: Cluster | None = None,
+    models: Sequence[OnnxModel] | None = None,
 ) -> FastAPI:
-    """The service as an ASGI app.
+    """The service as an ASGI app: one model, or several (``settings.models``) sharing one process.
 
     Args:
         settings: the frozen settings; ``Settings()`` (environment only) when omitted.
         model: an already loaded model (``python -m app`` loads it first to fail fast); loaded in the
             lifespan when omitted.
         cluster: the server this app is one worker of (:mod:`app.serving.cluster`); None for a single process.
+        models: every model already loaded, in the order of ``settings.model_entries()`` (for several).
 
     Raises:
         SettingsError: the API keys setting cannot be used (checked here, before anything serves).
     """
     settings = settings or Settings()
-    metrics = Metrics(cluster.shared.metrics_dir if cluster is not None else None)
+    served_entries = settings.model_entries()
+    names = [name for name, _ in served_entries if name is not None]
+    metrics = Metrics(cluster.shared.metrics_dir if cluster is not None else None, names)
     entries = settings.api_key_entries()
     keys = ApiKeys.from_entries(entries) if entries else None
     try:  # the standard OTEL_* variables: off unless they name a collector
@@ -77,44 +85,58 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        loaded = model if model is not None else await asyncio.to_thread(load_model, settings)
-        # The server's shared ledger once warm (_warm): a warm-up never waits on, or is refused by, the
-        # traffic the other workers hold.
-        engine = Engine(loaded, settings, metrics, tracing)
-        engine.start()
-        cache = _build_cache(settings, metrics)
-        service = Service(settings, loaded, engine, cache, metrics)
-        metrics.set_model(
-            service.served_name, loaded.variant, loaded.providers[0], loaded.manifest.source.weights
-        )
+        if models is not None:
+            loaded = list(models)
+        elif model is not None:
+            loaded = [model]
+        else:
+            loaded = await asyncio.to_thread(load_models, settings)
+        # Several models share one inference thread (and ONNX Runtime's one thread pool: load_models).
+        scheduler = Scheduler(trim_every=settings.memory_trim_batches) if len(served_entries) > 1 else None
+        tiers = _build_cache(settings, metrics)  # one LRU and one Redis for all: keys differ by model
+        services = []
+        for index, ((name, own), onnx) in enumerate(zip(served_entries, loaded, strict=True)):
+            view = metrics.for_model(name) if name is not None else metrics
+            # The server's shared ledger once warm (_warm): a warm-up never waits on, or is refused by,
+            # the traffic the other workers hold.
+            engine = Engine(onnx, own, view, tracing, scheduler)
+            engine.start()
+            services.append(Service(own, onnx, engine, VectorCache(tiers.memory, tiers.shared, view), view))
+            metrics.set_model(
+                services[-1].served_name,
+                onnx.variant,
+                onnx.providers[0],
+                onnx.manifest.source.weights,
+                index == 0,
+            )
+            if index:
+                view.watch_queue(engine.batcher.depth_of)
+        if scheduler is not None:
+            scheduler.start()
+        service = services[0]
+        served = Models(services, named=settings.models is not None)
         metrics.watch(
-            queue_depth=engine.batcher.depth_of,
-            in_flight=lambda: engine.admission.in_use,
-            cache_bytes=lambda: cache.memory.bytes if cache.memory is not None else 0,
+            queue_depth=service.engine.batcher.depth_of,
+            in_flight=lambda: sum(s.engine.admission.in_use for s in services),
+            cache_bytes=lambda: tiers.memory.bytes if tiers.memory is not None else 0,
             memory_bytes=cluster.memory_bytes if cluster is not None else _own_memory,
         )
         app.state.service = service
+        app.state.models = served
         rpc = None
         if settings.grpc_port is not None:
             from app.api.rpc.server import Grpc  # here: grpc costs its import only when gRPC is on
 
-            rpc = Grpc(
-                settings,
-                lambda: service,
-                metrics,
-                drain,
-                keys,
-                observer,
-            )
+            rpc = Grpc(settings, lambda: service, metrics, drain, keys, observer, lambda: served)
             await rpc.start()
         # A worker shares its listening socket with the others: it warms up before the server starts to
         # accept on it, so no connection lands on a worker that would answer 503 while the rest serve. A
         # single process accepts at once: /health answers, /ready says when it is warm.
         warm = None
         if cluster is not None:
-            await _warm(service, settings.warmup, metrics, cluster)
+            await _warm(served, settings.warmup, metrics, cluster)
         else:
-            warm = asyncio.create_task(_warm(service, settings.warmup, metrics, cluster))
+            warm = asyncio.create_task(_warm(served, settings.warmup, metrics, cluster))
         pushing = asyncio.create_task(_push_gauges(metrics)) if cluster is not None else None
         try:
             yield
@@ -127,12 +149,15 @@ def create_app(
                 pushing.cancel()
             if cluster is not None:
                 cluster.set_ready(False)
-            if cache.shared is not None:  # bounded: a stop must not wait on a Redis that does not answer
+            if tiers.shared is not None:  # bounded: a stop must not wait on a Redis that does not answer
                 try:
-                    await asyncio.wait_for(cache.shared.aclose(), REDIS_CLOSE_S)
+                    await asyncio.wait_for(tiers.shared.aclose(), REDIS_CLOSE_S)
                 except TimeoutError:
                     log.warning("the Redis client did not close within %.0f s; left as it is", REDIS_CLOSE_S)
-            engine.stop()
+            for each in services:
+                each.engine.stop()
+            if scheduler is not None:
+                scheduler.stop()
             await asyncio.to_thread(tracing.shutdown)  # what is queued goes out, within seconds
 
     app = FastAPI(
@@ -179,6 +204,7 @@ def _without_native_telemetry() -> dict[str, Any]:
 
 
 def _build_cache(settings: Settings, metrics: Metrics) -> VectorCache:
+    """The cache's tiers (each model reads them through a :class:`VectorCache` of its own)."""
     memory = MemoryLRU(settings.cache_bytes) if settings.cache_bytes > 0 else None
     shared = None
     if settings.redis_url is not None:
@@ -195,20 +221,29 @@ def _build_cache(settings: Settings, metrics: Metrics) -> VectorCache:
     return VectorCache(memory, shared, metrics)
 
 
-async def _warm(service: Service, warmup: bool, metrics: Metrics, cluster: Cluster | None) -> None:
-    await service.engine.wait_calibrated()  # the batch cost model: measured once, then read from its cache
-    if warmup:
-        await service.warmup()
-    if cluster is not None:
-        service.engine.admission.join(cluster.ledger)
+async def _warm(served: Models, warmup: bool, metrics: Metrics, cluster: Cluster | None) -> None:
+    """Warm every model (one after the other: they share the inference thread), then mark them ready
+    together: no model answers before every one can."""
+    for index, service in enumerate(served.services):
+        await (
+            service.engine.wait_calibrated()
+        )  # the batch cost model: measured once, then read from its cache
+        if warmup:
+            await service.warmup()
+        if cluster is not None:
+            service.engine.admission.join(cluster.ledger_for(index))
     _quiet_gc()
-    service.ready = True
+    for service in served.services:
+        service.ready = True
     metrics.ready(True)
     if cluster is not None:
         if cluster.replacing is not None:  # counted here: a replacement that dies starting is not one
             metrics.worker_replaced(cluster.replacing)
         cluster.set_ready(True)  # after the count: the supervisor retires the worker replaced on it
-    log.info("ready")
+    if served.named:  # which models, in order (the first is the default)
+        log.info("ready: %s", ", ".join(served.names))
+    else:
+        log.info("ready")
 
 
 def _own_memory() -> float:

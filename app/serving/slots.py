@@ -272,7 +272,8 @@ class Slots:
 def _forget(shared: Shared, index: int, proc: Proc) -> None:
     """Clear what a dead worker held: its permits, its ready flag, its memory, its live metrics."""
     with shared.permits.get_lock():
-        shared.permits[index] = 0
+        for at in range(index * shared.models, (index + 1) * shared.models):
+            shared.permits[at] = 0
     shared.ready[index] = 0
     shared.memory[index] = 0
     if proc.pid is not None:

@@ -52,7 +52,7 @@ from multiprocessing.process import BaseProcess
 from types import FrameType
 
 from app.model.manifest import ManifestError
-from app.model.runtime import CUDA, load_model
+from app.model.runtime import CUDA, load_models
 from app.serving.cluster import Cluster, Shared, first_provider
 from app.serving.factory import create_app
 from app.serving.server import http_server
@@ -70,14 +70,15 @@ PR_SET_PDEATHSIG = 1  # prctl(2)
 def serve(settings: Settings, count: int) -> int:
     """Run ``count`` workers on one listening socket until SIGTERM or SIGINT; the exit status.
 
-    ``settings.model`` must already name an exported, verified model folder (``check_model``).
+    ``settings.model`` (or each of ``settings.models``) must already name an exported, verified model
+    folder (``check_models``).
     """
     ctx = mp.get_context("spawn")
     listener = socket.create_server((settings.host, settings.port), backlog=2048, reuse_port=False)
     metrics_dir = tempfile.mkdtemp(prefix="zhembed-metrics-")
     os.environ[METRICS_DIR_VARIABLE] = metrics_dir  # inherited by every worker at spawn
     spares = 1 if settings.worker_max_memory_mb else 0  # where a replacement starts beside the old worker
-    shared = Shared.create(ctx, count + spares, count, metrics_dir)
+    shared = Shared.create(ctx, count + spares, count, metrics_dir, len(settings.model_entries()))
     settings = _per_worker(settings, count)
     signals: list[int] = []
 
@@ -171,12 +172,12 @@ def _worker(
         static={"worker": index},
     )
     try:
-        model = None if stop else load_model(settings)
+        models = None if stop else load_models(settings)
     except ManifestError as exc:
         print(f"zhembed worker {index}: cannot start: {exc}", file=sys.stderr)
         sys.exit(2)
-    if stop or model is None:
+    if stop or models is None:
         log.info("stopped (signal %d) while starting", stop[0])
         return
-    app = create_app(settings, model, Cluster(shared, index, replacing))
+    app = create_app(settings, cluster=Cluster(shared, index, replacing), models=models)
     http_server(app, settings).run(sockets=[listener])

@@ -1,6 +1,6 @@
-"""What ``GET /info`` shows of a service: the model by its served name (never a path), variant and
+"""What ``GET /info`` shows of a service: each model by its served name (never a path), variant and
 provider, limits, batching settings with the fitted batch cost model and the queue-delay budget, and the
-engine's and cache's counters."""
+engine's and cache's counters; which model answers each route by default."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from app import __version__
 from app.model.manifest import KIND_NAMES
 
 if TYPE_CHECKING:
+    from app.tasks.models import Models
     from app.tasks.service import Service
 
 
@@ -108,4 +109,16 @@ def describe(service: Service) -> dict[str, Any]:
         "version": __version__,
         "stats": service.engine.stats(),
         "cache": service.cache.stats(),
+    }
+
+
+def describe_all(models: Models) -> dict[str, Any]:
+    """The default model's description (:func:`describe`), each model's under ``models`` in order, and
+    the model each data route answers with when a request names none."""
+    default = models.services[0]
+    routes = dict.fromkeys(r for service in models.services for r in service.routes())
+    return {
+        **describe(default),
+        "models": [describe(service) for service in models.services],
+        "default_models": {route: models.default(route).served_name for route in routes},
     }

@@ -1,4 +1,5 @@
-"""The request running in this task, as far as the engine needs to know it: its trace span.
+"""The request running in this task, as far as the engine and telemetry need to know it: its trace span,
+timings, inputs and model.
 
 A module of its own, importing nothing of the app's, so that the engine's work items can read it
 without importing tracing (which imports the answers, which import the work items).
@@ -16,3 +17,6 @@ CURRENT_SPAN: ContextVar[Any] = ContextVar("zhembed_request_span", default=None)
 CURRENT_TIMINGS: ContextVar[Any] = ContextVar("zhembed_request_timings", default=None)
 # How many inputs the request being served carries (gRPC: set when its message is validated).
 CURRENT_INPUTS: ContextVar[int] = ContextVar("zhembed_request_inputs", default=0)
+# The name of the model serving the request, once one is chosen (a service of several models): its
+# metrics' model label, its span's and log line's model. Empty before (or when it is refused before).
+CURRENT_MODEL: ContextVar[str] = ContextVar("zhembed_request_model", default="")

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from app.telemetry.context import CURRENT_MODEL
 from app.telemetry.timings import Timings
 
 try:
@@ -75,7 +76,8 @@ def request_line(
     trace_id: str | None,
     error_type: str | None = None,
 ) -> None:
-    """Log the one INFO line of a finished request (route is the route's template, never the raw path)."""
+    """Log the one INFO line of a finished request (route is the route's template, never the raw path),
+    with the model that served it where one was chosen (:data:`app.telemetry.context.CURRENT_MODEL`)."""
     if not logger.isEnabledFor(logging.INFO):
         return
     fields: dict[str, Any] = {
@@ -85,6 +87,8 @@ def request_line(
         "inputs": inputs,
         "tokens": tokens,
     }
+    if model := CURRENT_MODEL.get():
+        fields["model"] = model
     total_ms = 0.0
     if timings is not None:
         total_ms = timings.total_ms

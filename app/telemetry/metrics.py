@@ -13,8 +13,9 @@ breaking change.
 from __future__ import annotations
 
 import bisect
+import copy
 from collections import Counter as Counter_
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -58,44 +59,55 @@ URGENCY_LABELS = tuple(str(u) for u in range(8))
 
 
 class Metrics:
-    def __init__(self, multiprocess_dir: str | None = None) -> None:
+    def __init__(self, multiprocess_dir: str | None = None, models: Sequence[str] = ()) -> None:
         """``multiprocess_dir``: the directory of a server with several workers (prometheus-client must
-        have been imported with ``PROMETHEUS_MULTIPROC_DIR`` naming it); None for one process."""
+        have been imported with ``PROMETHEUS_MULTIPROC_DIR`` naming it); None for one process.
+        ``models``: the names of a service of several models, whose request, batch, queue and cache
+        metrics then carry a ``model`` label (a service of one has none: its series stay as they were).
+        The stages of one model report through its view (:meth:`for_model`)."""
         self.multiprocess_dir = multiprocess_dir
+        self.models = tuple(models)
+        by = ["model"] if len(self.models) > 1 else []
+        # The model this object's stage methods report as: the first of several, None without the label.
+        self.model: str | None = self.models[0] if by else None
         self._watched: dict[Any, Callable[[], float]] = {}
-        self._request_children: dict[tuple[str, int | str, str, int], tuple[Counter, Histogram]] = {}
+        self._request_children: dict[tuple[str, int | str, str, int, str], tuple[Counter, Histogram]] = {}
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
             PREFIX + "requests",
             "Requests answered, by route (a gRPC call: its method), status (a gRPC call: its status code's "
-            "name), protocol (http, grpc) and urgency (0 most urgent ... 7 background; 3 default).",
-            ["route", "status", "protocol", "urgency"],
+            "name), protocol (http, grpc) and urgency (0 most urgent ... 7 background; 3 default); with "
+            "several models also by model (empty: refused before one was chosen).",
+            ["route", "status", "protocol", "urgency", *by],
             registry=r,
         )
         self.request_duration = Histogram(
             PREFIX + "request_duration_seconds",
-            "Time from the request's arrival to its response, by route, protocol and urgency.",
-            ["route", "protocol", "urgency"],
+            "Time from the request's arrival to its response, by route, protocol and urgency (and model).",
+            ["route", "protocol", "urgency", *by],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.queue_duration = Histogram(
             PREFIX + "queue_duration_seconds",
-            "Time an input waited in the batch queue before its batch ran, by its request's urgency.",
-            ["urgency"],
+            "Time an input waited in the batch queue before its batch ran, by its request's urgency (and "
+            "model).",
+            ["urgency", *by],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.tokenization_duration = Histogram(
             PREFIX + "tokenization_duration_seconds",
-            "Time a request waited for its inputs' tokenisation.",
+            "Time a request waited for its inputs' tokenisation (by model, with several).",
+            by,
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.inference_duration = Histogram(
             PREFIX + "inference_duration_seconds",
-            "Time one batch spent in ONNX Runtime.",
+            "Time one batch spent in ONNX Runtime (by model, with several).",
+            by,
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
@@ -104,29 +116,32 @@ class Metrics:
             "CPU time of the thread that runs ONNX Runtime, inside its runs: all of the model's CPU with "
             "one intra-op thread (with more, their share is not counted). Unlike the duration, it "
             "excludes waiting for the interpreter lock after a run.",
+            by,
             registry=r,
         )
         self.batch_size = Histogram(
-            PREFIX + "batch_size", "Inputs per batch.", buckets=BATCH_SIZE_BUCKETS, registry=r
+            PREFIX + "batch_size", "Inputs per batch.", by, buckets=BATCH_SIZE_BUCKETS, registry=r
         )
         self.batch_tokens = Histogram(
             PREFIX + "batch_tokens",
             "Tokens per batch, padding included (batch size × longest).",
+            by,
             buckets=BATCH_TOKENS_BUCKETS,
             registry=r,
         )
         self.computed_tokens = Counter(
-            PREFIX + "computed_tokens", "Tokens the encoder computed, padding included.", registry=r
+            PREFIX + "computed_tokens", "Tokens the encoder computed, padding included.", by, registry=r
         )
         self.padding_tokens = Counter(
             PREFIX + "padding_tokens",
             "Padding tokens the encoder computed; padding share = padding / computed.",
+            by,
             registry=r,
         )
         self.queue_depth = Gauge(
             PREFIX + "queue_depth",
-            "Inputs waiting in the batch queue, by their requests' urgency.",
-            ["urgency"],
+            "Inputs waiting in the batch queue, by their requests' urgency (and model).",
+            ["urgency", *by],
             registry=r,
             multiprocess_mode="livesum",
         )
@@ -142,14 +157,17 @@ class Metrics:
             registry=r,
             multiprocess_mode="livesum",
         )
-        self.cache_hits = Counter(PREFIX + "cache_hits", "Vector cache hits, by tier.", ["tier"], registry=r)
+        self.cache_hits = Counter(
+            PREFIX + "cache_hits", "Vector cache hits, by tier (and model).", ["tier", *by], registry=r
+        )
         self.cache_misses = Counter(
-            PREFIX + "cache_misses", "Vector cache misses, by tier.", ["tier"], registry=r
+            PREFIX + "cache_misses", "Vector cache misses, by tier (and model).", ["tier", *by], registry=r
         )
         self.cache_errors = Counter(
             PREFIX + "cache_errors",
-            "Vector cache operations that failed or were dropped, by tier; requests are served anyway.",
-            ["tier"],
+            "Vector cache operations that failed or were dropped, by tier (and model); requests are served "
+            "anyway.",
+            ["tier", *by],
             registry=r,
         )
         self.cache_bytes = Gauge(
@@ -185,27 +203,65 @@ class Metrics:
         )
         for reason in REPLACEMENT_REASONS:
             self.worker_replacements.labels(reason)
-        for tier in TIERS:  # so every series exists from the first scrape
-            self.cache_hits.labels(tier)
-            self.cache_misses.labels(tier)
-            self.cache_errors.labels(tier)
-        self._queued = [self.queue_duration.labels(u) for u in URGENCY_LABELS]
-        self._depths = [self.queue_depth.labels(u) for u in URGENCY_LABELS]
+        self._bind()
+        for model in self.models[1:]:  # so every model's series exists from the first scrape
+            self.for_model(model)
+
+    def _bind(self) -> None:
+        """Look up this view's labelled children once (``labels()`` costs ~5 µs a call); create the
+        cache tiers' series so they exist from the first scrape."""
+        m = () if self.model is None else (self.model,)
+        self._tokenized = self.tokenization_duration.labels(*m) if m else self.tokenization_duration
+        self._inference = self.inference_duration.labels(*m) if m else self.inference_duration
+        self._cpu = self.inference_cpu.labels(*m) if m else self.inference_cpu
+        self._size = self.batch_size.labels(*m) if m else self.batch_size
+        self._tokens = self.batch_tokens.labels(*m) if m else self.batch_tokens
+        self._computed = self.computed_tokens.labels(*m) if m else self.computed_tokens
+        self._padding = self.padding_tokens.labels(*m) if m else self.padding_tokens
+        self._queued = [self.queue_duration.labels(u, *m) for u in URGENCY_LABELS]
+        self._depths = [self.queue_depth.labels(u, *m) for u in URGENCY_LABELS]
+        self._tiers = {
+            tier: (
+                self.cache_hits.labels(tier, *m),
+                self.cache_misses.labels(tier, *m),
+                self.cache_errors.labels(tier, *m),
+            )
+            for tier in TIERS
+        }
+
+    def for_model(self, model: str) -> Metrics:
+        """The view that one model's stages report through: the same metrics, its ``model`` label (this
+        object itself in a service of one model, whose metrics have no such label)."""
+        if self.model is None or model == self.model:
+            return self
+        view = copy.copy(self)  # shares the registry, the metrics and what is watched
+        view.model = model
+        view._bind()
+        return view
 
     # --- what the stages report -------------------------------------------------------------------
 
     def request_done(
-        self, route: str, status: int | str, seconds: float, protocol: str = "http", urgency: int = 3
+        self,
+        route: str,
+        status: int | str,
+        seconds: float,
+        protocol: str = "http",
+        urgency: int = 3,
+        model: str = "",
     ) -> None:
-        # The labelled children, looked up once per (route, status, protocol, urgency): ``labels()`` costs
-        # ~5 µs a request. Bounded: routes are the app's own (or "unmatched"), gRPC methods the services',
-        # statuses the few the app answers, urgencies 0 … 7.
-        key = (route, status, protocol, urgency)
+        """One request answered; ``model``: the one that served it (labelled with several; empty: refused
+        before one was chosen)."""
+        # The labelled children, looked up once per (route, status, protocol, urgency, model): ``labels()``
+        # costs ~5 µs a request. Bounded: routes are the app's own (or "unmatched"), gRPC methods the
+        # services', statuses the few the app answers, urgencies 0 … 7, models the served ones.
+        key = (route, status, protocol, urgency, model)
         children = self._request_children.get(key)
         if children is None:
+            by = (model,) if self.model is not None else ()
             children = (
-                self.requests.labels(route, str(status), protocol, URGENCY_LABELS[urgency]),
-                self.request_duration.labels(route, protocol, URGENCY_LABELS[urgency]),
+                self.requests.labels(route, str(status), protocol, URGENCY_LABELS[urgency], *by),
+                self.request_duration.labels(route, protocol, URGENCY_LABELS[urgency], *by),
             )
             self._request_children[key] = children
         children[0].inc()
@@ -215,18 +271,18 @@ class Metrics:
         self.failures.labels(reason).inc()
 
     def batch_assembled(self, size: int, real_tokens: int, computed_tokens: int) -> None:
-        self.batch_size.observe(size)
-        self.batch_tokens.observe(computed_tokens)
-        self.computed_tokens.inc(computed_tokens)
-        self.padding_tokens.inc(computed_tokens - real_tokens)
+        self._size.observe(size)
+        self._tokens.observe(computed_tokens)
+        self._computed.inc(computed_tokens)
+        self._padding.inc(computed_tokens - real_tokens)
 
     def batch_ran(
         self, seconds: float, cpu_seconds: float, queued: np.ndarray, urgencies: list[int] | None = None
     ) -> None:
         """One batch's inference time (wall and the running thread's CPU) and how long each of its inputs
         had waited (seconds, one each), by their urgencies (one each; None: all the default)."""
-        self.inference_duration.observe(seconds)
-        self.inference_cpu.inc(cpu_seconds)
+        self._inference.observe(seconds)
+        self._cpu.inc(cpu_seconds)
         if not urgencies:
             observe_many(self._queued[3], queued)
             return
@@ -239,16 +295,17 @@ class Metrics:
             observe_many(self._queued[u], queued[each == u])
 
     def tokenized(self, seconds: float) -> None:
-        self.tokenization_duration.observe(seconds)
+        self._tokenized.observe(seconds)
 
     def cache_lookup(self, tier: str, hits: int, misses: int) -> None:
+        hit, miss, _ = self._tiers[tier]
         if hits:
-            self.cache_hits.labels(tier).inc(hits)
+            hit.inc(hits)
         if misses:
-            self.cache_misses.labels(tier).inc(misses)
+            miss.inc(misses)
 
     def cache_error(self, tier: str, count: int = 1) -> None:
-        self.cache_errors.labels(tier).inc(count)
+        self._tiers[tier][2].inc(count)
 
     def watch(
         self,
@@ -258,15 +315,25 @@ class Metrics:
         memory_bytes: Callable[[], float],
     ) -> None:
         """Gauges read from the engine, the cache and the process: at scrape time, or by :meth:`refresh`
-        with workers. ``queue_depth`` takes an urgency (0 … 7)."""
-        self._watched = {
-            **{gauge: partial(queue_depth, u) for u, gauge in enumerate(self._depths)},
-            self.inputs_in_flight: in_flight,
-            self.cache_bytes: cache_bytes,
-            self.worker_memory: memory_bytes,
-        }
+        with workers. ``queue_depth`` takes an urgency (0 … 7): this view's model's queue (the other
+        models' through :meth:`watch_queue` on their views)."""
+        self._watch(
+            {
+                self.inputs_in_flight: in_flight,
+                self.cache_bytes: cache_bytes,
+                self.worker_memory: memory_bytes,
+            }
+        )
+        self.watch_queue(queue_depth)
+
+    def watch_queue(self, queue_depth: Callable[[int], float]) -> None:
+        """The queue depth gauges of this view's model, read from ``queue_depth(urgency)``."""
+        self._watch({gauge: partial(queue_depth, u) for u, gauge in enumerate(self._depths)})
+
+    def _watch(self, gauges: dict[Any, Callable[[], float]]) -> None:
+        self._watched.update(gauges)  # in place: the views share it
         if self.multiprocess_dir is None:
-            for gauge, read in self._watched.items():
+            for gauge, read in gauges.items():
                 gauge.set_function(read)
 
     def refresh(self) -> None:
@@ -280,8 +347,10 @@ class Metrics:
     def worker_replaced(self, reason: str) -> None:
         self.worker_replacements.labels(reason).inc()
 
-    def set_model(self, model: str, variant: str, provider: str, weights: str) -> None:
-        if self.multiprocess_dir is None:  # (one model per process: nothing to clear with workers)
+    def set_model(self, model: str, variant: str, provider: str, weights: str, clear: bool = True) -> None:
+        """One loaded model's info series; ``clear``: drop those of any model set before (the first of a
+        service's models clears, the others add)."""
+        if clear and self.multiprocess_dir is None:  # (with workers each starts afresh: nothing to clear)
             self.model_info.clear()
         self.model_info.labels(model, variant, provider, weights).set(1)
 

@@ -5,7 +5,7 @@ leaves it in :data:`app.telemetry.context.CURRENT_SPAN`, where the jobs the requ
 thread can link each batch's span to the requests it served. :meth:`Observer.end` ends it, with child
 spans laid out from the :class:`~app.tasks.answers.Timings` the service measured anyway (no clocks of its
 own on the hot path), and writes the request's one JSON log line (``ZHEMBED_LOG_FORMAT=json``): route,
-status, inputs, tokens, timings and the trace id, never a text, a header or a key.
+status, model, inputs, tokens, timings and the trace id, never a text, a header or a key.
 """
 
 from __future__ import annotations
@@ -58,11 +58,14 @@ class Observer:
         status: int | str,
         inputs: int,
         error_type: str | None,
+        model: str = "",
     ) -> None:
-        """End the span and write the log line, with the timings the service left for this request."""
+        """End the span and write the log line, with the timings the service left for this request and the
+        model that served it (empty: none was chosen)."""
         timings: Timings | None = CURRENT_TIMINGS.get()
         if span is not None:
-            self.tracing.end_request(span, time.time_ns(), status, timings, error_type)
+            attributes = {"zhembed.model": model} if model else None
+            self.tracing.end_request(span, time.time_ns(), status, timings, error_type, attributes)
         if self.json_lines:
             request_line(
                 log,

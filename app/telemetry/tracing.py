@@ -231,9 +231,16 @@ class Tracing:
         )
 
     def batch(
-        self, start_ns: int, end_ns: int, size: int, tokens: int, requests: Sequence[RequestSpan | None]
+        self,
+        start_ns: int,
+        end_ns: int,
+        size: int,
+        tokens: int,
+        requests: Sequence[RequestSpan | None],
+        model: str | None = None,
     ) -> None:
-        """A ``batch`` span in its own trace, linked to the request spans it served (any thread)."""
+        """A ``batch`` span in its own trace, linked to the request spans it served (any thread);
+        ``model``: which model of several it ran (``zhembed.model``)."""
         if not self.enabled:
             return
         try:
@@ -250,7 +257,11 @@ class Tracing:
                 "batch",
                 context=Context(),
                 kind=SpanKind.INTERNAL,
-                attributes={"zhembed.batch.size": size, "zhembed.batch.tokens": tokens},
+                attributes={
+                    "zhembed.batch.size": size,
+                    "zhembed.batch.tokens": tokens,
+                    **({"zhembed.model": model} if model is not None else {}),
+                },
                 links=links,
                 start_time=start_ns,
             ).end(end_time=max(end_ns, start_ns))

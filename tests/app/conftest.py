@@ -36,9 +36,12 @@ class Running:
         return self.app.state.service
 
 
-def start_server(settings: Settings, model: Any = None) -> tuple[Running, uvicorn.Server, threading.Thread]:
-    """A real server on a free port; ``model``: an already loaded one (else loaded from ``settings``)."""
-    app = create_app(settings, model=model)
+def start_server(
+    settings: Settings, model: Any = None, models: Any = None
+) -> tuple[Running, uvicorn.Server, threading.Thread]:
+    """A real server on a free port; ``model``: an already loaded one (else loaded from ``settings``);
+    ``models``: every model of a service of several, already loaded."""
+    app = create_app(settings, model=model, models=models)
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", loop="asyncio")
     )
@@ -51,7 +54,7 @@ def start_server(settings: Settings, model: Any = None) -> tuple[Running, uvicor
         time.sleep(0.02)
     port = server.servers[0].sockets[0].getsockname()[1]
     running = Running(app, f"http://127.0.0.1:{port}")
-    # Not through /ready: with API keys on it may need a key.
+    # Not through /ready: with API keys on it may need a key. Several models are marked ready together.
     while not (getattr(app.state, "service", None) is not None and app.state.service.ready):
         if time.monotonic() > deadline:
             raise RuntimeError("the test server did not get ready")
@@ -152,6 +155,42 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
+# A tagger's labels (BIO over people, places and organisations), for the tiny token classifier.
+ENTITY_LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG", "I-ORG"]
+
+
+@pytest.fixture(scope="session")
+def tiny_reranker_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cross-encoder (one label) on a tiny BERT of its own weights, exported fp32."""
+    from tests.checkpoints import export, save_head
+    from tests.conftest import make_tiny_source
+
+    source = save_head(
+        tmp_path_factory.mktemp("tiny-reranker-source"),
+        make_tiny_source(tmp_path_factory.mktemp("tiny-reranker-base"), seed=21),
+        "BertForSequenceClassification",
+        ["LABEL_0"],
+        std=0.3,
+    )
+    return export(source, tmp_path_factory.mktemp("tiny-reranker") / "model")
+
+
+@pytest.fixture(scope="session")
+def tiny_tagger_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A token classifier on a tiny BERT of its own weights, exported fp32."""
+    from tests.checkpoints import export, save_head
+    from tests.conftest import make_tiny_source
+
+    source = save_head(
+        tmp_path_factory.mktemp("tiny-tagger-source"),
+        make_tiny_source(tmp_path_factory.mktemp("tiny-tagger-base"), seed=22),
+        "BertForTokenClassification",
+        ENTITY_LABELS,
+        std=1.0,
+    )
+    return export(source, tmp_path_factory.mktemp("tiny-tagger") / "model")
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tiny_settings: Settings) -> Any:
     from app.model.runtime import load_model
@@ -233,9 +272,9 @@ def own_redis() -> Iterator[RedisProcess]:
 
 
 @contextmanager
-def serving(settings: Settings, model: Any = None) -> Iterator[Running]:
-    """A real server for ``settings`` (on ``model``, if given), stopped on exit."""
-    running, uv, thread = start_server(settings, model)
+def serving(settings: Settings, model: Any = None, models: Any = None) -> Iterator[Running]:
+    """A real server for ``settings`` (on ``model``, or ``models``, if given), stopped on exit."""
+    running, uv, thread = start_server(settings, model, models)
     try:
         yield running
     finally:

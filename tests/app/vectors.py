@@ -9,6 +9,8 @@ the cache served the second answer, and the tests that check that compare bytes.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from numpy.typing import ArrayLike
 
@@ -45,3 +47,22 @@ def assert_same_bits(packed: ArrayLike, floats: ArrayLike, signed: bool) -> None
     assert np.array_equal(bits[sure], (b > 0)[sure]), (
         f"{int((bits[sure] != (b > 0)[sure]).sum())} bits differ"
     )
+
+
+def assert_same_answer(got: Any, want: Any, where: str = "") -> None:
+    """Two JSON answers are the same answer, computed apart: equal structure and strings, lists of floats
+    the same vectors (:func:`assert_same_vectors`), other numbers within 1e-6 (scores)."""
+    if isinstance(want, dict):
+        assert isinstance(got, dict) and set(got) == set(want), where
+        for key in want:
+            assert_same_answer(got[key], want[key], f"{where}.{key}")
+    elif isinstance(want, list) and want and all(isinstance(x, float) for x in want):
+        assert_same_vectors(got, want, where)
+    elif isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert_same_answer(g, w, f"{where}[{i}]")
+    elif isinstance(want, float):
+        assert abs(got - want) <= 1e-6, (where, got, want)
+    else:
+        assert got == want, (where, got, want)

@@ -13,7 +13,8 @@ same route function:
    deep, is not UTF-8 (400, ``malformed``), is missing or is not an object, and for fields that do not
    validate (422; the schema models' ``model_validate``, strict), all through
    :func:`app.api.errors.validation_error`;
-3. the route function, with the service; typed errors through the one error table, anything else a
+3. the route function, with the service of the model the body names (``model``), or the route's
+   default (:class:`app.tasks.models.Models`); typed errors through the one error table, anything else a
    logged server fault (500); a client that leaves gets its work cancelled (499, ``client_closed``);
 4. the answer sent as two ASGI messages (the route's prebuilt byte-pair headers), ``connection: close``
    added while draining or retiring; the request counted
@@ -61,7 +62,9 @@ from app.api.http.body_limit import read_body
 from app.api.http.gates import Gates
 from app.api.http.request_metrics import INTERNAL, count
 from app.errors import MalformedBody, NotReady, ServiceError, ValidationFailed
+from app.tasks.models import Models
 from app.tasks.service import Service
+from app.telemetry.context import CURRENT_MODEL
 from app.telemetry.observe import SCOPE_INPUTS, count_inputs, traceparent
 
 log = logging.getLogger(__name__)
@@ -115,6 +118,7 @@ class DataPath:
             return
         gates = self.gates
         started = time.perf_counter()
+        CURRENT_MODEL.set("")  # set once the model is chosen (app.tasks.models)
         status = 500
         observer = gates.observer
         span = observer.begin("http", scope["path"], traceparent(scope)) if observer is not None else None
@@ -142,6 +146,9 @@ class DataPath:
             body = parsed(model, await read_body(receive, gates.max_body_bytes), content_type)
             if gates.observer is not None:
                 scope[SCOPE_INPUTS] = count_inputs(body)
+            models: Models | None = getattr(self.state, "models", None)
+            if models is not None:  # the model the body names, or the route's default
+                service = models.pick(getattr(body, "model", None), scope["path"])
             response = await endpoint(body, Request(scope, receive), service)
         except ServiceError as exc:
             return await gates.answer_error(exc, scope, send)

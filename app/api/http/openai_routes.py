@@ -2,7 +2,9 @@
 list at ``/v1/models`` that several OpenAI clients read first.
 
 Thin like the others; errors on these paths take OpenAI's shape (decided in :mod:`app.api.errors`).
-Every answer names the model by its served name (``ZHEMBED_SERVED_MODEL_NAME``), never by a path.
+Every answer names the model by its served name (``ZHEMBED_SERVED_MODEL_NAME``, or the names of
+``ZHEMBED_MODELS``), never by a path; the embeddings route's model is the one the request names (of
+several), chosen on the data path (:mod:`app.api.http.fast`).
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from app.api.http.openai_schemas import (
     OpenAIModel,
     OpenAIModelList,
 )
-from app.api.http.routes import ServiceDep, json_response
-from app.errors import EmptyInput, NotFound
+from app.api.http.routes import ModelsDep, ServiceDep, json_response
+from app.errors import EmptyInput, UnknownModel
 from app.tasks.service import Service
 
 router = APIRouter()
@@ -49,7 +51,7 @@ for _path in sorted(OPENAI_PATHS, reverse=True):  # /v1/embeddings first in the 
         embeddings,
         methods=["POST"],
         response_model=OpenAIEmbeddingResponse,
-        responses=openapi_responses(EmptyInput, openai=True),
+        responses=openapi_responses(UnknownModel, EmptyInput, openai=True),
         include_in_schema=_path.startswith("/v1/"),
     )
 
@@ -59,16 +61,16 @@ def _card(service: Service) -> dict[str, object]:
 
 
 @router.get("/v1/models", response_model=OpenAIModelList, responses=openapi_responses(openai=True))
-async def models(service: ServiceDep) -> Response:
-    """OpenAI's model list: the one model this server serves, by its served name."""
-    return json_response({"object": "list", "data": [_card(service)]})
+async def models(served: ModelsDep) -> Response:
+    """OpenAI's model list: every model this server serves, by its served name, the default first."""
+    return json_response({"object": "list", "data": [_card(service) for service in served.services]})
 
 
 @router.get(
-    "/v1/models/{model:path}", response_model=OpenAIModel, responses=openapi_responses(NotFound, openai=True)
+    "/v1/models/{model:path}",
+    response_model=OpenAIModel,
+    responses=openapi_responses(UnknownModel, openai=True),
 )
-async def model(model: str, service: ServiceDep) -> Response:
-    """OpenAI's model retrieval: the served model, or 404 for any other name."""
-    if model != service.served_name:
-        raise NotFound(f"no model {model!r} here: this server serves {service.served_name!r}")
-    return json_response(_card(service))
+async def model(model: str, served: ModelsDep) -> Response:
+    """OpenAI's model retrieval: a served model, or 404 for any other name (listing the served ones)."""
+    return json_response(_card(served.get(model)))

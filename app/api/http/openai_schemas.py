@@ -45,7 +45,9 @@ class OpenAIEmbeddingRequest(StrictRequest):
     )
     model: str | None = Field(
         default=None,
-        description="Accepted for compatibility (any name); answers carry the served model name.",
+        description="The model, by its served name (GET /v1/models). A service of several models answers "
+        "404 for a name it does not serve; a service of one accepts any name (OpenAI's clients send their "
+        "own). Answers carry the served name.",
     )
     encoding_format: OpenAIEncoding = Field(
         default="float",

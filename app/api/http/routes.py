@@ -34,9 +34,10 @@ from app.api.schemas.heads import (
     TokenClassificationResponse,
 )
 from app.api.schemas.tokenize import TokenizeRequest, TokenizeResponse
-from app.errors import EmptyInput, NotReady, Unsupported, ValidationFailed
+from app.errors import EmptyInput, NotReady, UnknownModel, Unsupported, ValidationFailed
 from app.model.tokenizer import TextInput
-from app.tasks.info import describe
+from app.tasks.info import describe_all
+from app.tasks.models import Models
 from app.tasks.options import FloatEncoding
 from app.tasks.service import Service, Timings, TokenVectors
 from app.tasks.sparse import SparseVector
@@ -67,6 +68,17 @@ async def get_service(request: Request) -> Service:
 
 
 ServiceDep = Annotated[Service, Depends(get_service)]
+
+
+async def get_models(request: Request) -> Models:
+    """Every model the service serves (a data route's is chosen on the data path: :mod:`app.api.http.fast`)."""
+    models: Models | None = getattr(request.app.state, "models", None)
+    if models is None:
+        raise NotReady("the model is still loading")
+    return models
+
+
+ModelsDep = Annotated[Models, Depends(get_models)]
 
 
 def timing_headers(timings: Timings) -> list[tuple[bytes, bytes]]:
@@ -122,7 +134,9 @@ def token_vectors_payload(answer: TokenVectors, encoding: FloatEncoding) -> Any:
     return entry
 
 
-@router.post("/embed", response_model=EmbedResponse, responses=openapi_responses(EmptyInput, Unsupported))
+@router.post(
+    "/embed", response_model=EmbedResponse, responses=openapi_responses(UnknownModel, EmptyInput, Unsupported)
+)
 async def embed(body: EmbedRequest, request: Request, service: ServiceDep) -> Response:
     """One vector per input, in input order."""
     answer = await unless_disconnected(
@@ -134,7 +148,7 @@ async def embed(body: EmbedRequest, request: Request, service: ServiceDep) -> Re
 @router.post(
     "/",
     response_model=EmbedResponse | list[float],
-    responses=openapi_responses(EmptyInput, Unsupported),
+    responses=openapi_responses(UnknownModel, EmptyInput, Unsupported),
 )
 async def root(body: RootRequest, request: Request, service: ServiceDep) -> Response:
     """text-embeddings-inference's root route, which Hugging Face's InferenceClient posts to when given
@@ -175,7 +189,9 @@ def sparse_payload(vectors: list[SparseVector]) -> list[list[dict[str, float]]]:
 
 
 @router.post(
-    "/embed_sparse", response_model=EmbedSparseResponse, responses=openapi_responses(EmptyInput, Unsupported)
+    "/embed_sparse",
+    response_model=EmbedSparseResponse,
+    responses=openapi_responses(UnknownModel, EmptyInput, Unsupported),
 )
 async def embed_sparse(body: EmbedSparseRequest, request: Request, service: ServiceDep) -> Response:
     """Per input its sparse (SPLADE) vector: a weight per vocabulary entry, the zero ones left out."""
@@ -185,7 +201,9 @@ async def embed_sparse(body: EmbedSparseRequest, request: Request, service: Serv
     return json_response(sparse_payload(answer.value), answer.timings)
 
 
-@router.post("/embed_all", response_model=EmbedAllResponse, responses=openapi_responses(EmptyInput))
+@router.post(
+    "/embed_all", response_model=EmbedAllResponse, responses=openapi_responses(UnknownModel, EmptyInput)
+)
 async def embed_all(body: EmbedAllRequest, request: Request, service: ServiceDep) -> Response:
     """Per input, the vector of each of its tokens, in order (optionally with the tokens and norms)."""
     answer = await unless_disconnected(
@@ -194,7 +212,11 @@ async def embed_all(body: EmbedAllRequest, request: Request, service: ServiceDep
     return json_response([token_vectors_payload(a, body.encoding) for a in answer.value], answer.timings)
 
 
-@router.post("/similarity", response_model=list[float], responses=openapi_responses(EmptyInput, Unsupported))
+@router.post(
+    "/similarity",
+    response_model=list[float],
+    responses=openapi_responses(UnknownModel, EmptyInput, Unsupported),
+)
 async def similarity(body: SimilarityRequest, request: Request, service: ServiceDep) -> Response:
     """Cosine of source_sentence with each sentence, or one score per pair."""
     source = body.inputs.source_sentence if body.inputs else None
@@ -205,7 +227,11 @@ async def similarity(body: SimilarityRequest, request: Request, service: Service
     return json_response(answer.value, answer.timings)
 
 
-@router.post("/predict", response_model=PredictResponse, responses=openapi_responses(EmptyInput, Unsupported))
+@router.post(
+    "/predict",
+    response_model=PredictResponse,
+    responses=openapi_responses(UnknownModel, EmptyInput, Unsupported),
+)
 async def predict(body: PredictRequest, request: Request, service: ServiceDep) -> Response:
     """text-embeddings-inference's /predict, for a sequence classifier (or a cross-encoder): every label
     with its score, best first, per input. An input is a string or a pair ``[text, text_pair]``; a list
@@ -216,7 +242,11 @@ async def predict(body: PredictRequest, request: Request, service: ServiceDep) -
     return json_response(answer.value[0] if body.single() else answer.value, answer.timings)
 
 
-@router.post("/rerank", response_model=RerankResponse, responses=openapi_responses(EmptyInput, Unsupported))
+@router.post(
+    "/rerank",
+    response_model=RerankResponse,
+    responses=openapi_responses(UnknownModel, EmptyInput, Unsupported),
+)
 async def rerank(body: RerankRequest, request: Request, service: ServiceDep) -> Response:
     """text-embeddings-inference's /rerank, for a cross-encoder: each text's score against the query,
     best first, with its index in ``texts`` (and the text with ``return_text``)."""
@@ -232,7 +262,7 @@ async def rerank(body: RerankRequest, request: Request, service: ServiceDep) -> 
 @router.post(
     "/token-classification",
     response_model=TokenClassificationResponse,
-    responses=openapi_responses(EmptyInput, Unsupported),
+    responses=openapi_responses(UnknownModel, EmptyInput, Unsupported),
 )
 async def token_classification(
     body: TokenClassificationRequest, request: Request, service: ServiceDep
@@ -251,7 +281,9 @@ async def token_classification(
 
 
 @router.post(
-    "/fill-mask", response_model=FillMaskResponse, responses=openapi_responses(EmptyInput, Unsupported)
+    "/fill-mask",
+    response_model=FillMaskResponse,
+    responses=openapi_responses(UnknownModel, EmptyInput, Unsupported),
 )
 async def fill_mask(body: FillMaskRequest, request: Request, service: ServiceDep) -> Response:
     """The top_k predictions for each [MASK], in the shapes of transformers' fill-mask pipeline: for a
@@ -262,7 +294,9 @@ async def fill_mask(body: FillMaskRequest, request: Request, service: ServiceDep
     return json_response(answer.value, answer.timings)
 
 
-@router.post("/tokenize", response_model=TokenizeResponse, responses=openapi_responses(EmptyInput))
+@router.post(
+    "/tokenize", response_model=TokenizeResponse, responses=openapi_responses(UnknownModel, EmptyInput)
+)
 async def tokenize(body: TokenizeRequest, request: Request, service: ServiceDep) -> Response:
     """Tokens with ids and character offsets, per input."""
     answer = await service.tokens.tokenize(body.inputs, body.add_special_tokens)
@@ -276,9 +310,9 @@ async def health() -> Response:
 
 
 @router.get("/ready", responses=openapi_responses(NotReady))
-async def ready(request: Request, service: ServiceDep) -> Response:
-    """Readiness: the model is loaded and warmed up (in every worker, when there are several)."""
-    if not service.ready:
+async def ready(request: Request, models: ModelsDep) -> Response:
+    """Readiness: every model is loaded and warmed up (in every worker, when there are several)."""
+    if not models.ready:
         raise NotReady("the model is still warming up")
     cluster: Workers | None = request.app.state.cluster
     if cluster is not None and not cluster.all_ready():
@@ -294,9 +328,10 @@ async def metrics(request: Request) -> Response:
 
 
 @router.get("/info")
-async def info(request: Request, service: ServiceDep) -> Response:
+async def info(request: Request, models: ModelsDep) -> Response:
     """The model, variant, provider, limits, batching settings and engine counters (of the worker that
-    answers, when there are several: ``worker`` says which)."""
+    answers, when there are several: ``worker`` says which): the default model's at the top, every
+    model's under ``models``, and which one each route answers with when a request names none."""
     cluster: Workers | None = request.app.state.cluster
     worker = {"index": cluster.index, "of": cluster.size} if cluster is not None else {"index": 0, "of": 1}
-    return json_response({**describe(service), "worker": {**worker, "pid": os.getpid()}})
+    return json_response({**describe_all(models), "worker": {**worker, "pid": os.getpid()}})

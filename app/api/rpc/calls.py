@@ -9,7 +9,9 @@ name as the status. The metadata ``priority`` carries what HTTP's ``Priority`` h
 ``u=0`` … ``u=7``), read by the same function (:func:`app.api.urgency.urgency`), with the API key's
 default urgency where it sets none; the call runs at that urgency (:data:`app.engine.priority.URGENCY`).
 Of the HTTP gates (:mod:`app.api.http.gates`) a call runs the ones that apply: draining
-(:func:`app.api.drain.shutting_down`), the key (:meth:`app.api.auth.ApiKeys.check`) and the urgency.
+(:func:`app.api.drain.shutting_down`), the key (:meth:`app.api.auth.ApiKeys.check`) and the urgency. The
+metadata ``model`` names the model that answers, as a body's ``model`` does over HTTP (none: the default
+of the HTTP route the method is the twin of, :data:`ROUTES`; :class:`app.tasks.models.Models`).
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ from app.api.errors import row_for, server_fault, validation_message
 from app.api.urgency import urgency
 from app.engine.priority import URGENCY
 from app.errors import NotReady, ServiceError, Unauthorized, ValidationFailed
+from app.tasks.models import Models
 from app.tasks.service import Service
-from app.telemetry.context import CURRENT_INPUTS
+from app.telemetry.context import CURRENT_INPUTS, CURRENT_MODEL
 from app.telemetry.metrics import Metrics
 from app.telemetry.observe import Observer, count_inputs
 
@@ -43,6 +46,27 @@ Response = TypeVar("Response")
 
 # Requests of one stream run at once, at most: each is admitted like any other, answers go out in order.
 STREAM_WINDOW = 32
+
+# Each method (its stream's too) by the HTTP route it is the twin of: whose default model it takes.
+ROUTES = {
+    "Embed": "/embed",
+    "EmbedAll": "/embed_all",
+    "EmbedSparse": "/embed_sparse",
+    "Predict": "/predict",
+    "PredictPair": "/predict",
+    "Rerank": "/rerank",
+    "Tokenize": "/tokenize",
+    "Decode": "/tokenize",
+    "Similarity": "/similarity",
+    "FillMask": "/fill-mask",
+    "Info": "/info",
+}
+
+
+def route_of(method: str) -> str:
+    """The HTTP route a gRPC method (``/tei.v1.Embed/EmbedStream``) is the twin of."""
+    name = method.rpartition("/")[2]
+    return ROUTES.get(name.removesuffix("Stream"), ROUTES.get(name, method))
 
 
 def validated(schema: type[M], fields: dict[str, Any]) -> M:
@@ -68,8 +92,12 @@ class Calls:
         drain: Drain,
         keys: ApiKeys | None,
         observer: Observer | None = None,
+        models: Callable[[], Models | None] | None = None,
     ) -> None:
+        """``service``: the (default) model's, once loaded; ``models``: every model's, which a call's
+        metadata ``model`` chooses from (None: always ``service``)."""
         self._service = service
+        self._models = models
         self.metrics = metrics
         self.drain = drain
         self.keys = keys
@@ -84,16 +112,19 @@ class Calls:
         return self.observer.begin("grpc", method, parent if isinstance(parent, str) else None)
 
     def _done(self, method: str, code: str, started: float, span: Any) -> None:
-        self.metrics.request_done(method, code, time.perf_counter() - started, "grpc", URGENCY.get())
+        model = CURRENT_MODEL.get()
+        self.metrics.request_done(method, code, time.perf_counter() - started, "grpc", URGENCY.get(), model)
         if self.observer is not None:
             reason = None if code == "OK" else code.lower()
-            self.observer.end(span, "grpc", method, code, CURRENT_INPUTS.get(), reason)
+            self.observer.end(span, "grpc", method, code, CURRENT_INPUTS.get(), reason, model)
 
-    def _admit(self, context: grpc.aio.ServicerContext) -> Service:
-        """The service, once the call may use it; sets the call's urgency for the engine.
+    def _admit(self, method: str, context: grpc.aio.ServicerContext) -> Service:
+        """The service of the model the call names (metadata ``model``, else ``method``'s default), once
+        the call may use it; sets the call's urgency for the engine.
 
         Raises:
-            ServiceError: draining (UNAVAILABLE), no valid key (UNAUTHENTICATED), not loaded yet.
+            ServiceError: draining (UNAVAILABLE), no valid key (UNAUTHENTICATED), not loaded yet, an
+                unknown model (NOT_FOUND).
         """
         if self.drain.draining:
             raise shutting_down()
@@ -111,6 +142,11 @@ class Calls:
         service = self._service()
         if service is None:
             raise NotReady("the model is still loading")
+        models = self._models() if self._models is not None else None
+        if models is not None:
+            named = next((v for k, v in metadata if k == "model"), None)
+            name = named.decode("utf-8", "replace") if isinstance(named, bytes) else named
+            service = models.pick(name, route_of(method))
         return service
 
     async def unary(
@@ -122,9 +158,10 @@ class Calls:
         """Run one unary call's ``work`` with the service, as described in the module."""
         started = time.perf_counter()
         code = "OK"
+        CURRENT_MODEL.set("")
         span = self._begin(method, context)
         try:
-            return await work(self._admit(context))
+            return await work(self._admit(method, context))
         except ServiceError as exc:
             code = row_for(exc).grpc
             await self._fail(context, exc)
@@ -155,12 +192,13 @@ class Calls:
         """
         started = time.perf_counter()
         code = "OK"
+        CURRENT_MODEL.set("")
         span = self._begin(method, context)
         tasks: asyncio.Queue[asyncio.Task[Response] | None] = asyncio.Queue()
         room = asyncio.Semaphore(STREAM_WINDOW)
         reader: asyncio.Task[None] | None = None
         try:
-            service = self._admit(context)
+            service = self._admit(method, context)
 
             async def read() -> None:
                 try:

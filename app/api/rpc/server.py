@@ -25,6 +25,7 @@ from app.api.drain import Drain
 from app.api.rpc import ours, tei
 from app.api.rpc.calls import Calls
 from app.settings import Settings
+from app.tasks.models import Models
 from app.tasks.service import Service
 from app.telemetry.metrics import Metrics
 from app.telemetry.observe import Observer
@@ -41,9 +42,13 @@ class Grpc:
         drain: Drain,
         keys: ApiKeys | None,
         observer: Observer | None = None,
+        models: Callable[[], Models | None] | None = None,
     ) -> None:
+        """``service``: the (default) model's; ``models``: every model's, which a call's metadata
+        ``model`` chooses from, and whose readiness health reports (None: ``service`` alone)."""
         self.settings = settings
         self._service = service
+        self._models = models
         self.drain = drain
         limit = settings.max_body_bytes
         self.server = grpc.aio.server(
@@ -53,7 +58,7 @@ class Grpc:
                 ("grpc.so_reuseport", 1),
             ]
         )
-        calls = Calls(service, metrics, drain, keys, observer)
+        calls = Calls(service, metrics, drain, keys, observer, models)
         self.names = tei.add_to(self.server, calls) + ours.add_to(self.server, calls)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -84,7 +89,9 @@ class Grpc:
         current = None
         while True:
             service = self._service()
-            serving = service is not None and service.ready and not self.drain.draining
+            models = self._models() if self._models is not None else None
+            ready = models.ready if models is not None else service is not None and service.ready
+            serving = service is not None and ready and not self.drain.draining
             status = (
                 health_pb2.HealthCheckResponse.SERVING
                 if serving

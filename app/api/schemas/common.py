@@ -50,6 +50,18 @@ class StrictRequest(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
 
+class Named(StrictRequest):
+    """A data route's request, which may name the model that answers it."""
+
+    model: str | None = Field(
+        default=None,
+        max_length=256,
+        description="The model that answers, by its served name (GET /v1/models lists them). Default: the "
+        "route's (the only model that serves it, else the first that does). A service of one model "
+        "(ZHEMBED_MODEL) answers with it whatever this says; of several, an unknown name is a 404.",
+    )
+
+
 class TruncateFields(StrictRequest):
     """TEI's ``truncate`` and ``truncation_direction``, on the routes that take no ``long_text``."""
 

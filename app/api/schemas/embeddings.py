@@ -7,7 +7,16 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, Discriminator, Field, Tag, model_validator
 
-from app.api.schemas.common import Inputs, Pair, StrictRequest, Text, Token, TruncateFields, text_or_list
+from app.api.schemas.common import (
+    Inputs,
+    Named,
+    Pair,
+    StrictRequest,
+    Text,
+    Token,
+    TruncateFields,
+    text_or_list,
+)
 from app.engine import pooling
 from app.tasks.options import (
     Direction,
@@ -138,7 +147,7 @@ class EmbedFields(PoolingFields):
 _OPTION_FIELDS = frozenset(EmbedFields.model_fields) - {"encoding"}
 
 
-class EmbedRequest(EmbedFields):
+class EmbedRequest(EmbedFields, Named):
     inputs: Inputs
 
 
@@ -150,7 +159,7 @@ class Int8Vector(BaseModel):
 EmbedResponse = list[list[float] | str | Int8Vector]
 
 
-class EmbedAllRequest(LayerFields):
+class EmbedAllRequest(LayerFields, Named):
     inputs: Inputs
     normalize: bool = Field(default=False, description="Scale each token's vector to unit length.")
     special_tokens: bool = Field(default=False, description="Also return the [CLS] and [SEP] tokens.")
@@ -196,7 +205,7 @@ class SimilarityInputs(StrictRequest):
     sentences: list[Text]
 
 
-class SimilarityRequest(PoolingFields):
+class SimilarityRequest(PoolingFields, Named):
     inputs: SimilarityInputs | None = None
     pairs: list[Pair] | None = None
 
@@ -211,7 +220,7 @@ def _root_form(value: Any) -> str | None:
     return "similarity" if isinstance(value, dict) else text_or_list(value)
 
 
-class RootRequest(EmbedFields):
+class RootRequest(EmbedFields, Named):
     """TEI's root route: texts embed as on /embed; ``{source_sentence, sentences}`` scores as on /similarity."""
 
     inputs: Annotated[
@@ -226,7 +235,7 @@ class RootRequest(EmbedFields):
     ]
 
 
-class EmbedSparseRequest(TruncateFields):
+class EmbedSparseRequest(TruncateFields, Named):
     """TEI's /embed_sparse: its fields, and ``top_k``."""
 
     inputs: Inputs

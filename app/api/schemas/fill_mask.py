@@ -6,7 +6,7 @@ from typing import Annotated, Self
 
 from pydantic import BaseModel, Discriminator, Field, Tag, model_validator
 
-from app.api.schemas.common import Inputs, StrictRequest, Text, text_or_list
+from app.api.schemas.common import Inputs, Named, StrictRequest, Text, text_or_list
 
 # The answer holds at most top_k (≤ 50) targets, but the candidate set may be larger: rank a class of a
 # couple of hundred words and read the best 50. Each target costs a vocabulary look-up on the event loop
@@ -39,7 +39,7 @@ class FillMaskParameters(StrictRequest):
     )
 
 
-class FillMaskRequest(StrictRequest):
+class FillMaskRequest(Named):
     inputs: Inputs
     top_k: int = Field(
         default=5, ge=1, le=50, description="Predictions per [MASK], 1..50 (or parameters.top_k)."

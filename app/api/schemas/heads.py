@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Discriminator, Field, Tag
 
-from app.api.schemas.common import Inputs, Pair, StrictRequest, Text, TruncateFields
+from app.api.schemas.common import Inputs, Named, Pair, StrictRequest, Text, TruncateFields
 
 
 def _predict_form(value: Any) -> str | None:
@@ -32,7 +32,7 @@ PredictSequence = Annotated[
 ]
 
 
-class PredictRequest(TruncateFields):
+class PredictRequest(TruncateFields, Named):
     """TEI's /predict: one input (a text, or a pair ``[text, text_pair]``) or a batch of them."""
 
     inputs: Annotated[
@@ -64,7 +64,7 @@ class LabelScore(BaseModel):
 PredictResponse = list[LabelScore] | list[list[LabelScore]]
 
 
-class RerankRequest(TruncateFields):
+class RerankRequest(TruncateFields, Named):
     query: Text
     texts: list[Text]
     raw_scores: bool = Field(default=False, description="Logits instead of the model's scores (sigmoid).")
@@ -92,7 +92,7 @@ class TokenClassificationParameters(StrictRequest):
     )
 
 
-class TokenClassificationRequest(TruncateFields):
+class TokenClassificationRequest(TruncateFields, Named):
     inputs: Inputs
     aggregation_strategy: AggregationName = Field(
         default="simple",

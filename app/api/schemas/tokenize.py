@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from app.api.schemas.common import Inputs, StrictRequest, Token
+from app.api.schemas.common import Inputs, Named, Token
 
 
-class TokenizeRequest(StrictRequest):
+class TokenizeRequest(Named):
     inputs: Inputs
     add_special_tokens: bool = True
 

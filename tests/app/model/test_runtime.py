@@ -107,3 +107,66 @@ def test_the_service_never_imports_torch(tiny_model_dir: Path) -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+SHARED_POOL_PROBE = """
+import os, sys
+from app.model.runtime import load_model
+from app.settings import Settings
+
+def threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+before = threads()
+settings = Settings(model=sys.argv[1], variant="fp32", intra_op_threads=3)
+models = [load_model(settings, shared_pool=sys.argv[2] == "1") for _ in range(3)]  # kept: their pools live
+print(threads() - before)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc (Linux)")
+def test_several_models_share_one_thread_pool(tiny_model_dir: Path) -> None:
+    """Three models of two sessions each (encoder, masked-LM head), 3 intra-op threads: a pool per session
+    starts 2 threads each (12), the shared pool 2 in all. In a process of its own: ONNX Runtime makes the
+    shared pool once per process."""
+
+    def started(shared: bool) -> int:
+        done = subprocess.run(
+            [sys.executable, "-c", SHARED_POOL_PROBE, str(tiny_model_dir), str(int(shared))],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        return int(done.stdout.split()[-1])
+
+    assert started(shared=False) == 12
+    assert started(shared=True) == 2
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])  # load_models in one process; check_models before workers
+def test_a_bad_model_of_several_stops_the_start_with_one_line_naming_it(
+    tiny_model_dir: Path, tmp_path: Path, workers: str
+) -> None:
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "manifest.json").write_text("{not json")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "app",
+            "--model",
+            f"embed={tiny_model_dir}",
+            "--model",
+            f"tagger={tmp_path / 'model'}",
+            "--workers",
+            workers,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot start: model tagger: " in lines[0] and "not readable JSON" in lines[0]

@@ -97,3 +97,27 @@ def test_a_replacement_warms_up_while_the_server_is_full_then_counts_in_its_ledg
         shared.permits[0] = 0
         assert client.post("/embed", json={"inputs": "你好"}).status_code == 200
     assert list(shared.permits[:]) == [0, 0, 0]
+
+
+def test_each_model_has_its_budget_across_every_worker() -> None:
+    """Two workers of a service of two models: a model's permits are counted over both workers, apart
+    from the other model's, and a dead worker's are cleared for every model."""
+    shared = Shared.create(mp.get_context("spawn"), 2, 2, "/nonexistent", models=2)
+    first, second = Cluster(shared, 0), Cluster(shared, 1)
+    embed = Admission(10, first.ledger_for(0), "embed")
+    embed_there = Admission(10, second.ledger_for(0), "embed")
+    rerank = Admission(10, first.ledger_for(1), "rerank")
+    embed_there.try_acquire(8)  # held by the second worker, which then dies
+    assert embed.in_use == 8 and rerank.in_use == 0
+    with pytest.raises(Overloaded, match="model embed's budget is full: 8 of 10 inputs in flight"):
+        embed.try_acquire(3)
+    with rerank.try_acquire(10):  # the other model's budget is whole
+        assert rerank.in_use == 10 and embed.in_use == 8
+    assert first.ledger is not None and first.ledger.total() == 8  # the first model's, as with one
+    from app.serving.slots import _forget
+
+    class Dead:
+        pid = None
+
+    _forget(shared, 1, Dead())  # type: ignore[arg-type]
+    assert embed.in_use == 0 and list(shared.permits[:]) == [0, 0, 0, 0]

@@ -317,3 +317,35 @@ def test_two_workers_answer_the_option_combinations_as_one_process_does(
                     err_msg=str(body),
                 )
     assert len(served_by) == 2, served_by
+
+
+@pytest.mark.slow
+def test_two_workers_serve_two_models_each(tiny_model_dir: Path, tiny_reranker_dir: Path) -> None:
+    """Every worker loads every model (the supervisor resolved and verified them once, before the workers
+    started); a request gets its model whichever worker accepts it, and one scrape counts each model."""
+    models = f"embed={tiny_model_dir},rerank={tiny_reranker_dir}"
+    server = start_ready(tiny_model_dir, ZHEMBED_MODELS=models)
+    try:
+        served_by: set[int] = set()
+        for i in range(30):
+            with httpx.Client(base_url=server.url, timeout=30) as client:  # one connection: one worker
+                ranks = client.post("/rerank", json={"query": "北京", "texts": [f"第{i}句", "北京今天晴"]})
+                assert ranks.status_code == 200 and len(ranks.json()) == 2
+                info = client.get("/info").json()
+                served_by.add(info["worker"]["pid"])
+                assert [m["model_id"] for m in info["models"]] == ["embed", "rerank"]
+                assert [m["batching"]["max_concurrent_inputs"] for m in info["models"]] == [256, 256]
+        assert len(served_by) == 2
+        text = httpx.get(server.url + "/metrics", timeout=10).text
+        counted = [
+            line
+            for line in text.splitlines()
+            if line.startswith("zhembed_requests_total{") and 'model="rerank"' in line and "/rerank" in line
+        ]
+        assert counted and sum(float(line.rpartition(" ")[2]) for line in counted) == 30
+    finally:
+        server.proc.send_signal(signal.SIGTERM)
+        try:
+            server.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            server.proc.kill()

@@ -166,3 +166,52 @@ def test_observe_many_counts_as_observing_each_value(count: int) -> None:
     assert got.keys() == want.keys()
     for key, value in want.items():
         assert got[key] == pytest.approx(value), key
+
+
+def _series(metrics: Metrics) -> dict[str, set[tuple[tuple[str, str], ...]]]:
+    """Each sample name's label sets, as a scrape shows them."""
+    out: dict[str, set[tuple[tuple[str, str], ...]]] = {}
+    for family in text_string_to_metric_families(metrics.exposition().decode()):
+        for s in family.samples:
+            out.setdefault(s.name, set()).add(tuple(sorted(s.labels.items())))
+    return out
+
+
+def test_a_service_of_one_model_has_no_model_label() -> None:
+    metrics = Metrics(models=["only"])
+    assert metrics.for_model("only") is metrics
+    metrics.batch_assembled(2, 10, 12)
+    metrics.request_done("/embed", 200, 0.01, model="only")
+    series = _series(metrics)
+    assert series["zhembed_batch_size_count"] == {()}
+    assert all("model" not in dict(labels) for labels in series["zhembed_requests_total"])
+
+
+def test_several_models_report_each_under_its_own_label() -> None:
+    metrics = Metrics(models=["embed", "rerank"])
+    rerank = metrics.for_model("rerank")
+    metrics.batch_assembled(4, 30, 40)  # the first model's stages report through the object itself
+    rerank.batch_assembled(2, 10, 16)
+    rerank.batch_ran(0.01, 0.01, np.array([0.001, 0.002]), [3, 7])
+    rerank.tokenized(0.001)
+    rerank.cache_lookup("memory", hits=2, misses=1)
+    metrics.request_done("/rerank", 200, 0.02, model="rerank")
+    metrics.request_done("/embed", 404, 0.001, model="")  # refused before a model was chosen
+    rerank.watch_queue(lambda urgency: float(urgency == 7))
+    got = _series(metrics)
+    assert got["zhembed_batch_size_count"] == {(("model", "embed"),), (("model", "rerank"),)}
+    text = metrics.exposition().decode()
+    assert 'zhembed_padding_tokens_total{model="rerank"} 6.0' in text
+    assert 'zhembed_padding_tokens_total{model="embed"} 10.0' in text
+    assert 'zhembed_queue_duration_seconds_count{model="rerank",urgency="7"} 1.0' in text
+    assert 'zhembed_cache_hits_total{model="rerank",tier="memory"} 2.0' in text
+    assert 'zhembed_cache_hits_total{model="embed",tier="memory"} 0.0' in text  # there from the start
+    assert 'zhembed_queue_depth{model="rerank",urgency="7"} 1.0' in text
+    assert 'zhembed_tokenization_duration_seconds_count{model="rerank"} 1.0' in text
+    assert (
+        'zhembed_requests_total{model="rerank",protocol="http",route="/rerank",status="200",urgency="3"} 1.0'
+        in text
+    )
+    assert (
+        'zhembed_requests_total{model="",protocol="http",route="/embed",status="404",urgency="3"} 1.0' in text
+    )

@@ -22,7 +22,7 @@ import pytest
 from app.settings import Settings
 from app.telemetry.tracing import STAGES
 from tests.app.api.rpc.grpc_process import start_grpc_server, stop_grpc_server
-from tests.app.conftest import Running, start_server
+from tests.app.conftest import Running, start_server, wait_until
 from tests.otlp_receiver import GrpcReceiver, HttpReceiver, ReceivedSpan, Receiver
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -179,6 +179,9 @@ def test_one_json_line_per_request_without_its_text(
             assert response.status_code == 200
             bad = httpx.post(running.url + "/embed", json={"inputs": ""})
             assert bad.status_code == 400
+            # A request's line is written once its answer is out: the server's thread may write it after
+            # the client has read the answer.
+            wait_until(lambda: sum(r.name == "app.requests" for r in caplog.records) >= 2)
         lines = [JsonFormatter().format(r) for r in caplog.records if r.name == "app.requests"]
         assert len(lines) == 2
         import json

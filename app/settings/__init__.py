@@ -8,11 +8,14 @@ outside ``Settings()`` / ``Settings.from_cli()``.
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from typing import Literal, Self
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, CliApp, SettingsConfigDict
+
+from app.settings.models import PER_MODEL, entries, fold_model_flags
 
 VariantChoice = Literal["auto", "fp32", "fp16", "int8"]
 
@@ -45,6 +48,16 @@ class Settings(BaseSettings):
         description="The model's name to clients: the `model` of /v1/embeddings answers, the one entry of "
         "/v1/models, /info's model_id and the model_info metric's label. Default: the hub id the model was "
         "exported from (bert-base-chinese), or the source folder's name for a local one; never a path.",
+    )
+    # The models of a service of several (issue 33): each a source as --model takes it, with its own options.
+    models: str | None = Field(
+        default=None,
+        description="Several models in one service: NAME=SOURCE entries, comma-separated, each SOURCE as "
+        "--model takes it, optionally followed by ;OPTION=VALUE for what differs from the settings here: "
+        f"{', '.join(PER_MODEL)} (max_concurrent_inputs: the model's admission budget; by default the "
+        "process's split evenly among the models without one). NAME is what a request's `model` names; "
+        "the first is the default. Also given as repeated --model NAME=SOURCE flags. Set, it names every "
+        "model: model and served-model-name are not read. Unset: one model, --model.",
     )
     cache_dir: Path = Field(
         default=Path("~/.cache/zhembed"), description="Where models given as hub ids are exported to."
@@ -267,11 +280,21 @@ class Settings(BaseSettings):
                 f"max_inputs_per_request ({self.max_inputs_per_request}) exceeds max_concurrent_inputs "
                 f"({self.max_concurrent_inputs}): such a request could never be admitted"
             )
+        self.model_entries()  # a malformed entry stops the start here
         if self.shutdown_drain_s > self.shutdown_grace_s:
             raise ValueError(
                 f"shutdown_drain_s ({self.shutdown_drain_s}) exceeds shutdown_grace_s ({self.shutdown_grace_s})"
             )
         return self
+
+    def model_entries(self) -> tuple[tuple[str | None, Settings], ...]:
+        """Each model's name (None for the one model of --model) and its settings
+        (:func:`app.settings.models.entries`); the first is the default model.
+
+        Raises:
+            ValueError: an entry is malformed, a name repeats, or the budgets do not fit the total.
+        """
+        return entries(self)
 
     @property
     def provider_list(self) -> list[str] | None:
@@ -315,7 +338,9 @@ class Settings(BaseSettings):
 
     @classmethod
     def from_cli(cls, args: list[str] | None = None) -> Settings:
-        """Settings from flags (``args``, default ``sys.argv[1:]``) over ``ZHEMBED_*`` variables."""
+        """Settings from flags (``args``, default ``sys.argv[1:]``) over ``ZHEMBED_*`` variables; repeated
+        ``--model NAME=SOURCE`` flags are the entries of ``--models``."""
+        args = fold_model_flags(list(sys.argv[1:] if args is None else args))
         return CliApp.run(cls, cli_args=args)
 
 

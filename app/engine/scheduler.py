@@ -1,0 +1,152 @@
+"""One inference thread for the queues of several models: which model's batch runs next.
+
+A service of several models (``ZHEMBED_MODELS``) has one :class:`~app.engine.engine.Engine` per model (its
+own admission budget, tokeniser, batch queue and measured cost model) and, per device, ONE inference
+thread that serves every queue, its sessions on ONNX Runtime's one shared thread pool
+(:mod:`app.model.pool`): one batch at a time on every core, never a pool per model
+fighting the others for the same cores. Before each batch the thread asks every model's queue what it
+would run next (:meth:`~app.engine.batching.Batcher.offer`, the same plan a queue of its own makes) and
+runs, of the offers:
+
+1. **the most urgent**: the lowest level after aging (the request's RFC 9218 urgency, aged so background
+   work never starves), as within one queue;
+2. of those, **an overdue one**: one holding an input past its queue-delay budget, the longest waiting
+   first (such an input is never passed over again);
+3. else **the most work per second**, by each model's own measured cost model: the highest share of the
+   batch's modelled time that is useful work (:attr:`~app.engine.planner.Window.efficiency`; each model
+   measures its own batches, so a tiny tagger's and a bert-base embedder's compare on equal terms); on a
+   tie, the oldest input first.
+
+When the most urgent offers are still waiting for company, the thread waits for the earliest of them, as
+one queue waits (at most ``max_wait_ms``); a less urgent model's batch does not slip in meanwhile. And a
+less urgent batch is held to its budget while ANY model has more urgent work about (the ``seen`` times
+handed to each offer), so a background client of the embedder costs an interactive reranker at most one
+budget's wait.
+
+Every queue shares the scheduler's lock and condition and its :class:`~app.engine.clock.Clock`: an
+arrival at any of them wakes the thread when it may change the decision.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+
+from app.engine.batching import Batcher
+from app.engine.clock import Clock
+from app.engine.inference import Inference
+from app.engine.pending import Offer
+from app.engine.priority import URGENCIES
+from app.engine.work import Seq
+from app.model import allocator
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Lane:
+    """One model's queue and the stage that runs its batches; ``batches``: how many the thread ran."""
+
+    name: str
+    batcher: Batcher
+    inference: Inference
+    batches: int = field(default=0)
+
+
+def rank(offer: Offer) -> tuple[float, ...]:
+    """How an offer ranks among those of the most urgent level (higher runs first): an overdue one before
+    any other, the longest waiting first; else by efficiency, then the oldest input first."""
+    if offer.overdue:
+        return (1.0, -offer.oldest.enqueued_at)
+    return (0.0, offer.window.efficiency, -offer.oldest.enqueued_at)
+
+
+class Scheduler:
+    def __init__(self, clock: Clock | None = None, trim_every: int = 0) -> None:
+        """``clock``: what every queue reads the time from and waits through (default: real time);
+        ``trim_every``: batches (of every model) between two trims of the C heap (0: none)."""
+        self.cond = threading.Condition()
+        self.clock = clock or Clock()
+        self.lanes: list[Lane] = []
+        self.trimmer = allocator.Trimmer(trim_every)
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="zhembed-inference", daemon=True)
+
+    def add(self, name: str, batcher: Batcher, inference: Inference) -> None:
+        """Serve ``batcher``'s batches with ``inference`` (before :meth:`start`); the queue must have been
+        built on this scheduler's condition and clock."""
+        if batcher._cond is not self.cond or batcher.clock is not self.clock:
+            raise ValueError(f"the queue of {name} must share the scheduler's condition and clock")
+        self.lanes.append(Lane(name, batcher, inference))
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self.cond:
+            self._stopped = True
+            self.cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        for lane in self.lanes:  # each model's cost model, measured (or read) before any batch runs
+            if lane.inference.calibrate is not None:
+                lane.inference.calibrate()
+        while (picked := self.next_batch()) is not None:
+            lane, batch = picked
+            lane.inference.serve(batch)
+            self.trimmer.after_batch()
+
+    def _seen(self) -> list[float]:
+        """When work of each urgency last arrived at any queue."""
+        each = [lane.batcher.seen() for lane in self.lanes]
+        return [max(times[u] for times in each) for u in URGENCIES]
+
+    def next_batch(self) -> tuple[Lane, list[Seq]] | None:
+        """Block until some queue's batch is due and return it with its lane (None once stopped)."""
+        with self.cond:
+            waited: set[int] = set()  # the lanes whose offer waited for company
+            while True:
+                if self._stopped:
+                    return None
+                now = self.clock.now()
+                offers = self._offers(now)
+                if offers is None:  # a cancelled request's sequences were dropped: plan again
+                    continue
+                if not offers:
+                    self._wait(None)
+                    continue
+                level = min(offer.level for _, offer in offers)
+                top = [(i, offer) for i, offer in offers if offer.level == level]
+                due = [(i, offer) for i, offer in top if offer.due]
+                if due:
+                    i, offer = max(due, key=lambda pair: rank(pair[1]))
+                    lane = self.lanes[i]
+                    lane.batches += 1
+                    return lane, lane.batcher.cut(offer, i in waited)
+                waited.update(i for i, _ in top)
+                self._wait(min(offer.due_at for _, offer in top) - now)
+
+    def _offers(self, now: float) -> list[tuple[int, Offer]] | None:
+        """What each queue with work pending would run next (None: one dropped cancelled work; ask again)."""
+        seen = self._seen()
+        offers = []
+        for i, lane in enumerate(self.lanes):
+            if lane.batcher.depth:
+                offer = lane.batcher.offer(now, seen)
+                if offer is None:
+                    return None
+                offers.append((i, offer))
+        return offers
+
+    def _wait(self, timeout: float | None) -> None:
+        """Wait (the lock held) for an arrival that may change the decision, or ``timeout`` seconds."""
+        for lane in self.lanes:
+            lane.batcher.listen(True)
+        try:
+            self.clock.wait(self.cond, timeout)
+        finally:
+            for lane in self.lanes:
+                lane.batcher.listen(False)

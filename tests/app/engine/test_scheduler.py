@@ -1,0 +1,201 @@
+"""One inference thread for several models' queues: which model's batch runs next (by urgency after
+aging, then an overdue input, then the most useful work per modelled second), waiting for company as one
+queue does, holding less urgent batches to their budget while another model has urgent work, and
+serving each batch on its own model's inference stage.
+
+Every queue runs on one simulated clock (:class:`FakeClock`): each decision is asserted exactly, and no
+test sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+from app.engine.batching import Batcher
+from app.engine.costs import CostModel
+from app.engine.scheduler import Scheduler
+from app.engine.work import Job, Need, Seq
+from app.telemetry.metrics import Metrics
+from tests.app.conftest import wait_until
+from tests.app.engine.fake_clock import FakeClock
+
+LOOP = asyncio.new_event_loop()
+# Like a CPU: a batch costs about its tokens, 5 ms a batch, 1 ms a token (seconds).
+CPU_LIKE = CostModel(0.005, 0.0, 0.001, 0.0)
+
+
+class Served:
+    """What a lane's inference stage was handed (the scheduler calls ``serve`` and reads ``calibrate``)."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[Seq]] = []
+        self.calibrate = None
+
+    def serve(self, batch: list[Seq]) -> None:
+        self.batches.append(batch)
+
+
+def two(
+    clock: FakeClock,
+    max_wait_ms: float = 0.0,
+    max_queue_delay_ms: float | None = 1000.0,
+    aging_ms: float = 1000.0,
+    size: int = 8,
+) -> tuple[Scheduler, dict[str, Batcher], dict[str, Served]]:
+    """A scheduler over two models' queues, ``a`` and ``b``, on ``clock``."""
+    scheduler = Scheduler(clock)
+    batchers, served = {}, {}
+    for name in ("a", "b"):
+        batchers[name] = Batcher(
+            max_batch_tokens=10_000,
+            max_batch_size=size,
+            max_wait_ms=max_wait_ms,
+            capacity=1000,
+            metrics=Metrics(),
+            costs=CPU_LIKE,
+            max_queue_delay_ms=max_queue_delay_ms,
+            urgency_aging_ms=aging_ms,
+            clock=clock,
+            cond=scheduler.cond,
+        )
+        served[name] = Served()
+        scheduler.add(name, batchers[name], served[name])  # type: ignore[arg-type]
+    return scheduler, batchers, served
+
+
+def seq(clock: FakeClock, length: int, urgency: int = 3, age_s: float = 0.0) -> Seq:
+    job = Job(LOOP, 1)
+    job.urgency = urgency
+    return Seq(np.zeros(length, np.int64), Need(layers=(1,), pooling="cls"), job, 0, clock.now() - age_s)
+
+
+def each(batcher: Batcher, items: list[Seq]) -> None:
+    for s in items:
+        batcher.submit([s])
+
+
+def picked(scheduler: Scheduler) -> tuple[str, int]:
+    """The lane whose batch runs next, and its size."""
+    got = scheduler.next_batch()
+    assert got is not None
+    lane, batch = got
+    return lane.name, len(batch)
+
+
+def test_the_most_urgent_model_runs_first_whichever_was_queued_first() -> None:
+    clock = FakeClock()
+    scheduler, q, _ = two(clock)
+    each(q["a"], [seq(clock, 10, urgency=7, age_s=0.5) for _ in range(8)])  # background, older, full
+    each(q["b"], [seq(clock, 10, urgency=3)])  # interactive, one input
+    assert picked(scheduler) == ("b", 1)
+    assert picked(scheduler)[0] == "a"
+
+
+def test_at_one_urgency_the_batch_with_the_most_useful_work_per_second_runs() -> None:
+    """a's queue holds lengths that pad badly together (useful share ~0.5); b's, one length (share ~1)."""
+    clock = FakeClock()
+    scheduler, q, _ = two(clock, size=2)
+    each(q["a"], [seq(clock, 100, age_s=0.01), seq(clock, 4, age_s=0.01)])  # older
+    each(q["b"], [seq(clock, 50), seq(clock, 50)])
+    a = q["a"].offer(clock.now())
+    b = q["b"].offer(clock.now())
+    assert a is not None and b is not None and b.window.efficiency > a.window.efficiency
+    assert picked(scheduler) == ("b", 2)
+
+
+def test_an_overdue_input_runs_before_a_more_efficient_batch() -> None:
+    clock = FakeClock()
+    scheduler, q, _ = two(clock, size=2, max_queue_delay_ms=50)
+    each(q["a"], [seq(clock, 100, age_s=0.06), seq(clock, 4, age_s=0.06)])  # past its 50 ms budget
+    each(q["b"], [seq(clock, 50), seq(clock, 50)])
+    assert picked(scheduler)[0] == "a"
+
+
+def test_background_work_of_one_model_ages_past_another_models_interactive_flood() -> None:
+    clock = FakeClock()
+    scheduler, q, _ = two(clock, size=2, aging_ms=7.8125)  # 2**-7 s a level: exact in binary
+    waiting = seq(clock, 20, urgency=7)
+    q["a"].submit([waiting])
+    served_after = None
+    for n in range(200):  # the other model's interactive work never pauses
+        each(q["b"], [seq(clock, 20), seq(clock, 20)])
+        got = scheduler.next_batch()
+        assert got is not None
+        if waiting in got[1]:
+            served_after = n
+            break
+        clock.advance(2**-9)
+    # Four levels from 7 to 3, 2**-7 s each, take 16 of b's batches 2**-9 s apart; at b's level b's full
+    # batches do more useful work per second than a's one input, so a's turn comes one level later, once
+    # aged past b (or once past its queue-delay budget, had that come first): after 20.
+    assert served_after == 20
+
+
+def test_a_less_urgent_batch_is_held_to_its_budget_while_another_model_has_urgent_work() -> None:
+    clock = FakeClock()
+    scheduler, q, _ = two(clock, size=64, max_queue_delay_ms=100)
+    each(q["a"], [seq(clock, 20, urgency=7, age_s=0.001) for _ in range(40)])
+    alone = picked(scheduler)
+    assert alone == ("a", 40)  # nobody more urgent about: the whole queue in one batch
+    each(q["a"], [seq(clock, 20, urgency=7, age_s=0.001) for _ in range(40)])
+    q["b"].submit([seq(clock, 20)])  # interactive work on the OTHER model
+    assert picked(scheduler) == ("b", 1)
+    name, size = picked(scheduler)
+    assert name == "a" and CPU_LIKE.cost(size, 20) <= 0.100 < CPU_LIKE.cost(size + 1, 20)
+    assert q["a"].stats.capped == 1
+
+
+def test_the_thread_waits_for_company_of_the_most_urgent_model_not_for_a_less_urgent_one() -> None:
+    clock = FakeClock()
+    scheduler, q, _ = two(clock, max_wait_ms=2.0)
+    q["a"].company_expected = lambda: True  # more inputs of a's are being tokenised
+    q["a"].submit([seq(clock, 10)])
+    each(q["b"], [seq(clock, 10, urgency=7, age_s=0.5) for _ in range(8)])  # full, but background
+    start = clock.now()
+    clock.at(0.001, lambda: q["a"].submit([seq(clock, 10)]))  # a's company arrives within the wait
+    assert picked(scheduler) == ("a", 2)
+    assert clock.now() - start == pytest.approx(0.002)  # waited its max_wait_ms, not less
+    assert q["a"].stats.waits == 1
+    assert picked(scheduler)[0] == "b"
+
+
+def test_an_idle_scheduler_wakes_on_any_models_arrival_and_stops_on_stop() -> None:
+    scheduler, q, _ = two(FakeClock())
+    got: list[Any] = []
+    thread = threading.Thread(target=lambda: got.append(scheduler.next_batch()))
+    thread.start()
+    q["b"].submit([seq(FakeClock(), 10)])  # from another thread, as the tokeniser submits
+    thread.join(timeout=30)
+    assert not thread.is_alive() and got[0][0].name == "b"
+    waiting = threading.Thread(target=lambda: got.append(scheduler.next_batch()))
+    waiting.start()
+    scheduler.stop()
+    waiting.join(timeout=30)
+    assert not waiting.is_alive() and got[1] is None
+
+
+def test_the_thread_serves_each_batch_on_its_own_models_stage() -> None:
+    scheduler, q, served = two(FakeClock())
+    q["a"].submit([seq(FakeClock(), 10)])
+    q["b"].submit([seq(FakeClock(), 12), seq(FakeClock(), 12)])
+    calibrated: list[str] = []
+    served["a"].calibrate = lambda: calibrated.append("a")  # type: ignore[assignment]
+    served["b"].calibrate = lambda: calibrated.append("b")  # type: ignore[assignment]
+    scheduler.start()
+    wait_until(lambda: bool(served["a"].batches and served["b"].batches))
+    scheduler.stop()
+    assert calibrated == ["a", "b"]  # each model's cost model first, in order
+    assert [len(b) for b in served["a"].batches] == [1] and [len(b) for b in served["b"].batches] == [2]
+    assert {lane.name: lane.batches for lane in scheduler.lanes} == {"a": 1, "b": 1}
+
+
+def test_a_queue_on_another_condition_is_refused() -> None:
+    scheduler = Scheduler(FakeClock())
+    alone = Batcher(100, 8, 0.0, 10, Metrics(), clock=scheduler.clock)
+    with pytest.raises(ValueError, match="share the scheduler's condition"):
+        scheduler.add("x", alone, Served())  # type: ignore[arg-type]
