@@ -49,6 +49,28 @@ def fuse(src: Path, dst: Path, num_heads: int, hidden_size: int, use_gpu: bool =
     return {k: v for k, v in model.get_fused_operator_statistics().items() if v}
 
 
+def drop_repeated_nodes(graph: onnx.GraphProto) -> int:
+    """Remove the nodes that repeat an earlier node (same operator, inputs, outputs and attributes); returns
+    how many went.
+
+    onnxruntime.transformers' fp16 conversion before 1.32 adds one Cast to float32 per fp32 reader of a
+    float16 tensor, each named and writing alike, so a graph whose pooling reads the hidden states twice
+    fails to load ("two nodes with same node name"). A repeated node computes what its first copy did.
+    """
+    seen: set[bytes] = set()
+    keep = []
+    for node in graph.node:
+        key = node.SerializeToString(deterministic=True)
+        if key not in seen:
+            seen.add(key)
+            keep.append(node)
+    dropped = len(graph.node) - len(keep)
+    if dropped:
+        del graph.node[:]
+        graph.node.extend(keep)
+    return dropped
+
+
 def to_fp16(
     src: Path, dst: Path, num_heads: int, hidden_size: int, fused: bool = True
 ) -> dict[str, str | bool]:
@@ -60,6 +82,7 @@ def to_fp16(
     model = _fuse(src, num_heads, hidden_size, use_gpu=True) if fused else OnnxModel(onnx.load(str(src)))
     blocked = graphs.pooling_nodes(model.model)
     model.convert_float_to_float16(keep_io_types=True, node_block_list=blocked)
+    drop_repeated_nodes(model.model.graph)
     model.save_model_to_file(str(dst))
     return {
         "tool": "onnxruntime.transformers",

@@ -30,7 +30,15 @@ from loadtest.harness.cell import STRIDE, Cell, distinct_bodies
 from loadtest.harness.measure import WORKERS_READY, measure
 from loadtest.harness.report import RESULTS, Row, cell, target, write_json
 from loadtest.harness.service import GPU_LIKE, described, service_env
-from loadtest.raw_onnx import ceiling, open_encoder, service_output, shape_of, synthetic_feed
+from loadtest.raw_onnx import (
+    LAST_HIDDEN_STATE,
+    ceiling,
+    feed,
+    open_encoder,
+    service_output,
+    shape_of,
+    synthetic_feed,
+)
 from loadtest.server import NotReady, ServiceProcess
 
 CUDA = "CUDAExecutionProvider"
@@ -123,6 +131,41 @@ def parity(model: Path, provider: str) -> float:
     return float(cos.min())
 
 
+# Rows of each batching (docs/api.md "The same vector for the same text"): 0 is the text under test, 1-3 its
+# company (long, middle, one token); the last fills a batch of 64, where a GPU's kernels may tile otherwise.
+BATCHINGS = ([0], [0, 1], [1, 0], [0] * 8, [2, 0, 3, 1], [1] * 5 + [0] + [3] * 10, [1] * 63 + [0])
+LENGTHS = (14, 120, 40, 3)
+
+
+def batchings(model: Path, provider: str) -> dict[str, Any]:
+    """The fp16 encoder on ``provider``: one text's answers in each of ``BATCHINGS`` against its answer
+    alone. ``pooled_max_abs`` is the largest component difference of the normalised served vector (the
+    graph's pooled mean), ``states_identical`` whether its own tokens' states were the same bytes, and
+    ``states_max_rel`` their largest difference over the largest state."""
+    rng = np.random.default_rng(1)
+    ids = [np.array([101, *rng.integers(1000, 20000, n - 2), 102], dtype=np.int64) for n in LENGTHS]
+    session = open_encoder(model, "fp16", provider=provider)
+    pooled_name = service_output(session)
+    names = list(dict.fromkeys([pooled_name, LAST_HIDDEN_STATE]))
+
+    def target(rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        got = session.run(names, feed([ids[r] for r in rows]))
+        out = dict(zip(names, got, strict=True))
+        i, n = rows.index(0), LENGTHS[0]
+        states = out[LAST_HIDDEN_STATE][i, :n].astype(np.float32)
+        vec = out[pooled_name][i].astype(np.float32) if pooled_name != LAST_HIDDEN_STATE else states.mean(0)
+        return vec / np.linalg.norm(vec), states
+
+    alone_vec, alone_states = target(BATCHINGS[0])
+    pooled, rel, same = 0.0, 0.0, True
+    for rows in BATCHINGS[1:]:
+        vec, states = target(list(rows))
+        pooled = max(pooled, float(np.abs(vec - alone_vec).max()))
+        rel = max(rel, float(np.abs(states - alone_states).max() / np.abs(alone_states).max()))
+        same = same and states.tobytes() == alone_states.tobytes()
+    return {"pooled_max_abs": pooled, "states_identical": same, "states_max_rel": rel}
+
+
 def raw(model: Path, peak: float, seconds: float, provider: str) -> dict[tuple[int, int], float]:
     """Sentences/s of the fp16 encoder at each (batch, sequence) of ``RAW_GRID``, printed as a table."""
     fetch = service_output(open_encoder(model, "fp16", provider=provider))
@@ -187,6 +230,16 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
     )
     cosine = parity(args.model, args.provider)
     print(f"fp16 on {args.provider} vs fp32 on CPU, pooled cosine min: {cosine:.6f}")
+    batched = batchings(args.model, args.provider)
+    print(
+        f"fp16 on {args.provider}, one text in {len(BATCHINGS) - 1} batchings against alone: normalised vector "
+        f"max |diff| {batched['pooled_max_abs']:.2e}; its token states "
+        + (
+            "identical bytes"
+            if batched["states_identical"]
+            else f"max diff {batched['states_max_rel']:.2e} of the largest"
+        )
+    )
     rates = raw(args.model, args.peak_tflops, args.raw_seconds, args.provider)
     top = rates[CEILING]
     cells, not_started = service_cells(args)
@@ -205,6 +258,7 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
         "provider": args.provider,
         "onnxruntime": ort.__version__,
         "parity_cosine_min": cosine,
+        "batchings": batched,
         "raw": [{"batch": b, "seq": s, "sentences_per_s": r} for (b, s), r in rates.items()],
         "raw_ceiling": {"batch": CEILING[0], "seq": CEILING[1], "sentences_per_s": top},
         "service_env": {k: v for k, v in settings_env(args).items() if k != "ZHEMBED_MODEL"},

@@ -177,3 +177,34 @@ def test_a_pooled_output_made_by_a_matmul_is_refused() -> None:
 )
 def test_pooled_output_names(name: str, pooled: bool) -> None:
     assert graphs.is_pooled_output(name) is pooled
+
+
+def test_repeated_nodes_are_dropped_so_the_fp16_graph_loads() -> None:
+    # onnxruntime.transformers before 1.32 writes one Cast per fp32 reader of a float16 tensor, each alike:
+    # the graph fails to load ("two nodes with same node name") until the repeats go.
+    def cast() -> onnx.NodeProto:
+        return helper.make_node("Cast", ["h"], ["h32"], to=TensorProto.FLOAT, name="h_cast_to_fp32_node")
+
+    nodes = [
+        cast(),
+        helper.make_node("Relu", ["h32"], ["a"]),
+        cast(),
+        helper.make_node("Neg", ["h32"], ["b"]),
+    ]
+    vector = [2]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("h", TensorProto.FLOAT16, vector)],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, vector) for n in ("a", "b")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(Exception, match="same node name"):
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+    assert variants.drop_repeated_nodes(model.graph) == 1
+    assert [n.op_type for n in model.graph.node] == ["Cast", "Relu", "Neg"]
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    a, b = session.run(None, {"h": np.array([-1.0, 2.0], dtype=np.float16)})
+    assert a.tolist() == [0.0, 2.0] and b.tolist() == [1.0, -2.0]
+    assert variants.drop_repeated_nodes(model.graph) == 0

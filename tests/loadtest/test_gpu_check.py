@@ -25,6 +25,7 @@ def test_gpu_check_runs_every_cell_on_the_cpu_provider(tiny_model_dir: Path, tmp
     stdout = run_module("loadtest.gpu_check", *args)
     report = json.loads(out.read_text())
     assert report["parity_cosine_min"] > 0.99
+    assert 0 <= report["batchings"]["pooled_max_abs"] < 1e-2  # fp16 rounding, not another text's vector
     assert report["raw_ceiling"]["batch"] == 256 and report["raw_ceiling"]["seq"] == 32
     assert report["raw_ceiling"]["sentences_per_s"] > 0
     ran = [(c["label"], c["workers"]) for c in report["cells"]]
