@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 import uvloop
 
 from app.settings import Settings
@@ -123,10 +124,15 @@ def service_rows(
     with _service(opts, 0, "service.log") as svc:
         facts["memory_after_start"] = svc.processes().as_json()
         for per_request, c, route in itertools.product(opts.texts, opts.concurrency, opts.routes):
-            make = loadgen.cycle(request_bodies(opts.corpus, per_request), per_request)
+            bodies = request_bodies(opts.corpus, per_request)
+            if route == "/embed_sparse" and opts.sparse_top_k:
+                bodies = [orjson.dumps({**orjson.loads(b), "top_k": opts.sparse_top_k}) for b in bodies]
+            make = loadgen.cycle(bodies, per_request)
             before_raw = bracket() if bracket and c == 32 and per_request == 1 else None
             before = svc.engine_stats()
             label = f"service c={c} x{per_request}" + ("" if route == "/embed" else f" {route}")
+            if route == "/embed_sparse" and opts.sparse_top_k:
+                label += f" top_k={opts.sparse_top_k}"
             row = _row("service", label, svc, make, Cell(c, per_request, route=route), opts)
             after = svc.engine_stats()
             keys = ("real_tokens", "padded_tokens", "batches", "batched_items")
@@ -247,11 +253,12 @@ def sparse_targets(rows: list[Row]) -> list[str]:
     by = {r.label: r for r in rows if r.kind == "service"}
     out: list[str] = []
     for label, sparse in by.items():
-        dense = by.get(label.removesuffix(" /embed_sparse"))
-        if dense is None or dense is sparse or not dense.sentences_per_s or sparse.sentences_per_s is None:
+        cell_label, route, top_k = label.partition(" /embed_sparse")
+        dense = by.get(cell_label) if route else None
+        if dense is None or not dense.sentences_per_s or sparse.sentences_per_s is None:
             continue
         ratio = sparse.sentences_per_s / dense.sentences_per_s
-        cell_name = label.removeprefix("service ").removesuffix(" /embed_sparse")
+        cell_name = cell_label.removeprefix("service ") + top_k
         detail = f"{sparse.sentences_per_s:.1f} / {dense.sentences_per_s:.1f} sent/s = {ratio:.2f}"
         out.append(target(f"/embed_sparse {cell_name} >= 0.8 x /embed", ratio >= 0.8, detail))
     return out
@@ -324,6 +331,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=lambda v: v.split(","),
         default=["/embed"],
         help="routes of the service rows, each cell on each in turn (e.g. /embed,/embed_sparse)",
+    )
+    p.add_argument(
+        "--sparse-top-k",
+        type=int,
+        default=None,
+        help="top_k of the /embed_sparse rows (a random-weight twin answers ~19,000 weights a text)",
     )
     p.add_argument("--batch-sizes", type=ints, default="1,4,8,16", help="raw-ceiling batch sizes to try")
     p.add_argument("--raw-seconds", type=float, default=3.0, help="least time per raw batch size")

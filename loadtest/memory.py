@@ -69,8 +69,8 @@ async def child(args: argparse.Namespace) -> dict[str, Any]:
     if os.environ.get("LAB_ARENA_OFF"):
         plain = runtime.session_options
 
-        def no_arena(provider: str, intra_op_threads: int = 0) -> Any:
-            options = plain(provider, intra_op_threads)
+        def no_arena(provider: str, intra_op_threads: int = 0, sessions: int = 1) -> Any:
+            options = plain(provider, intra_op_threads, sessions)
             options.enable_cpu_mem_arena = False
             return options
 

@@ -61,9 +61,10 @@ class BertShape:
         return 2.0 * L * n * (4 * h * h + 2 * h * i) + 4.0 * n * L * L * h + 2.0 * h * h
 
 
-def session_options(threads: int = 0, provider: str = CPU) -> ort.SessionOptions:
-    """The service's session options, with ONNX Runtime's warnings off."""
-    options = service_session_options(provider, threads)
+def session_options(threads: int = 0, provider: str = CPU, sessions: int = 1) -> ort.SessionOptions:
+    """The service's session options (for a model of ``sessions`` sessions), with ONNX Runtime's warnings
+    off."""
+    options = service_session_options(provider, threads, sessions)
     options.log_severity_level = 3
     return options
 
@@ -112,14 +113,17 @@ def _manifest(model_dir: Path) -> dict[str, Any]:
     return dict(json.loads((model_dir / "manifest.json").read_text()))
 
 
-def open_encoder(model: Path, variant: str, threads: int = 0, provider: str = CPU) -> ort.InferenceSession:
+def open_encoder(
+    model: Path, variant: str, threads: int = 0, provider: str = CPU, sessions: int = 1
+) -> ort.InferenceSession:
     """The encoder session of ``variant`` as listed in ``model``'s manifest, on ``provider``.
 
     Raises:
         SystemExit: ONNX Runtime fell back to another provider.
     """
     file = model / _manifest(model)["graphs"]["encoder"][variant]["file"]
-    session = ort.InferenceSession(str(file), session_options(threads, provider), providers=[provider])
+    options = session_options(threads, provider, sessions)
+    session = ort.InferenceSession(str(file), options, providers=[provider])
     if session.get_providers()[0] != provider:
         raise SystemExit(f"the session fell back to {session.get_providers()} instead of {provider}")
     return session

@@ -67,9 +67,8 @@ def open_sparse(model_dir: Path, variant: str, provider: str = CPU) -> ort.Infer
     spec = manifest["graphs"].get("sparse", {}).get(variant)
     if spec is None:
         return None
-    return ort.InferenceSession(
-        str(model_dir / spec["file"]), session_options(0, provider), providers=[provider]
-    )
+    options = session_options(0, provider, sessions=2)  # beside the encoder, as the service runs it
+    return ort.InferenceSession(str(model_dir / spec["file"]), options, providers=[provider])
 
 
 def measure(
@@ -80,7 +79,7 @@ def measure(
     sparse = open_sparse(model_dir, variant)
     if sparse is None:
         return None
-    encoder = open_encoder(model_dir, variant)
+    encoder = open_encoder(model_dir, variant, sessions=2)
     shape: BertShape = shape_of(model_dir)
     vocab = int(sparse.get_outputs()[0].shape[1])
     ordered = sorted(ids, key=len)

@@ -126,15 +126,21 @@ def choose(manifest: Manifest, variant: str, providers: list[str] | None, availa
     return Choice(picked, chosen, f"{why_variant}; {why_providers}")
 
 
-def session_options(provider: str, intra_op_threads: int = 0) -> ort.SessionOptions:
+def session_options(provider: str, intra_op_threads: int = 0, sessions: int = 1) -> ort.SessionOptions:
     """The service's ONNX Runtime session options for ``provider``; loadtest ceilings use these too, so a
     raw ceiling measures the service's own set-up.
 
     Args:
         provider: the first execution provider the session will use.
         intra_op_threads: ONNX Runtime intra-op threads; 0 lets it use every physical core.
+        sessions: how many sessions of the model run one after the other on a batch (the encoder, its
+            masked-LM head, its sparse graph). With more than one, each pool's threads stop spinning when
+            its run returns: spinning on, they take the cores from the next session's threads (on 2 cores
+            the encoder ran 45% slower beside the sparse graph, docs/performance.md).
     """
     options = ort.SessionOptions()
+    if sessions > 1:
+        options.add_session_config_entry("session.force_spinning_stop", "1")
     options.intra_op_num_threads = intra_op_threads
     # One request stream runs one graph at a time; extra inter-op threads would only contend.
     options.inter_op_num_threads = 1
@@ -163,7 +169,14 @@ class OnnxModel:
         self.variant = choice.variant
         self.reason = choice.reason
         self.tokenizer = TextTokenizer(folder, manifest.tokenizer)
-        options = session_options(choice.providers[0], intra_op_threads)
+        head = manifest.graphs.get("mlm_head", {}).get(choice.variant)
+        if not manifest.config.has_mlm_head:
+            head = None
+        sparse = manifest.graphs.get("sparse", {}).get(choice.variant)
+        if manifest.sparse is None:
+            sparse = None
+        sessions = 1 + (head is not None) + (sparse is not None)
+        options = session_options(choice.providers[0], intra_op_threads, sessions)
         if shared_pool or pool.made():  # (once made, ONNX Runtime refuses a session a pool of its own)
             pool.share(options, intra_op_threads)
         encoder = manifest.graphs["encoder"][choice.variant]
@@ -178,12 +191,10 @@ class OnnxModel:
             if name in self._outputs
         }
         self._mlm: ort.InferenceSession | None = None
-        head = manifest.graphs.get("mlm_head", {}).get(choice.variant)
-        if manifest.config.has_mlm_head and head is not None:
+        if head is not None:
             self._mlm = ort.InferenceSession(str(folder / head.file), options, providers=choice.providers)
         self._sparse: ort.InferenceSession | None = None
-        sparse = manifest.graphs.get("sparse", {}).get(choice.variant)
-        if manifest.sparse is not None and sparse is not None:
+        if sparse is not None:
             self._sparse = ort.InferenceSession(
                 str(folder / sparse.file), options, providers=choice.providers
             )

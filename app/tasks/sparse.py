@@ -40,9 +40,13 @@ class SparseVector:
 
     def top(self, k: int | None) -> SparseVector:
         """The ``k`` largest weights (ties: the lower index), still in index order; all with None."""
-        if k is None or k >= len(self.values):
+        n = len(self.values)
+        if k is None or k >= n:
             return self
-        kept = np.sort(np.argsort(-self.values, kind="stable")[:k])
+        kth = np.partition(self.values, n - k)[n - k]  # the k-th largest weight: O(n), not a sort
+        above = np.flatnonzero(self.values > kth)
+        ties = np.flatnonzero(self.values == kth)[: k - len(above)]  # ascending: the lower indices
+        kept = np.sort(np.concatenate([above, ties]))
         return SparseVector(self.indices[kept], self.values[kept])
 
 

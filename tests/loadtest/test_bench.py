@@ -101,8 +101,10 @@ def test_the_sparse_target_compares_each_sparse_row_with_the_same_cell_of_embed(
         Row("service c=1 x1", sentences_per_s=50.0),
         Row("service c=1 x1 /embed_sparse", sentences_per_s=30.0),
         Row("service c=32 x1 /embed_sparse", sentences_per_s=30.0),  # no /embed row: not judged
+        Row("service c=8 x16 /embed_sparse top_k=256", sentences_per_s=90.0),
     ]
     assert sparse_targets(rows) == [
         "  [PASS] /embed_sparse c=8 x16 >= 0.8 x /embed: 85.0 / 100.0 sent/s = 0.85",
         "  [MISS] /embed_sparse c=1 x1 >= 0.8 x /embed: 30.0 / 50.0 sent/s = 0.60",
+        "  [PASS] /embed_sparse c=8 x16 top_k=256 >= 0.8 x /embed: 90.0 / 100.0 sent/s = 0.90",
     ]

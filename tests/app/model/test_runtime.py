@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from app.model.manifest import ManifestError, load_manifest
-from app.model.runtime import CPU, CUDA, MLM_ROWS, OnnxModel, choose, load_model
+from app.model.runtime import CPU, CUDA, MLM_ROWS, OnnxModel, choose, load_model, session_options
 from app.settings import Settings
 
 
@@ -170,3 +170,13 @@ def test_a_bad_model_of_several_stops_the_start_with_one_line_naming_it(
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot start: model tagger: " in lines[0] and "not readable JSON" in lines[0]
+
+
+def test_the_sessions_of_a_model_of_several_stop_spinning_when_their_run_returns() -> None:
+    # A pool's threads spinning after its run took the cores from the next session's (docs/performance.md:
+    # the encoder ran 45% slower beside the sparse graph); alone, a session keeps ONNX Runtime's default.
+    key = "session.force_spinning_stop"
+    assert session_options(CPU, 0, sessions=2).get_session_config_entry(key) == "1"
+    assert session_options(CPU, 0, sessions=3).get_session_config_entry(key) == "1"
+    with pytest.raises(RuntimeError, match="does not have configuration"):
+        session_options(CPU, 0).get_session_config_entry(key)

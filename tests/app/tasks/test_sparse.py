@@ -29,6 +29,20 @@ def test_top_k_keeps_the_largest_in_index_order_ties_to_the_lower_index() -> Non
     assert v.top(1).indices.tolist() == [5]
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_top_k_keeps_what_a_stable_sort_by_weight_keeps(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 400))
+    # Even seeds: few distinct weights (many ties at the k-th); odd: all distinct.
+    values = (rng.integers(1, 6, n) if seed % 2 == 0 else rng.random(n) + 0.01).astype(np.float32)
+    v = SparseVector(np.sort(rng.choice(21128, n, replace=False)).astype(np.int32), values)
+    for k in {1, int(rng.integers(1, n + 1)), n}:
+        kept = np.sort(np.argsort(-values, kind="stable")[:k])
+        top = v.top(k)
+        assert top.indices.tolist() == v.indices[kept].tolist()
+        assert top.values.tolist() == values[kept].tolist()
+
+
 @pytest.mark.parametrize("k", [0, -3])
 def test_a_top_k_under_one_is_refused(k: int) -> None:
     with pytest.raises(ValidationFailed, match=rf"top_k must be at least 1 .* not {k}"):
