@@ -159,36 +159,32 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
 ENTITY_LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG", "I-ORG"]
 
 
-@pytest.fixture(scope="session")
-def tiny_reranker_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A cross-encoder (one label) on a tiny BERT of its own weights, exported fp32."""
+def tiny_head_dir(
+    factory: pytest.TempPathFactory, name: str, architecture: str, labels: list[str], seed: int, std: float
+) -> Path:
+    """A fine-tuned head of ``architecture`` on a tiny BERT of its own weights (``seed``), exported fp32."""
     from tests.checkpoints import export, save_head
     from tests.conftest import make_tiny_source
 
-    source = save_head(
-        tmp_path_factory.mktemp("tiny-reranker-source"),
-        make_tiny_source(tmp_path_factory.mktemp("tiny-reranker-base"), seed=21),
-        "BertForSequenceClassification",
-        ["LABEL_0"],
-        std=0.3,
+    base = make_tiny_source(factory.mktemp(f"{name}-base"), seed=seed)
+    source = save_head(factory.mktemp(f"{name}-source"), base, architecture, labels, std=std)
+    return export(source, factory.mktemp(name) / "model")
+
+
+@pytest.fixture(scope="session")
+def tiny_reranker_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cross-encoder (one label)."""
+    return tiny_head_dir(
+        tmp_path_factory, "tiny-reranker", "BertForSequenceClassification", ["LABEL_0"], 21, 0.3
     )
-    return export(source, tmp_path_factory.mktemp("tiny-reranker") / "model")
 
 
 @pytest.fixture(scope="session")
 def tiny_tagger_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A token classifier on a tiny BERT of its own weights, exported fp32."""
-    from tests.checkpoints import export, save_head
-    from tests.conftest import make_tiny_source
-
-    source = save_head(
-        tmp_path_factory.mktemp("tiny-tagger-source"),
-        make_tiny_source(tmp_path_factory.mktemp("tiny-tagger-base"), seed=22),
-        "BertForTokenClassification",
-        ENTITY_LABELS,
-        std=1.0,
+    """A token classifier of ``ENTITY_LABELS``."""
+    return tiny_head_dir(
+        tmp_path_factory, "tiny-tagger", "BertForTokenClassification", ENTITY_LABELS, 22, 1.0
     )
-    return export(source, tmp_path_factory.mktemp("tiny-tagger") / "model")
 
 
 @pytest.fixture(scope="session")

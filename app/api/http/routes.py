@@ -59,11 +59,17 @@ class Workers(Protocol):
     def all_ready(self) -> bool: ...
 
 
+def loaded(request: Request, name: str) -> Any:
+    """What the lifespan put on the app's state as ``name``, once the model has loaded."""
+    value = getattr(request.app.state, name, None)
+    if value is None:
+        raise NotReady("the model is still loading")
+    return value
+
+
 # async: a plain `def` dependency would run on AnyIO's thread pool, a thread hop on every request.
 async def get_service(request: Request) -> Service:
-    service: Service | None = getattr(request.app.state, "service", None)
-    if service is None:
-        raise NotReady("the model is still loading")
+    service: Service = loaded(request, "service")
     return service
 
 
@@ -72,9 +78,7 @@ ServiceDep = Annotated[Service, Depends(get_service)]
 
 async def get_models(request: Request) -> Models:
     """Every model the service serves (a data route's is chosen on the data path: :mod:`app.api.http.fast`)."""
-    models: Models | None = getattr(request.app.state, "models", None)
-    if models is None:
-        raise NotReady("the model is still loading")
+    models: Models = loaded(request, "models")
     return models
 
 

@@ -82,19 +82,26 @@ def test_corrupt_or_missing_files_refuse_to_load(tiny_model_dir: Path, tmp_path:
         load_model(Settings(model=str(broken), variant="fp32"))
 
 
-def test_python_m_app_refuses_to_start_with_one_line(tmp_path: Path) -> None:
-    (tmp_path / "model").mkdir()
-    (tmp_path / "model" / "manifest.json").write_text("{not json")
+def refusal(*args: str) -> str:
+    """``python -m app ARGS`` refusing to start: its one line on stderr (exit status 2)."""
     done = subprocess.run(
-        [sys.executable, "-m", "app", "--model", str(tmp_path / "model")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+        [sys.executable, "-m", "app", *args], capture_output=True, text=True, timeout=120, check=False
     )
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "cannot start" in lines[0] and "not readable JSON" in lines[0]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def broken_model(tmp_path: Path) -> Path:
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "manifest.json").write_text("{not json")
+    return tmp_path / "model"
+
+
+def test_python_m_app_refuses_to_start_with_one_line(tmp_path: Path) -> None:
+    line = refusal("--model", str(broken_model(tmp_path)))
+    assert "cannot start" in line and "not readable JSON" in line
 
 
 def test_the_service_never_imports_torch(tiny_model_dir: Path) -> None:
@@ -148,28 +155,9 @@ def test_several_models_share_one_thread_pool(tiny_model_dir: Path) -> None:
 def test_a_bad_model_of_several_stops_the_start_with_one_line_naming_it(
     tiny_model_dir: Path, tmp_path: Path, workers: str
 ) -> None:
-    (tmp_path / "model").mkdir()
-    (tmp_path / "model" / "manifest.json").write_text("{not json")
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "app",
-            "--model",
-            f"embed={tiny_model_dir}",
-            "--model",
-            f"tagger={tmp_path / 'model'}",
-            "--workers",
-            workers,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 2
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "cannot start: model tagger: " in lines[0] and "not readable JSON" in lines[0]
+    broken = broken_model(tmp_path)
+    line = refusal("--model", f"embed={tiny_model_dir}", "--model", f"tagger={broken}", "--workers", workers)
+    assert "cannot start: model tagger: " in line and "not readable JSON" in line
 
 
 def test_the_sessions_of_a_model_of_several_stop_spinning_when_their_run_returns() -> None:
