@@ -169,12 +169,9 @@ class OnnxModel:
         self.variant = choice.variant
         self.reason = choice.reason
         self.tokenizer = TextTokenizer(folder, manifest.tokenizer)
-        head = manifest.graphs.get("mlm_head", {}).get(choice.variant)
-        if not manifest.config.has_mlm_head:
-            head = None
-        sparse = manifest.graphs.get("sparse", {}).get(choice.variant)
-        if manifest.sparse is None:
-            sparse = None
+        graphs = manifest.graphs
+        head = graphs.get("mlm_head", {}).get(choice.variant) if manifest.config.has_mlm_head else None
+        sparse = graphs.get("sparse", {}).get(choice.variant) if manifest.sparse is not None else None
         sessions = 1 + (head is not None) + (sparse is not None)
         options = session_options(choice.providers[0], intra_op_threads, sessions)
         if shared_pool or pool.made():  # (once made, ONNX Runtime refuses a session a pool of its own)

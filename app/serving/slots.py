@@ -228,9 +228,9 @@ class Slots:
             self._kill(slot.proc.pid, signal.SIGKILL)
 
     def _check_memory(self) -> None:
-        past: list[
-            tuple[int, float, int]
-        ] = []  # (bytes, -started, slot) of the serving workers past the bound
+        # (bytes, -started, -slot) of the serving workers past the bound: max() picks the most memory,
+        # then the oldest, then the lowest slot
+        past: list[tuple[int, float, int]] = []
         for index, slot in enumerate(self.slots):
             if slot is None or slot.proc.pid is None or not slot.proc.is_alive():
                 continue
