@@ -306,22 +306,36 @@ class _Splade(torch.nn.Module):
     """SPLADE's sparse vector per sequence, as sentence-transformers' ``SpladePooling`` computes it:
     ``pooling`` over the real tokens of log1p(relu(MLM logits × mask)) (log1p twice for ``log1p_relu``).
 
-    With max pooling the logits are pooled first: relu and log1p are monotonic, so the max of their
-    values is their value at the max, and the elementwise work is on [batch, vocab] only."""
+    Max pooling touches [batch, seq, vocab] once, in the vocab projection's ReduceMax: relu and log1p
+    are monotonic, so they act on the pooled [batch, vocab] logits; so does the projection's bias (the
+    max of x + b is the max of x, plus b, to the last bit); and a padded position takes the hidden state
+    of its row's first real token, whose logits are in the max already, instead of a mask over the
+    logits."""
 
     def __init__(self, mlm_head: torch.nn.Module, sparse: Sparse) -> None:
         super().__init__()
         self.head = mlm_head
         self.sparse = sparse
+        # BERT's head (BertLMPredictionHead): a per-token transform, then the vocab projection.
+        projection = getattr(mlm_head, "decoder", mlm_head)
+        assert isinstance(projection, torch.nn.Linear), f"no vocab projection in {type(mlm_head)}"
+        self.projection = projection
+        self.transform: torch.nn.Module = getattr(mlm_head, "transform", torch.nn.Identity())
 
     def activate(self, x: torch.Tensor) -> torch.Tensor:
         x = log1p(torch.relu(x))
         return log1p(x) if self.sparse.activation == "log1p_relu" else x
 
     def forward(self, last_hidden_state: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        logits = self.head(last_hidden_state) * attention_mask.unsqueeze(-1).to(last_hidden_state.dtype)
         if self.sparse.pooling == "max":
-            return self.activate(logits.amax(dim=1))
+            rows = torch.arange(last_hidden_state.shape[0], device=last_hidden_state.device)
+            first = last_hidden_state[rows, attention_mask.argmax(dim=1)].unsqueeze(1)
+            real = attention_mask.unsqueeze(-1) != 0
+            states = self.transform(torch.where(real, last_hidden_state, first))
+            logits = torch.nn.functional.linear(states, self.projection.weight).amax(dim=1)
+            bias = self.projection.bias
+            return self.activate(logits if bias is None else logits + bias)
+        logits = self.head(last_hidden_state) * attention_mask.unsqueeze(-1).to(last_hidden_state.dtype)
         return self.activate(logits).sum(dim=1)
 
 

@@ -41,12 +41,26 @@ def test_log1p_keeps_float32_precision_where_log_of_1_plus_x_does_not() -> None:
     assert float(((naive - want).abs() / want.clamp(min=1e-30))[1:4].max()) > 1e-4  # what Kahan's form fixes
 
 
+def bert_head() -> torch.nn.Module:
+    """BERT's masked-LM head (transform, then the vocab projection with its bias), small and random."""
+    from transformers import BertConfig
+    from transformers.models.bert.modeling_bert import BertLMPredictionHead
+
+    head = BertLMPredictionHead(BertConfig(hidden_size=8, vocab_size=50, intermediate_size=16))
+    torch.nn.init.normal_(head.bias)  # a bias of zeros would hide one moved to the wrong side of the max
+    return head.eval()
+
+
 @pytest.mark.parametrize("pooling", ["max", "sum"])
 @pytest.mark.parametrize("activation", ["relu", "log1p_relu"])
-def test_the_graphs_module_computes_what_splade_pooling_does(pooling: str, activation: str) -> None:
-    """Max pooling pools the logits before the activation: the same numbers as activating every token."""
+@pytest.mark.parametrize("kind", ["linear", "bert"])
+def test_the_graphs_module_computes_what_splade_pooling_does(
+    pooling: str, activation: str, kind: str
+) -> None:
+    """Max pooling pools the logits before the activation and the bias, and fills padded positions with a
+    real token's state: the same numbers as activating every token's logits."""
     torch.manual_seed(0)
-    head = torch.nn.Linear(8, 50)
+    head = torch.nn.Linear(8, 50) if kind == "linear" else bert_head()
     hidden = torch.randn(3, 6, 8)
     mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0]])
     sparse = Sparse(pooling=pooling, activation=activation)  # type: ignore[arg-type]
