@@ -1,6 +1,7 @@
 """The tiny model of the ``--quick`` runs: a small BERT with the real bert-base-chinese vocab, exported by
 the real export stage (the tests' ``make_tiny_source``). With ``LOADTEST_TINY_CACHE`` set to a folder,
-each (layers, variants) export is made once there (the recipe is seeded) and copied where a run asks.
+each tiny export (a model's layers and variants, or :mod:`loadtest.models`' heads) is made once there (the
+recipes are seeded) and read or copied where a run asks.
 """
 
 from __future__ import annotations
@@ -9,13 +10,31 @@ import fcntl
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 from app.model.manifest import Variant
 
 CACHE_VARIABLE = "LOADTEST_TINY_CACHE"
+
+
+@contextmanager
+def exported(
+    name: str, ready: Sequence[str], export: Callable[[Path], None], folder: Path | None = None
+) -> Iterator[Path]:
+    """``folder`` (else the cache's ``name``, else a temp dir that lives as long as the context), with
+    ``export(folder)`` run first unless each file of ``ready`` is there: one exporter per folder, across
+    processes (parallel test workers share the cache)."""
+    cache = os.environ.get(CACHE_VARIABLE)
+    with tempfile.TemporaryDirectory(prefix="zhembed-tiny-") as tmp:
+        folder = folder or (Path(cache) if cache else Path(tmp)) / name
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder.with_name(folder.name + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not all((folder / file).is_file() for file in ready):
+                export(folder)  # run_export installs a manifest only with the export it describes
+        yield folder
 
 
 def _export(source: Path, out: Path, variants: Sequence[Variant], layers: int) -> None:
@@ -35,19 +54,15 @@ def export_tiny(
     Under ``LOADTEST_TINY_CACHE`` the export is copied from that cache (made there first if it is not);
     the source is then the cache's (read it, do not write it) and ``source`` stays unwritten.
     """
-    cache = os.environ.get(CACHE_VARIABLE)
-    if not cache or out.exists():  # an existing folder is re-exported in place (a no-op when up to date)
+    if not os.environ.get(CACHE_VARIABLE) or out.exists():  # an existing folder is re-exported in place
         _export(source, out, variants, layers)
         return out
-    entry = Path(cache) / f"layers{layers}-{'-'.join(variants)}"
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    # One exporter per entry, across processes (parallel test workers share the folder).
-    with open(entry.with_name(entry.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (entry / "model" / "manifest.json").is_file():
-            shutil.rmtree(entry, ignore_errors=True)
-            _export(entry / "source", entry / "model", variants, layers)
-    shutil.copytree(entry / "model", out)
+    with exported(
+        f"layers{layers}-{'-'.join(variants)}",
+        ["model/manifest.json"],
+        lambda entry: _export(entry / "source", entry / "model", variants, layers),
+    ) as entry:
+        shutil.copytree(entry / "model", out)
     return out
 
 

@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import contextlib
 import itertools
+import operator
 import os
 import random
 import sys
@@ -30,7 +31,7 @@ import uvloop
 from loadtest import loadgen
 from loadtest.corpus import load_corpus, unique_texts
 from loadtest.harness import parser
-from loadtest.harness.cell import STRIDE, Cell, distinct_bodies, parse_cells
+from loadtest.harness.cell import STRIDE, Cell, closed_loops, distinct_bodies, parse_cells
 from loadtest.harness.report import RESULTS, Row, mark, write_json
 from loadtest.harness.service import service_env
 from loadtest.quick_model import tiny_model
@@ -42,10 +43,13 @@ QUEUED = "zhembed_queue_duration_seconds_count"
 DISTURBED = 0.8
 
 
-def raw_ceiling(opts: argparse.Namespace, texts: list[str], batch_sizes: tuple[int, ...]) -> dict[int, float]:
-    """Sentences/s of the bare session on ``texts`` at each batch size, tokenising included (see module)."""
+def raw_ceiling(opts: argparse.Namespace, texts: list[str], when: str) -> dict[int, float]:
+    """Sentences/s of the bare session on ``texts`` at batch sizes 8 and 32, tokenising included."""
+    print(
+        f"raw ceiling, {opts.variant}, {len(texts)} distinct texts, tokenising included ({when})", flush=True
+    )
     out: dict[int, float] = {}
-    for size in batch_sizes:
+    for size in (8, 32):
         got = ceiling(opts.model, opts.variant, texts, size, opts.raw_seconds, tokenize=True)
         out[size] = got.sentences_per_s
         print(f"  raw b={size}: {out[size]:.1f} sentences/s ({got.passes} pass(es))", flush=True)
@@ -74,44 +78,29 @@ def wait_idle(svc: ServiceProcess, timeout_s: float = 120.0) -> None:
 
 
 def run_cells(
-    svc: ServiceProcess, groups: list[tuple[str, Cell]], opts: argparse.Namespace, starts: Iterator[int]
-) -> list[Row]:
-    """One cell: every group's clients at once. A group: (name, what its clients send)."""
+    svc: ServiceProcess, cells: dict[str, Cell], opts: argparse.Namespace, starts: Iterator[int]
+) -> dict[str, Row]:
+    """Every named cell's clients at once, on ``svc``; each cell's row, by its name."""
     wait_idle(svc)
     before = svc.engine_stats()
+    loads = [(svc.port, c, distinct_bodies(opts.corpus, c.texts, next(starts))) for c in cells.values()]
 
     async def main() -> tuple[list[loadgen.CellResult], dict[str, float], dict[str, float]]:
-        tasks = [
-            asyncio.create_task(
-                loadgen.run_cell(
-                    HOST,
-                    svc.port,
-                    c.route,
-                    distinct_bodies(opts.corpus, c.texts, next(starts)),
-                    c.clients,
-                    opts.duration,
-                    opts.warmup,
-                    drain_s=2.0 if c.texts > 1 else 30.0,
-                    headers=c.headers,
-                )
-            )
-            for _, c in groups
-        ]
+        load = asyncio.ensure_future(closed_loops(loads, opts.duration, opts.warmup))
         await asyncio.sleep(opts.warmup)
         first = _queued_by_urgency(await scrape(svc.port))
         await asyncio.sleep(opts.duration)
-        last = _queued_by_urgency(await scrape(svc.port))
-        return list(await asyncio.gather(*tasks)), first, last
+        return await load, first, _queued_by_urgency(await scrape(svc.port))
 
     results, first, last = uvloop.run(main())
     after = svc.engine_stats()
     moved = {k: v - before.get(k, 0) for k, v in after.items() if type(v) in (int, float)}
     mean_batch = moved["batched_items"] / moved["batches"] if moved.get("batches") else float("nan")
-    cells = []
-    for (name, c), result in zip(groups, results, strict=True):
+    rows = {}
+    for (name, c), result in zip(cells.items(), results, strict=True):
         key = str(c.urgency or 3) if str(c.urgency or 3) in last else "all"
         rate = (last.get(key, 0.0) - first.get(key, 0.0)) / opts.duration  # counted by the server
-        row = Row(
+        row = rows[name] = Row(
             name,
             clients=c.clients,
             texts=c.texts,
@@ -129,8 +118,7 @@ def run_cells(
             f"{row.errors} errors; mean batch {mean_batch:.1f}; engine {engine_speed(row):.0f} tokens/s",
             flush=True,
         )
-        cells.append(row)
-    return cells
+    return rows
 
 
 def linked(model: Path, into: Path) -> Path:
@@ -159,55 +147,57 @@ def servers(
     return ours, stack.enter_context(ServiceProcess("app", today_env, log, cwd=opts.today))
 
 
+def cost_model(svc: ServiceProcess, title: str) -> dict[str, Any] | None:
+    """The service's batching settings and cost model (``/info``'s ``batching``), printed; None where none."""
+    status, info = asyncio.run(loadgen.get_json(HOST, svc.port, "/info"))
+    if status != 200 or not isinstance(info, dict):
+        return None
+    batching: dict[str, Any] = info["batching"]
+    m = batching["cost_model"]
+    print(
+        f"{title} ({m['source']}; refitted from {m.get('refitted_from_served_batches', 0)} served batches, "
+        f"their error {m.get('served_error')}): {m['a']:.3f} + B x ({m['b']:.4f} + {m['c']:.4f} S + "
+        f"{m['d']:.2e} S^2) {m['unit']}; grid fit error max {m['max_error']} mean {m['mean_error']}; "
+        f"queue-delay budget {batching['queue_delay_budget_ms']} ms",
+        flush=True,
+    )
+    return batching
+
+
 def run(opts: argparse.Namespace) -> dict[str, Any]:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one thread, as the service tokenises
     corpus = load_corpus()
     raw_texts = unique_texts(random.Random(7).sample(corpus, len(corpus)), 90_000_000, opts.raw_texts)
-    print(
-        f"raw ceiling, {opts.variant}, {len(raw_texts)} distinct texts, tokenising included (start)",
-        flush=True,
-    )
-    raw_start = raw_ceiling(opts, raw_texts, (8, 32))
-    # Each group of each cell sends texts from its own range of numbers.
+    out: dict[str, Any] = {"raw_start": raw_ceiling(opts, raw_texts, "start"), "cells": {}}
+    # Each cell sends texts from its own range of numbers.
     opts.corpus, starts = random.Random(0).sample(corpus, len(corpus)), itertools.count(0, STRIDE)
     (bg,) = opts.background
-    out: dict[str, Any] = {"raw_start": raw_start, "cells": {}}
+    background, interactive = Cell(bg.clients, bg.texts, urgency=7), Cell(8, 1)
     cells: dict[str, Row] = {}
     with contextlib.ExitStack() as stack:
         ours, today = servers(opts, bg.inputs + 64, stack)
-        status, info = asyncio.run(loadgen.get_json(HOST, ours.port, "/info"))
-        out["cost_model"] = info["batching"] if status == 200 and isinstance(info, dict) else None
-        if out["cost_model"] is not None:
-            print_model("cost model at start", out["cost_model"])
-
-        def one(svc: ServiceProcess, key: str, clients: int, texts: int) -> None:
-            (cells[key],) = run_cells(svc, [(key, Cell(clients, texts))], opts, starts)
-
+        today_all = today if opts.today_all else None
+        out["cost_model"] = cost_model(ours, "cost model at start")
         print("cells", flush=True)
-        one(ours, "ours 8x1 (1)", 8, 1)
-        if today is not None:
-            one(today, "today 8x1 (1)", 8, 1)
-        one(ours, "ours 32x1", 32, 1)
-        one(ours, "ours 8x16", 8, 16)
-        if today is not None and opts.today_all:
-            one(today, "today 32x1", 32, 1)
-            one(today, "today 8x16", 8, 16)
-        background = ("background", Cell(bg.clients, bg.texts, urgency=7))
-        (cells["background alone"],) = run_cells(ours, [background], opts, starts)
-        mixed = run_cells(ours, [background, ("interactive", Cell(8, 1))], opts, starts)
-        cells["background mixed"], cells["interactive mixed"] = mixed
-        one(ours, "ours 8x1 (2)", 8, 1)
-        if today is not None:
-            one(today, "today 8x1 (2)", 8, 1)
-        status, info = asyncio.run(loadgen.get_json(HOST, ours.port, "/info"))
-        if status == 200 and isinstance(info, dict):  # after the cells: refitted from the batches served
-            out["cost_model_end"] = info["batching"]
-            print_model("cost model after the cells", info["batching"])
-    print("raw ceiling (end)", flush=True)
-    raw_end = raw_ceiling(opts, raw_texts, (8, 32))
-    out["raw_end"] = raw_end
+        for svc, named in (
+            (ours, {"ours 8x1 (1)": interactive}),
+            (today, {"today 8x1 (1)": interactive}),
+            (ours, {"ours 32x1": Cell(32, 1)}),
+            (ours, {"ours 8x16": Cell(8, 16)}),
+            (today_all, {"today 32x1": Cell(32, 1)}),
+            (today_all, {"today 8x16": Cell(8, 16)}),
+            (ours, {"background alone": background}),
+            (ours, {"background mixed": background, "interactive mixed": interactive}),
+            (ours, {"ours 8x1 (2)": interactive}),
+            (today, {"today 8x1 (2)": interactive}),
+        ):
+            if svc is not None:
+                cells.update(run_cells(svc, named, opts, starts))
+        if (end := cost_model(ours, "cost model after the cells")) is not None:  # refitted from the batches
+            out["cost_model_end"] = end
+    out["raw_end"] = raw_ceiling(opts, raw_texts, "end")
     out["cells"] = {k: c.as_json() for k, c in cells.items()}
-    out["summary"] = summarise(cells, raw_start, raw_end, today is not None)
+    out["summary"] = summarise(cells, out["raw_start"], out["raw_end"], today is not None)
     speeds = {k: engine_speed(c) for k, c in cells.items()}
     median = float(np.nanmedian(list(speeds.values())))
     out["disturbed"] = [k for k, v in speeds.items() if v < DISTURBED * median]
@@ -222,21 +212,6 @@ def engine_speed(cell: Row) -> float:
     return engine.get("padded_tokens", 0) / busy if busy else float("nan")
 
 
-def print_model(title: str, batching: dict[str, Any]) -> None:
-    m = batching["cost_model"]
-    print(
-        f"{title} ({m['source']}; refitted from {m.get('refitted_from_served_batches', 0)} served batches, "
-        f"their error {m.get('served_error')}): {m['a']:.3f} + B x ({m['b']:.4f} + {m['c']:.4f} S + "
-        f"{m['d']:.2e} S^2) {m['unit']}; grid fit error max {m['max_error']} mean {m['mean_error']}; "
-        f"queue-delay budget {batching['queue_delay_budget_ms']} ms",
-        flush=True,
-    )
-
-
-def _mean(*values: float) -> float:
-    return float(np.mean(values))
-
-
 def summarise(
     cells: dict[str, Row], raw_start: dict[int, float], raw_end: dict[int, float], have_today: bool
 ) -> list[dict[str, Any]]:
@@ -244,35 +219,34 @@ def summarise(
     nan = float("nan")
     rate = {k: c.sentences_per_s or 0.0 for k, c in cells.items()}
     spread = {k: (c.p99_ms or nan) / (c.p50_ms or nan) for k, c in cells.items()}
-    raw = max(_mean(raw_start[b], raw_end[b]) for b in raw_start)
-    best = max(raw_start, key=lambda b: _mean(raw_start[b], raw_end[b]))
-    ours_8x1, today_8x1 = ("ours 8x1 (1)", "ours 8x1 (2)"), ("today 8x1 (1)", "today 8x1 (2)")
-    idle_p99 = _mean(*(cells[k].p99_ms or nan for k in ours_8x1))
+    p99 = {k: c.p99_ms or nan for k, c in cells.items()}
+    best = max(raw_start, key=lambda b: raw_start[b] + raw_end[b])
+    raw = (raw_start[best] + raw_end[best]) / 2
     rows: list[dict[str, Any]] = []
 
-    def row(*values: Any) -> None:  # what, ours, against, ratio, target, ok
-        rows.append(dict(zip(("what", "ours", "against", "ratio", "target", "ok"), values, strict=True)))
+    def rounds(figures: dict[str, float], who: str) -> float:  # the mean of 8x1's two rounds
+        return (figures[f"{who} 8x1 (1)"] + figures[f"{who} 8x1 (2)"]) / 2
 
-    for key in ("ours 32x1", "ours 8x16"):
-        ratio = rate[key] / raw
-        row(f"{key[5:]} sentences/s vs raw b={best}", rate[key], raw, ratio, ">= 0.95", ratio >= 0.95)
-    ours = _mean(*(spread[k] for k in ours_8x1))
-    row("8x1 p99 / p50 (rounds 1, 2)", ours, None, ours, "<= 1.6", ours <= 1.6)
+    def row(what: str, ours: float, against: float | None, goal: str = "") -> None:
+        """``ours`` over ``against`` (None: ``ours`` is the ratio), held to ``goal`` ("": for reference)."""
+        ratio = ours if against is None else (ours / against if against else nan)
+        ok = {">=": operator.ge, "<=": operator.le}[goal[:2]](ratio, float(goal[3:])) if goal else None
+        rows.append(
+            {"what": what, "ours": ours, "against": against, "ratio": ratio, "target": goal, "ok": ok}
+        )
+
+    for key in ("32x1", "8x16"):
+        row(f"{key} sentences/s vs raw b={best}", rate[f"ours {key}"], raw, ">= 0.95")
+    row("8x1 p99 / p50 (rounds 1, 2)", rounds(spread, "ours"), None, "<= 1.6")
     if have_today:
-        ours_rate, today_rate = _mean(*(rate[k] for k in ours_8x1)), _mean(*(rate[k] for k in today_8x1))
-        ratio = ours_rate / today_rate
-        row("8x1 sentences/s vs today's", ours_rate, today_rate, ratio, ">= 1.05", ratio >= 1.05)
-        today = _mean(*(spread[k] for k in today_8x1))
-        row("today's 8x1 p99 / p50 (for reference)", today, None, today, "", None)
+        row("8x1 sentences/s vs today's", rounds(rate, "ours"), rounds(rate, "today"), ">= 1.05")
+        row("today's 8x1 p99 / p50 (for reference)", rounds(spread, "today"), None)
         for key in ("today 32x1", "today 8x16"):
             if key in cells:
-                row(f"{key} sentences/s vs raw (for reference)", rate[key], raw, rate[key] / raw, "", None)
-    mixed_p99 = cells["interactive mixed"].p99_ms or nan
-    ratio = mixed_p99 / idle_p99
-    row("interactive 8x1 p99 beside background vs idle", mixed_p99, idle_p99, ratio, "<= 1.5", ratio <= 1.5)
-    alone, beside = rate["background alone"], rate["background mixed"]
-    ratio = beside / alone if alone else nan
-    row("background sentences/s beside interactive vs alone", beside, alone, ratio, ">= 0.7", ratio >= 0.7)
+                row(f"{key} sentences/s vs raw (for reference)", rate[key], raw)
+    idle, alone = rounds(p99, "ours"), rate["background alone"]
+    row("interactive 8x1 p99 beside background vs idle", p99["interactive mixed"], idle, "<= 1.5")
+    row("background sentences/s beside interactive vs alone", rate["background mixed"], alone, ">= 0.7")
     return rows
 
 
@@ -302,16 +276,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="a tiny model and short cells (a CI test)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="zhembed-sched-") as tmp:
+    if args.quick:
+        args.duration, args.warmup, args.raw_texts, args.raw_seconds = 1.5, 0.5, 64, 0.2
+        args.background = parse_cells("8x4")
+    with (
+        tempfile.TemporaryDirectory(prefix="zhembed-sched-") as tmp,
+        tiny_model(None, ("int8",), 3) if args.quick else contextlib.nullcontext(args.model) as model,
+    ):
+        # The cost model is measured afresh in every run, and written only under the run's own folder.
+        args.model = linked(model, Path(tmp) / "model")
         args.logs, args.cost_cache = RESULTS / "logs", Path(tmp) / "cache"
-        if args.quick:
-            with tiny_model(None, ("int8",), 3) as args.model:
-                args.duration, args.warmup, args.raw_texts, args.raw_seconds = 1.5, 0.5, 64, 0.2
-                args.background = parse_cells("8x4")
-                result = run(args)
-        else:  # the cost model is measured afresh in every run, and written only under the run's own folder
-            args.model = linked(args.model, Path(tmp) / "model")
-            result = run(args)
+        result = run(args)
     print_summary(result["summary"])
     if result["disturbed"]:
         print(

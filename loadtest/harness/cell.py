@@ -1,14 +1,18 @@
 """What a cell sends: closed-loop clients × texts per request, on one route and protocol, at one urgency;
-and the request bodies of distinct texts that no cache or de-duplication can serve from another."""
+the request bodies of distinct texts that no cache or de-duplication can serve from another; and several
+cells' clients run at once."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import orjson
 
 from loadtest.corpus import unique_texts
-from loadtest.loadgen import BodyFactory
+from loadtest.loadgen import BodyFactory, CellResult, run_cell
+from loadtest.server import HOST
 
 # Each cell's texts start this far past the previous cell's: new to the service too.
 STRIDE = 10_000_000
@@ -17,7 +21,8 @@ STRIDE = 10_000_000
 @dataclass(frozen=True)
 class Cell:
     """``clients`` closed-loop clients, each request ``texts`` texts, in ``encoding``; ``urgency`` is the
-    request's ``Priority: u=N`` (None: the service's default)."""
+    request's ``Priority: u=N`` (None: the service's default), ``model`` the model it names in a service
+    of several (None: the only one)."""
 
     clients: int
     texts: int
@@ -25,6 +30,7 @@ class Cell:
     route: str = "/embed"
     protocol: str = "http"  # http | grpc | grpc tei
     urgency: int | None = None
+    model: str | None = None
 
     @property
     def label(self) -> str:
@@ -63,3 +69,16 @@ def distinct_bodies(corpus: list[str], texts: int, start: int, encoding: str = "
 
 def answered_vectors(payload: bytes, _texts: int) -> bool:
     return payload[:1] == b"["  # cheap: the client shares the cores with the server
+
+
+async def closed_loops(
+    loads: Iterable[tuple[int, Cell, BodyFactory]], duration_s: float, warmup_s: float
+) -> list[CellResult]:
+    """Every HTTP cell's clients at once, each load ``(port, cell, its bodies)``; each cell's result. An
+    answer after the window does not count: one still in flight gets 5 s, then is cancelled."""
+    return await asyncio.gather(
+        *(
+            run_cell(HOST, port, c.route, make, c.clients, duration_s, warmup_s, 5.0, headers=c.headers)
+            for port, c, make in loads
+        )
+    )
