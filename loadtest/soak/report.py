@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from loadtest import procs
+from loadtest.harness.report import cell
 from loadtest.soak import faults
-from loadtest.soak.faults import FaultEvent, Slots
+from loadtest.soak.faults import FaultEvent, Slots, Table
 
 GROWTH_TARGET = 0.05
 REPLACEMENTS = "zhembed_worker_replacements_total"
@@ -29,9 +30,9 @@ class Window:
 
 @dataclass
 class Growth:
-    """One process of the tree (or the tree, ``pid`` None) over the soak. A process there from the start
-    to the end has readings at the start, the baseline and the end; one that started during the soak
-    (``first_s``) has its first reading as its start, one that ended (``last_s``) its last as its end."""
+    """One process of the tree (or the tree, ``pid`` None) over the soak: from its reading at the start (its
+    first if it started later, ``first_s``) and at the baseline to its reading at the end (its last if it
+    ended, ``last_s``)."""
 
     role: str
     pid: int | None
@@ -47,33 +48,18 @@ class Growth:
     growth_start: float | None  # of PSS from its start (or first reading) to the end: None if it ended
     cpu_s: float  # CPU seconds used from its start (or first reading) to its end (or last reading)
 
-    @property
-    def new(self) -> bool:
-        return self.first_s is not None
-
-    @property
-    def gone(self) -> bool:
-        return self.last_s is not None
-
-    @property
-    def ok(self) -> bool:
-        return self.growth is not None and self.growth < GROWTH_TARGET and not self.new and not self.gone
-
 
 Seen = tuple[float, procs.Process]  # seconds into the soak, the reading
+Reading = tuple[float, procs.Process | procs.Tree]  # a process's or the tree's
 
 
 def _growth(
-    role: str,
-    pid: int | None,
-    slot: int | None,
-    first: tuple[float, procs.Process | procs.Tree],
-    base: procs.Process | procs.Tree | None,
-    last: tuple[float, procs.Process | procs.Tree],
-    seconds: float,
+    first: Reading, base: procs.Process | procs.Tree | None, last: Reading, seconds: float, slot: int | None
 ) -> Growth:
+    """A process's (or the tree's) row from its first reading, the baseline's and its last."""
     (t0, a), (t1, b) = first, last
     ended = t1 < seconds
+    role, pid = ("tree", None) if isinstance(a, procs.Tree) else (a.role, a.pid)
     return Growth(
         role,
         pid,
@@ -99,13 +85,8 @@ def growth_by_process(
     seen: dict[int, tuple[Seen, Seen]] | None = None,
     slots: Slots | None = None,
 ) -> list[Growth]:
-    """Each process of any reading, in the order first seen, then the tree.
-
-    Args:
-        start, baseline, end: the tree at the soak's start (0 s), its baseline, and its end (``seconds``).
-        seen: each pid's first and last reading during the soak (those between start and end).
-        slots: the workers' slots.
-    """
+    """Each process of any reading, in the order first seen, then the tree: from the tree at the start (0 s),
+    the baseline and the end (``seconds``), and ``seen``, each pid's first and last reading in between."""
     seen = dict(seen or {})
     for p in start.processes:
         seen[p.pid] = ((0.0, p), seen.get(p.pid, ((0.0, p), (0.0, p)))[1])
@@ -114,11 +95,8 @@ def growth_by_process(
     base = {p.pid: p for p in baseline.processes}
     rows = []
     for pid, (first, last) in sorted(seen.items(), key=lambda kv: (kv[1][0][0], kv[0])):
-        role = first[1].role
-        slot = slots.slot(pid) if slots is not None and role == "worker" else None
-        rows.append(_growth(role, pid, slot, first, base.get(pid), last, seconds))
-    rows.append(_growth("tree", None, None, (0.0, start), baseline, (seconds, end), seconds))
-    return rows
+        rows.append(_growth(first, base.get(pid), last, seconds, None if slots is None else slots.slot(pid)))
+    return [*rows, _growth((0.0, start), baseline, (seconds, end), seconds, None)]
 
 
 @dataclass
@@ -138,8 +116,8 @@ class SoakReport:
     retried: int = 0  # sent again on a new connection (not errors: :class:`loadtest.loadgen._Connection`)
     reopened: int = 0  # idle connections found closed by the server, reopened before a request
     faults: list[FaultEvent] = field(default_factory=list)
-    fates: dict[str, dict[str, int]] = field(default_factory=dict)  # fault → fate → requests
-    exit_code: int | None = None  # the service's, after the SIGTERM (faults only)
+    fates: Table = field(default_factory=dict)
+    exit_code: int | None = None  # the service's, after the SIGTERM (faults) or when it died
     replacements: float | None = None  # zhembed_worker_replacements_total at the end, where exported
     notes: list[str] = field(default_factory=list)
 
@@ -158,11 +136,9 @@ class SoakReport:
 
     @property
     def memory_ok(self) -> bool:
-        return (
-            self.tree.growth is not None
-            and self.tree.growth < GROWTH_TARGET
-            and all(w.ok for w in self.workers)
-        )
+        """The tree and each worker there from start to end (one that ended has no growth), under target."""
+        rows = (self.tree, *self.workers)
+        return all(g.first_s is None and g.growth is not None and g.growth < GROWTH_TARGET for g in rows)
 
     @property
     def requests_ok(self) -> bool:
@@ -172,10 +148,6 @@ class SoakReport:
     def ok(self) -> bool:
         """With faults, the requests' fates and the exit; without, those and the memory."""
         return self.requests_ok and (bool(self.faults) or self.memory_ok)
-
-
-def _mb(value: float | None, width: int) -> str:
-    return f"{'-' if value is None else f'{value:.1f}':>{width}}"
 
 
 def _pct(value: float | None, width: int) -> str:
@@ -203,22 +175,18 @@ def render(report: SoakReport) -> str:
         f"{'PSS end':>9}{'growth':>9}{'g. start':>10}{'CPU s':>8}  note",
     ]
     for g in report.memory:
-        note = " ".join(
-            [
-                *([f"new at {g.first_s:.1f} s"] if g.first_s is not None else []),
-                *([f"gone at {g.last_s:.1f} s"] if g.last_s is not None else []),
-            ]
-        )
+        notes = [f"new at {g.first_s:.1f} s"] if g.first_s is not None else []
+        notes += [f"gone at {g.last_s:.1f} s"] if g.last_s is not None else []
         lines.append(
             f"{g.role:<18}{'' if g.slot is None else g.slot:>5}{'' if g.pid is None else g.pid:>8}"
-            f"{_mb(g.rss_start_mb, 11)}{_mb(g.rss_end_mb, 9)}{_mb(g.pss_start_mb, 11)}{_mb(g.pss_base_mb, 10)}"
-            f"{_mb(g.pss_end_mb, 9)}{_pct(g.growth, 9)}{_pct(g.growth_start, 10)}{_mb(g.cpu_s, 8)}  {note}"
+            f"{cell(g.rss_start_mb, '.1f', 11)}{cell(g.rss_end_mb, '.1f', 9)}"
+            f"{cell(g.pss_start_mb, '.1f', 11)}{cell(g.pss_base_mb, '.1f', 10)}{cell(g.pss_end_mb, '.1f', 9)}"
+            f"{_pct(g.growth, 9)}{_pct(g.growth_start, 10)}{cell(g.cpu_s, '.1f', 8)}  {' '.join(notes)}"
         )
     if report.faults:
         lines.append("faults (s into the soak):")
         for e in report.faults:
-            end = "-" if e.end_s is None else f"{e.end_s:.1f}"
-            lines.append(f"  {e.kind:<12} {e.start_s:>8.1f} → {end:>8}  {e.detail}")
+            lines.append(f"  {e.kind:<12} {e.start_s:>8.1f} → {cell(e.end_s, '.1f', 8)}  {e.detail}")
     if report.fates:
         lines += ["every request's fate by the fault it met:", faults.render_table(report.fates)]
     lines += [f"note: {n}" for n in report.notes]

@@ -48,9 +48,9 @@ def test_slots_follow_a_killed_worker_and_a_replacement_that_starts_first() -> N
     assert slots.update([20, 30], 5.0) == [("gone", 10, 0, 5.0), ("new", 30, 0, 5.0)]
     # the memory bound: the replacement first, while every slot is full; the old one stops later
     assert slots.update([20, 30, 40], 8.0) == [("waiting", 40, None, 8.0)]
-    assert slots.slot(40) is None and slots.holder(1) == 20
+    assert slots.slot(40) is None and slots.slot(20) == 1
     assert slots.update([30, 40], 11.0) == [("gone", 20, 1, 11.0), ("new", 40, 1, 8.0)]
-    assert slots.holder(1) == 40 and slots.update([30, 40], 12.0) == []
+    assert slots.slot(40) == 1 and slots.update([30, 40], 12.0) == []
 
 
 def test_a_request_fate_from_its_answer_or_its_error() -> None:
