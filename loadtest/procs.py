@@ -6,9 +6,10 @@ a benchmark reads a server's memory or CPU; docs/performance.md (the soak) says 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 MB = 2**20
@@ -17,21 +18,20 @@ MB = 2**20
 SPAWNED = "--multiprocessing-fork"
 RESOURCE_TRACKER = "multiprocessing.resource_tracker"
 LISTEN = "0A"  # a socket's state in /proc/net/tcp (include/net/tcp_states.h)
+T = TypeVar("T")
 
 
-def _stat(pid: int) -> list[str]:
-    """The fields of /proc/PID/stat after the command name (field 3, the state, first)."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def _stat(path: Path) -> list[str]:
+    """The fields of ``path``/stat (a process's or a thread's) after the command name, the state first."""
+    return (path / "stat").read_text().rsplit(")", 1)[1].split()
 
 
 def descendants(pid: int) -> list[int]:
     """The live processes below ``pid`` (children, their children, …), from each process's parent id."""
     children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for entry in Path("/proc").glob("[0-9]*"):  # one folder a process
         try:
-            parent = int(_stat(int(entry.name))[1])
+            parent = int(_stat(entry)[1])
         except (OSError, IndexError, ValueError):  # it ended while we looked
             continue
         children.setdefault(parent, []).append(int(entry.name))
@@ -46,7 +46,7 @@ def descendants(pid: int) -> list[int]:
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of ``pid``'s threads, plus what its ended children used."""
-    fields = _stat(pid)
+    fields = _stat(Path(f"/proc/{pid}"))
     return sum(int(fields[i]) for i in (11, 12, 13, 14)) / CLOCK_TICKS  # utime, stime, cutime, cstime
 
 
@@ -55,23 +55,28 @@ def thread_cpu_seconds(pid: int) -> dict[int, float]:
     out: dict[int, float] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:  # not /proc/TID/stat: that one is the whole process's
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            fields = _stat(task)
         except OSError:  # the thread ended
             continue
         out[int(task.name)] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
     return out
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    """:func:`cpu_seconds` summed over ``pid`` and all its live descendants."""
-    total = 0.0
+def _over_tree(pid: int, read: Callable[[int], T]) -> list[T]:
+    """``read`` of ``pid`` and of each live descendant (one that ends meanwhile is left out; ``pid`` raises)."""
+    found: list[T] = []
     for p in (pid, *descendants(pid)):
         try:
-            total += cpu_seconds(p)
-        except OSError:  # a descendant ended between the listing and here
+            found.append(read(p))
+        except (OSError, IndexError, ValueError):  # a descendant ended between the listing and here
             if p == pid:
                 raise
-    return total
+    return found
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """:func:`cpu_seconds` summed over ``pid`` and all its live descendants."""
+    return sum(_over_tree(pid, cpu_seconds))
 
 
 @dataclass(frozen=True)
@@ -85,8 +90,7 @@ class Memory:
 
 
 def _kb(path: Path, keys: tuple[str, ...]) -> dict[str, int]:
-    """``Key:  N kB`` lines of a /proc file, in bytes, summed per key (smaps has one block per mapping,
-    smaps_rollup one in all: the same sums)."""
+    """``Key:  N kB`` lines of a /proc file, in bytes, summed per key (over each mapping of smaps)."""
     out = dict.fromkeys(keys, 0)
     for line in path.read_text().splitlines():
         key, _, rest = line.partition(":")
@@ -95,18 +99,18 @@ def _kb(path: Path, keys: tuple[str, ...]) -> dict[str, int]:
     return out
 
 
-def memory(pid: int) -> Memory:
-    """RSS, PSS, USS and peak RSS of one process now.
+def peak_rss(pid: int) -> int:
+    """The most RSS ``pid`` has had (``VmHWM``; 0 once it has exited): a cheap read, OSError once it is gone."""
+    return _kb(Path(f"/proc/{pid}/status"), ("VmHWM",))["VmHWM"]
 
-    Raises:
-        OSError: the process is gone (or not ours to read).
-    """
+
+def memory(pid: int) -> Memory:
+    """RSS, PSS, USS and peak RSS of one process now (OSError: it is gone, or not ours to read)."""
     smaps = Path(f"/proc/{pid}/smaps_rollup")
     if not smaps.exists():  # Linux before 4.14
         smaps = Path(f"/proc/{pid}/smaps")
     m = _kb(smaps, ("Rss", "Pss", "Private_Clean", "Private_Dirty"))
-    peak = _kb(Path(f"/proc/{pid}/status"), ("VmHWM",))["VmHWM"]
-    return Memory(m["Rss"], m["Pss"], m["Private_Clean"] + m["Private_Dirty"], peak)
+    return Memory(m["Rss"], m["Pss"], m["Private_Clean"] + m["Private_Dirty"], peak_rss(pid))
 
 
 def role(pid: int, root: int) -> str:
@@ -160,8 +164,9 @@ class Tree:
         }
 
 
-def _socket_inodes(pid: int) -> set[int]:
-    """The inodes of the sockets ``pid`` holds open (its fds that read ``socket:[N]``)."""
+def peer_ports(pid: int, port: int) -> set[int]:
+    """The client ports of the TCP connections to local ``port`` that ``pid`` holds (OSError: it is gone):
+    which of a load generator's connections a worker serves, from the socket inodes of /proc/net/tcp{,6}."""
     inodes = set()
     for fd in Path(f"/proc/{pid}/fd").iterdir():
         try:
@@ -170,19 +175,6 @@ def _socket_inodes(pid: int) -> set[int]:
             continue
         if target.startswith("socket:["):
             inodes.add(int(target[8:-1]))
-    return inodes
-
-
-def peer_ports(pid: int, port: int) -> set[int]:
-    """The client ports of the TCP connections to local ``port`` that ``pid`` holds: which of a load
-    generator's connections a worker of a server serves (workers share one listening socket, and each
-    accepted connection is one worker's alone). From ``/proc/net/tcp`` and ``tcp6``: the socket's inode
-    names its owner, and each line has its local and remote port (hex, after the colon).
-
-    Raises:
-        OSError: the process is gone (or not ours to read).
-    """
-    inodes = _socket_inodes(pid)
     found = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -198,19 +190,9 @@ def peer_ports(pid: int, port: int) -> set[int]:
 
 
 def tree(pid: int) -> Tree:
-    """Memory and CPU of ``pid`` and each of its live descendants now; the root is named ``supervisor``
-    when it has workers.
-
-    Raises:
-        OSError: ``pid`` itself is gone.
-    """
-    found: list[Process] = []
-    for p in (pid, *descendants(pid)):
-        try:
-            found.append(Process(p, role(p, pid), memory(p), cpu_seconds(p)))
-        except (OSError, IndexError, ValueError):  # a descendant ended between the listing and here
-            if p == pid:
-                raise
+    """Memory and CPU of ``pid`` (OSError: it is gone) and each of its live descendants now; the root is
+    named ``supervisor`` when it has workers."""
+    found = _over_tree(pid, lambda p: Process(p, role(p, pid), memory(p), cpu_seconds(p)))
     if any(p.role == "worker" for p in found):
         found[0] = Process(pid, "supervisor", found[0].memory, found[0].cpu_s)
     return Tree(tuple(found))

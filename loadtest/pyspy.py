@@ -18,6 +18,7 @@ import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import uvloop
@@ -96,19 +97,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     admit = 2 * args.concurrency * args.texts
     env = service_env(args.model, args.variant, admit, cache_bytes=64 * 2**20 if args.cache_hits else 0)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    stacks = RESULTS / f"pyspy-{stamp}.txt"
+    stacks = RESULTS / f"pyspy-{time.strftime('%Y%m%d-%H%M%S')}.txt"
     corpus = load_corpus()[:HIT_SET] if args.cache_hits else load_corpus()
     make = loadgen.cycle(request_bodies(corpus, args.texts), args.texts)
     with ServiceProcess("app", env, RESULTS / "logs" / "pyspy-service.log") as svc:
-        uvloop.run(loadgen.run_cell(HOST, svc.port, "/embed", make, args.concurrency, 2.0, 0.0))  # warm
+        load = partial(loadgen.run_cell, HOST, svc.port, "/embed", make, args.concurrency)
+        uvloop.run(load(2.0, 0.0))  # warm
         sample = ["-p", str(svc.pid), "-d", str(int(args.seconds)), "-r", str(args.rate), "--threads"]
         mode = ["--nonblocking"] if nonblocking else ["--native"]
         command = [pyspy, "record", *sample, *mode, "-f", "raw", "-o", str(stacks)]
         record = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        result = uvloop.run(
-            loadgen.run_cell(HOST, svc.port, "/embed", make, args.concurrency, args.seconds + 1, 0.5)
-        )
+        result = uvloop.run(load(args.seconds + 1, 0.5))
         _, err = record.communicate(timeout=60)
         if record.returncode != 0:
             print(f"py-spy failed: {err.decode()[-2000:]}", file=sys.stderr)

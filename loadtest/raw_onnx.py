@@ -5,10 +5,9 @@ its FLOP count, and the GEMM peak of this machine.
     python -m loadtest.raw_onnx --variants int8 --batches 2,4,8 --lengths 256,384,512   # long inputs
 
 The grid times the encoder at batch 1, 8, 32 × sequence 16, 32, 128 (or ``--batches`` × ``--lengths``) and
-prints sentences/s per variant and the int8/fp32 ratio. Variants are interleaved within each cell (short rounds, alternating) so that a
-machine that slows down mid-run slows every variant alike. Sessions use the service's options
-(``app.model.runtime.session_options``, not a copy), and fetch what the service fetches for a default
-/embed (``service_output``).
+prints sentences/s per variant and the int8/fp32 ratio, the variants interleaved within each cell (a
+machine that slows down mid-run slows each alike). Sessions use the service's options and fetch what it
+fetches for a default /embed (``service_output``).
 
 The FLOP count (multiply-add = 2 FLOP) of one sequence of ``L`` tokens through ``N`` layers of hidden size
 ``H`` and feed-forward size ``I``:
@@ -33,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import onnxruntime as ort
@@ -47,6 +46,7 @@ from loadtest.harness import parser
 LAST_HIDDEN_STATE = "last_hidden_state"
 MEAN_PREFIX = "mean_"  # the encoder's pooled means are mean_{layer} (app/model/manifest.py)
 DEFAULT_MODEL = Path("models/bert-base-chinese-twin")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -62,8 +62,7 @@ class BertShape:
 
 
 def session_options(threads: int = 0, provider: str = CPU, sessions: int = 1) -> ort.SessionOptions:
-    """The service's session options (for a model of ``sessions`` sessions), with ONNX Runtime's warnings
-    off."""
+    """The service's session options (for a model of ``sessions`` sessions), ONNX Runtime's warnings off."""
     options = service_session_options(provider, threads, sessions)
     options.log_severity_level = 3
     return options
@@ -101,27 +100,19 @@ def synthetic_feed(batch: int, seq: int) -> dict[str, np.ndarray]:
 def service_output(session: ort.InferenceSession) -> str:
     """The output a default /embed (mean pooling, last layer) fetches: the graph's pooled mean of its last
     layer, or, for a graph without pooled outputs, the last hidden state (the service then pools in numpy)."""
-    means = [
-        int(o.name[len(MEAN_PREFIX) :])
-        for o in session.get_outputs()
-        if o.name.startswith(MEAN_PREFIX) and o.name[len(MEAN_PREFIX) :].isdigit()
-    ]
+    layers = [o.name[len(MEAN_PREFIX) :] for o in session.get_outputs() if o.name.startswith(MEAN_PREFIX)]
+    means = [int(layer) for layer in layers if layer.isdigit()]
     return f"{MEAN_PREFIX}{max(means)}" if means else LAST_HIDDEN_STATE
 
 
-def _manifest(model_dir: Path) -> dict[str, Any]:
+def manifest(model_dir: Path) -> dict[str, Any]:
+    """``model_dir``'s manifest.json."""
     return dict(json.loads((model_dir / "manifest.json").read_text()))
 
 
-def open_encoder(
-    model: Path, variant: str, threads: int = 0, provider: str = CPU, sessions: int = 1
-) -> ort.InferenceSession:
-    """The encoder session of ``variant`` as listed in ``model``'s manifest, on ``provider``.
-
-    Raises:
-        SystemExit: ONNX Runtime fell back to another provider.
-    """
-    file = model / _manifest(model)["graphs"]["encoder"][variant]["file"]
+def open_graph(file: Path, threads: int = 0, provider: str = CPU, sessions: int = 1) -> ort.InferenceSession:
+    """A session of the graph in ``file`` with :func:`session_options`, on ``provider`` (SystemExit when ONNX
+    Runtime falls back to another)."""
     options = session_options(threads, provider, sessions)
     session = ort.InferenceSession(str(file), options, providers=[provider])
     if session.get_providers()[0] != provider:
@@ -129,22 +120,57 @@ def open_encoder(
     return session
 
 
+def open_encoder(
+    model: Path, variant: str, threads: int = 0, provider: str = CPU, sessions: int = 1
+) -> ort.InferenceSession:
+    """The encoder session of ``variant`` as listed in ``model``'s manifest (:func:`open_graph`)."""
+    file = model / manifest(model)["graphs"]["encoder"][variant]["file"]
+    return open_graph(file, threads, provider, sessions)
+
+
 def shape_of(model_dir: Path) -> BertShape:
-    config = _manifest(model_dir)["config"]
+    config = manifest(model_dir)["config"]
     return BertShape(config["num_layers"], config["hidden_size"], config["intermediate_size"])
 
 
 def variants_in(model_dir: Path) -> list[str]:
-    return list(_manifest(model_dir)["graphs"]["encoder"])
+    return list(manifest(model_dir)["graphs"]["encoder"])
 
 
-def feed(ids: list[np.ndarray]) -> dict[str, np.ndarray]:
+def feed(ids: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
     """One right-padded batch, as the service builds it."""
     input_ids = np.zeros((len(ids), max(len(x) for x in ids)), dtype=np.int64)
     for row, x in enumerate(ids):
         input_ids[row, : len(x)] = x
     mask = (input_ids != 0).astype(np.int64)
     return {"input_ids": input_ids, "attention_mask": mask, "token_type_ids": np.zeros_like(input_ids)}
+
+
+def sorted_batches(ids: Sequence[np.ndarray], batch_size: int) -> list[dict[str, np.ndarray]]:
+    """``ids`` sorted by length, in right-padded batches of ``batch_size`` (:func:`feed`)."""
+    ordered = sorted(ids, key=len)
+    return [feed(ordered[i : i + batch_size]) for i in range(0, len(ordered), batch_size)]
+
+
+def whole_passes(
+    batches: list[dict[str, np.ndarray]],
+    run: Callable[[dict[str, np.ndarray]], T],
+    min_seconds: float,
+    between: Callable[[], object] | None = None,
+) -> tuple[list[T], int]:
+    """``run`` of every batch, whole passes (a partial one would favour the short end) for ``min_seconds`` at
+    least, ``between`` before each pass but the first, after a warm-up run of the middle batch (the arenas,
+    for a typical shape); the runs' results and the number of passes."""
+    run(batches[len(batches) // 2])
+    got: list[T] = []
+    passes = 0
+    start = time.perf_counter()
+    while passes == 0 or time.perf_counter() - start < min_seconds:
+        if passes and between is not None:
+            between()
+        got.extend(run(b) for b in batches)
+        passes += 1
+    return got, passes
 
 
 @dataclass
@@ -172,12 +198,9 @@ def ceiling(
     threads: int = 0,
     provider: str = CPU,
 ) -> CeilingResult:
-    """The ceiling: whole passes over ``texts`` (strings, tokenised as the engine does, or ids) sorted by
-    length, in batches of ``batch_size``, for at least ``min_seconds``, in a session of ``variant`` of
-    ``model``. With ``tokenize``, each pass first tokenises its texts, timed with it.
-
-    Whole passes only: a partial pass over a length-sorted corpus would favour the short end.
-    """
+    """The ceiling: :func:`whole_passes` over ``texts`` (strings, tokenised as the engine does, or ids)
+    in :func:`sorted_batches` of ``batch_size``, in a session of ``variant`` of ``model``. With
+    ``tokenize``, each pass first tokenises its texts, timed with it."""
     session, shape = open_encoder(model, variant, threads, provider), shape_of(model)
     tokenizer = tokenizer_of(model) if isinstance(texts[0], str) else None
     tokenizing: list[float] = []
@@ -188,30 +211,25 @@ def ceiling(
         tokenizing.append(time.perf_counter() - t0)
         return got
 
-    ordered = sorted(texts if tokenizer is None else tokenized(), key=len)
+    ids = list(texts) if tokenizer is None else tokenized()
     if not tokenize:
         tokenizing.clear()
-    batches = [feed(ordered[i : i + batch_size]) for i in range(0, len(ordered), batch_size)]
-    useful = sum(shape.flops(len(x)) for x in ordered)
+    batches = sorted_batches(ids, batch_size)
+    useful = sum(shape.flops(len(x)) for x in ids)
     computed = sum(b["input_ids"].shape[0] * shape.flops(b["input_ids"].shape[1]) for b in batches)
-    padding = 1 - sum(len(x) for x in ordered) / sum(b["input_ids"].size for b in batches)
+    padding = 1 - sum(len(x) for x in ids) / sum(b["input_ids"].size for b in batches)
     fetch = [service_output(session)]
-    session.run(fetch, batches[len(batches) // 2])  # warm the arena for a typical shape
-    times: list[float] = []
-    passes = 0
-    start = time.perf_counter()
-    while passes == 0 or time.perf_counter() - start < min_seconds:
-        if tokenize and passes:
-            tokenized()
-        for b in batches:
-            t0 = time.perf_counter()
-            session.run(fetch, b)
-            times.append(time.perf_counter() - t0)
-        passes += 1
+
+    def timed(batch: dict[str, np.ndarray]) -> float:
+        t0 = time.perf_counter()
+        session.run(fetch, batch)
+        return time.perf_counter() - t0
+
+    times, passes = whole_passes(batches, timed, min_seconds, tokenized if tokenize else None)
     elapsed = sum(times) + sum(tokenizing)
     return CeilingResult(
         batch_size=batch_size,
-        sentences_per_s=passes * len(ordered) / elapsed,
+        sentences_per_s=passes * len(ids) / elapsed,
         batches_per_s=len(times) / elapsed,
         batch_ms=[t * 1000 for t in times],
         useful_flops_per_s=passes * useful / elapsed,
@@ -280,9 +298,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     both = {"int8", "fp32"} <= set(wanted)
     print("sentences/s of the raw encoder session (fetching what a default /embed fetches)")
-    print(
-        f"{'batch':>5} {'seq':>5} " + " ".join(f"{v:>10}" for v in wanted) + ("  int8/fp32" if both else "")
-    )
+    header = " ".join(f"{v:>10}" for v in wanted) + ("  int8/fp32" if both else "")
+    print(f"{'batch':>5} {'seq':>5} {header}")
     sessions = {v: open_encoder(args.model, v) for v in wanted}
     batches, lengths = (tuple(int(n) for n in text.split(",")) for text in (args.batches, args.lengths))
     for cell in [(b, s) for b in batches for s in lengths]:

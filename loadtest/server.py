@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -31,11 +32,8 @@ def parse_exposition(text: str) -> dict[str, float]:
 
 
 async def scrape(port: int) -> dict[str, float]:
-    """``/metrics`` of the service on ``port`` now (empty when it does not answer 200 with text).
-
-    Raises:
-        OSError: nothing listens on ``port``.
-    """
+    """``/metrics`` of the service on ``port`` now: empty when it does not answer 200 with text, OSError
+    when nothing listens."""
     status, payload = await get_json(HOST, port, "/metrics")
     return parse_exposition(payload) if status == 200 and isinstance(payload, str) else {}
 
@@ -51,22 +49,17 @@ def free_port() -> int:
 
 
 class ServiceProcess:
-    """``python -m <module>`` with ``env`` added, listening on a free port; a context manager.
-
-    The command is started directly (no shell) so that ``pid`` is the server's own process, the root of
-    the tree whose memory and CPU time :mod:`loadtest.procs` reads.
+    """``python -m <module>`` with ``env`` added, listening on a free port, started in ``cwd`` (``python -m``
+    imports from there first: another checkout's tree); a context manager. Started directly (no shell), so
+    that ``pid`` is the server's own process, the root of the tree :mod:`loadtest.procs` reads.
     """
 
-    def __init__(
-        self, module: str, env: dict[str, str], log: Path, ready_path: str = "/ready", cwd: Path | None = None
-    ) -> None:
-        """``cwd``: where to start it (``python -m`` imports from there first: another checkout's tree)."""
+    def __init__(self, module: str, env: dict[str, str], log: Path, cwd: Path | None = None) -> None:
         self.cwd = cwd
         self.port = free_port()
         self.module = module
         self.env = {**os.environ, **env, "ZHEMBED_PORT": str(self.port), "ZHEMBED_HOST": HOST}
         self.log = log
-        self.ready_path = ready_path
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -88,12 +81,9 @@ class ServiceProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise self._failed(f"{self.module} exited with {self.proc.returncode}")
-            try:
-                status, _ = asyncio.run(get_json(HOST, self.port, self.ready_path))
-                if status == 200:
+            with contextlib.suppress(OSError):  # not listening yet
+                if asyncio.run(get_json(HOST, self.port, "/ready"))[0] == 200:
                     return
-            except OSError:
-                pass
             time.sleep(0.2)
         raise self._failed(f"{self.module} not ready after {timeout_s:.0f} s")
 
@@ -111,8 +101,7 @@ class ServiceProcess:
                 self.proc.wait()
 
     def processes(self) -> procs.Tree:
-        """The server's process tree now (the supervisor and its workers, or the one process): each
-        one's memory and CPU time (:mod:`loadtest.procs`)."""
+        """The server's process tree now: each process's memory and CPU time (:func:`loadtest.procs.tree`)."""
         return procs.tree(self.pid)
 
     def cpu_seconds(self) -> float:
@@ -120,11 +109,8 @@ class ServiceProcess:
         return procs.tree_cpu_seconds(self.pid)
 
     def engine_stats(self) -> dict[str, Any]:
-        """The engine's counters (``/info``'s ``stats``: batches, tokens, …).
-
-        Raises:
-            RuntimeError: /info did not answer 200 with a JSON object.
-        """
+        """The engine's counters (``/info``'s ``stats``: batches, tokens, …); RuntimeError when /info does not
+        answer 200 with a JSON object."""
         status, info = asyncio.run(get_json(HOST, self.port, "/info"))
         if status != 200 or not isinstance(info, dict):
             raise RuntimeError(f"/info answered {status}")

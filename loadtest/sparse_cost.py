@@ -5,18 +5,15 @@ every real token, a GEMM as wide as the vocabulary, then SPLADE's pooling) timed
         [--seconds 5]
 
 In-process, with the service's session options: the corpus sorted by length in batches of
-``--batch-size`` (the service's max_batch_size), whole passes for at least ``--seconds``; each batch runs
-the encoder to its last hidden state, then the sparse graph on it cut to the batch's longest, as the
-engine does (app/engine/inference.py). Prints the encoder's and the sparse graph's ms per batch, the
-sparse graph's share of both, and the share their FLOPs predict (per token: the head's 2·H² + 2·H·V
-against the encoder's, loadtest/raw_onnx.py). ``python -m loadtest.bench --routes /embed,/embed_sparse``
-prints the same line beside its service rows.
+``--batch-size``, whole passes for at least ``--seconds``; each batch runs the encoder, then the sparse
+graph on its last hidden state, as the engine does. Prints the encoder's and the sparse graph's ms per
+batch, the sparse graph's share of both, and the share their FLOPs predict (per token: the head's
+2·H² + 2·H·V against the encoder's, loadtest/raw_onnx.py); ``python -m loadtest.bench --routes
+/embed,/embed_sparse`` prints the same line.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 from dataclasses import dataclass
@@ -27,8 +24,9 @@ import onnxruntime as ort
 
 from app.model.manifest import SPARSE_INPUTS, SPARSE_OUTPUT
 from app.model.runtime import CPU
+from loadtest import raw_onnx
 from loadtest.corpus import encode, load_corpus, tokenizer_of
-from loadtest.raw_onnx import LAST_HIDDEN_STATE, BertShape, feed, open_encoder, session_options, shape_of
+from loadtest.harness import parser
 
 
 @dataclass(frozen=True)
@@ -62,78 +60,47 @@ def head_flops(hidden: int, vocab: int, tokens: int) -> float:
 
 
 def open_sparse(model_dir: Path, variant: str, provider: str = CPU) -> ort.InferenceSession | None:
-    """The sparse graph's session of ``variant``; None when the export has none."""
-    manifest = json.loads((model_dir / "manifest.json").read_text())
-    spec = manifest["graphs"].get("sparse", {}).get(variant)
-    if spec is None:
-        return None
-    options = session_options(0, provider, sessions=2)  # beside the encoder, as the service runs it
-    return ort.InferenceSession(str(model_dir / spec["file"]), options, providers=[provider])
+    """The sparse graph's session of ``variant``, beside the encoder as the service runs it; None when the
+    export has none."""
+    spec = raw_onnx.manifest(model_dir)["graphs"].get("sparse", {}).get(variant)
+    return None if spec is None else raw_onnx.open_graph(model_dir / spec["file"], 0, provider, sessions=2)
 
 
 def measure(
     model_dir: Path, variant: str, ids: list[np.ndarray], batch_size: int, min_seconds: float
 ) -> SparseCost | None:
-    """The encoder and the sparse graph timed apart on ``ids`` sorted by length, in batches of
-    ``batch_size``, whole passes for at least ``min_seconds``; None without a sparse graph."""
+    """The encoder and the sparse graph timed apart on :func:`~loadtest.raw_onnx.whole_passes` over ``ids``
+    in length-sorted batches of ``batch_size``; None without a sparse graph."""
     sparse = open_sparse(model_dir, variant)
     if sparse is None:
         return None
-    encoder = open_encoder(model_dir, variant, sessions=2)
-    shape: BertShape = shape_of(model_dir)
-    vocab = int(sparse.get_outputs()[0].shape[1])
-    ordered = sorted(ids, key=len)
-    batches = [feed(ordered[i : i + batch_size]) for i in range(0, len(ordered), batch_size)]
-    lengths = [len(x) for x in ordered]
-    encoder_flops = sum(shape.flops(n) for n in lengths)
-    sparse_flops = head_flops(shape.hidden, vocab, sum(lengths))
+    encoder = raw_onnx.open_encoder(model_dir, variant, sessions=2)
+    shape = raw_onnx.shape_of(model_dir)
+    encoder_flops = sum(shape.flops(len(x)) for x in ids)
+    sparse_flops = head_flops(shape.hidden, int(sparse.get_outputs()[0].shape[1]), sum(len(x) for x in ids))
 
     def one(batch: dict[str, np.ndarray]) -> tuple[float, float]:
         t0 = time.perf_counter()
-        (hidden,) = encoder.run([LAST_HIDDEN_STATE], batch)
+        (hidden,) = encoder.run([raw_onnx.LAST_HIDDEN_STATE], batch)
         t1 = time.perf_counter()
         sparse.run([SPARSE_OUTPUT], dict(zip(SPARSE_INPUTS, (hidden, batch["attention_mask"]), strict=True)))
         return t1 - t0, time.perf_counter() - t1
 
-    one(batches[len(batches) // 2])  # warm the arenas for a typical shape
-    enc: list[float] = []
-    head: list[float] = []
-    passes = 0
-    start = time.perf_counter()
-    while passes == 0 or time.perf_counter() - start < min_seconds:
-        for b in batches:
-            e, s = one(b)
-            enc.append(e)
-            head.append(s)
-        passes += 1
-    return SparseCost(
-        variant=variant,
-        batch_size=batch_size,
-        encoder_ms=1e3 * float(np.mean(enc)),
-        sparse_ms=1e3 * float(np.mean(head)),
-        flop_share=sparse_flops / (encoder_flops + sparse_flops),
-        passes=passes,
-    )
+    times, passes = raw_onnx.whole_passes(raw_onnx.sorted_batches(ids, batch_size), one, min_seconds)
+    encoder_s, sparse_s = np.mean(times, axis=0)
+    flop_share = sparse_flops / (encoder_flops + sparse_flops)
+    return SparseCost(variant, batch_size, 1e3 * float(encoder_s), 1e3 * float(sparse_s), flop_share, passes)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m loadtest.sparse_cost",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--model", type=Path, default=Path("build/sparse-twin/model"))
-    parser.add_argument("--variant", default="int8")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--seconds", type=float, default=5.0)
-    args = parser.parse_args(argv)
-    cost = measure(
-        args.model,
-        args.variant,
-        encode(tokenizer_of(args.model), load_corpus()),
-        args.batch_size,
-        args.seconds,
-    )
+    p = parser("loadtest.sparse_cost", __doc__)
+    p.add_argument("--model", type=Path, default=Path("build/sparse-twin/model"))
+    p.add_argument("--variant", default="int8")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--seconds", type=float, default=5.0)
+    args = p.parse_args(argv)
+    ids = encode(tokenizer_of(args.model), load_corpus())
+    cost = measure(args.model, args.variant, ids, args.batch_size, args.seconds)
     if cost is None:
         print(
             f"{args.model} has no {args.variant} sparse graph (python -m export --sparse max)",

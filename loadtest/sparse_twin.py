@@ -4,34 +4,33 @@ its ``POST /embed_sparse`` against ``SparseEncoder.encode`` on 50 Chinese texts 
     python -m loadtest.sparse_twin [--out build/sparse-twin] [--texts 50] [--pooling max] [--tiny] \
         [--skip-export]
 
-Writes ``OUT/sparse-encoder`` (``MLMTransformer`` → ``SpladePooling``, the twin's random weights: those of
-``python -m loadtest.make_twin``; with ``--tiny`` the tests' tiny BERT instead), exports it with
-``python -m export`` to ``OUT/model`` (fp32, int8), serves each variant with ``python -m app`` and prints
-one table: fp32 against ``SparseEncoder.encode`` (the rows whose non-zero indices are the same, the
-worst difference as the tests hold it: export/validate.py's ``sparse_agreement``), int8 against it
-(top-64 index overlap, sparse cosine), and both sides' fp32 against SparseEncoder in float64: the
-rounding each has. The weights are random: the numbers say what the arithmetic does on these shapes,
-not what a trained SPLADE model retrieves. ``OUT/model`` is also the model of the sparse speed run
-(docs/performance.md).
+Writes ``OUT/sparse-encoder`` (``MLMTransformer`` → ``SpladePooling``, the random weights of
+``python -m loadtest.make_twin``'s twin, or with ``--tiny`` the tests' tiny BERT), exports it to
+``OUT/model`` (also the model of the sparse speed run), serves each variant with ``python -m app`` and
+prints one table: each variant against ``SparseEncoder.encode`` (fp32 as the tests hold it, int8 by
+top-64 overlap and cosine), and both sides' fp32 against SparseEncoder in float64. Random weights: the
+arithmetic on these shapes, not what a trained SPLADE model retrieves.
 """
 
 from __future__ import annotations
 
-import argparse
+import asyncio
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
+import orjson
 
 from export.__main__ import main as export_main
 from export.source import bert_base_chinese_vocab, load, resolve, write_source_folder
 from export.spec import BERT_BASE_CHINESE_CONFIG
 from export.validate import sparse_agreement, sparse_metrics
 from loadtest.corpus import load_corpus
+from loadtest.harness import parser
 from loadtest.harness.service import service_env
+from loadtest.loadgen import request
 from loadtest.server import HOST, ServiceProcess
 
 # Texts per /embed_sparse request: under the service's default max_inputs_per_request (64).
@@ -58,38 +57,27 @@ def write_sparse_encoder(checkpoint: Path, folder: Path, pooling: str) -> Path:
 
 
 def write_twin_checkpoint(folder: Path, config: dict[str, object] = BERT_BASE_CHINESE_CONFIG) -> Path:
-    """A ``BertForMaskedLM`` checkpoint holding the random weights ``python -m export --twin`` gives
-    ``config`` (export/source.py ``load``; bert-base-chinese's: the encoder and masked-LM head of
-    ``python -m loadtest.make_twin``), with the real vocab."""
-    from transformers import BertForMaskedLM
+    """A checkpoint of ``config`` with the real vocab, holding the random weights ``python -m export --twin``
+    gives it (bert-base-chinese's: those of ``python -m loadtest.make_twin``)."""
+    from transformers import BertForPreTraining
 
     write_source_folder(folder, config, bert_base_chinese_vocab())
     twin = load(resolve(str(folder), None), twin=True)
     assert twin.mlm_head is not None, "the twin has no masked-LM head"
-    model = BertForMaskedLM(twin.config).eval()
-    missing, unexpected = model.bert.load_state_dict(twin.bert.state_dict(), strict=False)
-    assert not missing and all(k.startswith("pooler.") for k in unexpected), (missing, unexpected)
+    model = BertForPreTraining(twin.config)
+    model.bert.load_state_dict(twin.bert.state_dict())
     model.cls.predictions.load_state_dict(twin.mlm_head.state_dict())
     model.save_pretrained(folder)
     return folder
 
 
-def write_tiny_checkpoint(folder: Path) -> Path:
-    """The tests' tiny BERT (tests/conftest.py: 3 layers, hidden 64, seed 7, the real vocab)."""
-    from tests.conftest import make_tiny_source
-
-    return make_tiny_source(folder)
-
-
 def build(out: Path, pooling: str, variants: str, tiny: bool) -> Path:
-    """``OUT/sparse-encoder`` and its export ``OUT/model``; returns the folder.
+    """``OUT/sparse-encoder`` and its export ``OUT/model`` (RuntimeError when the export fails); the folder."""
+    from tests.conftest import make_tiny_source  # the tests' tiny BERT: 3 layers, hidden 64, the real vocab
 
-    Raises:
-        RuntimeError: the export failed (its message is above).
-    """
     folder = out / "sparse-encoder"
     with tempfile.TemporaryDirectory(prefix="sparse-twin-") as tmp:
-        checkpoint = (write_tiny_checkpoint if tiny else write_twin_checkpoint)(Path(tmp))
+        checkpoint = (make_tiny_source if tiny else write_twin_checkpoint)(Path(tmp))
         write_sparse_encoder(checkpoint, folder, pooling)
     code = export_main(
         ["--model", str(folder), "--out", str(out / "model"), "--variants", variants, "--force"]
@@ -104,16 +92,13 @@ def served(model: Path, variant: str, texts: list[str], vocab: int, logs: Path) 
     (``truncate``: an over-long text is cut as SparseEncoder cuts it, to the model's length)."""
     env = service_env(model, variant, len(texts), max_inputs_per_request=PER_REQUEST)
     rows: list[list[dict[str, Any]]] = []
-    log = logs / f"sparse-twin-{variant}.log"
-    with (
-        ServiceProcess("app", env, log) as svc,
-        httpx.Client(base_url=f"http://{HOST}:{svc.port}", timeout=600) as client,
-    ):
+    with ServiceProcess("app", env, logs / f"sparse-twin-{variant}.log") as svc:
         for i in range(0, len(texts), PER_REQUEST):
-            body = {"inputs": texts[i : i + PER_REQUEST], "truncate": True}
-            answer = client.post("/embed_sparse", json=body)
-            answer.raise_for_status()
-            rows.extend(answer.json())
+            body = orjson.dumps({"inputs": texts[i : i + PER_REQUEST], "truncate": True})
+            status, answer = asyncio.run(request(HOST, svc.port, "POST", "/embed_sparse", body))
+            if status != 200:
+                raise RuntimeError(f"/embed_sparse answered {status}: {answer[:300]!r}")
+            rows.extend(orjson.loads(answer))
     vectors = np.zeros((len(rows), vocab), np.float32)
     for row, entries in enumerate(rows):
         for entry in entries:
@@ -133,29 +118,24 @@ def reference(folder: Path, texts: list[str], float64: bool) -> np.ndarray:
 
 def table(rows: list[tuple[str, dict[str, float]]]) -> list[str]:
     """The report: one row per comparison, the metrics it has (``-`` for the others)."""
-    columns = [
-        ("same non-zero indices", "same_nonzero_share", ".0%"),
-        ("indices on one side only", "index_mismatches", ".0f"),
-        ("max rel diff (floor 1% of max)", "max_rel_diff", ".2e"),
-        ("max rel diff, weights ≥ 1e-3", "max_rel_diff_above_1e-3", ".2e"),
-        ("max diff / vector max", "max_diff_of_max", ".2e"),
-        ("1e-4 rel above (of max)", "rtol_floor_of_max", ".2%"),
-        ("top-64 overlap min / mean", "top64", ""),
-        ("sparse cosine min / mean", "cosine", ""),
+    columns = [  # (name, the metrics it shows, separated by " / ", their format)
+        ("same non-zero indices", ("same_nonzero_share",), ".0%"),
+        ("indices on one side only", ("index_mismatches",), ".0f"),
+        ("max rel diff (floor 1% of max)", ("max_rel_diff",), ".2e"),
+        ("max rel diff, weights ≥ 1e-3", ("max_rel_diff_above_1e-3",), ".2e"),
+        ("max diff / vector max", ("max_diff_of_max",), ".2e"),
+        ("1e-4 rel above (of max)", ("rtol_floor_of_max",), ".2%"),
+        ("top-64 overlap min / mean", ("sparse_top64_overlap_min", "top64_overlap_mean"), ".3f"),
+        ("sparse cosine min / mean", ("sparse_cosine_min", "cosine_mean"), ".5f"),
     ]
     out = [
         "| comparison | " + " | ".join(name for name, _, _ in columns) + " |",
         "|---|" + "---|" * len(columns),
     ]
     for label, m in rows:
-        cells = []
-        for _, key, fmt in columns:
-            if key == "top64":
-                cells.append(f"{m['sparse_top64_overlap_min']:.3f} / {m['top64_overlap_mean']:.3f}")
-            elif key == "cosine":
-                cells.append(f"{m['sparse_cosine_min']:.5f} / {m['cosine_mean']:.5f}")
-            else:
-                cells.append(format(m[key], fmt) if key in m else "-")
+        cells = [
+            " / ".join(format(m[k], fmt) for k in keys) if keys[0] in m else "-" for _, keys, fmt in columns
+        ]
         out.append(f"| {label} | " + " | ".join(cells) + " |")
     return out
 
@@ -173,14 +153,14 @@ def measured(got: np.ndarray, want: np.ndarray) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.sparse_twin", description=__doc__)
-    parser.add_argument("--out", type=Path, default=Path("build/sparse-twin"))
-    parser.add_argument("--texts", type=int, default=50, help="texts of the corpus, of mixed lengths")
-    parser.add_argument("--pooling", choices=("max", "sum"), default="max", help="SpladePooling's strategy")
-    parser.add_argument("--variants", default="fp32,int8", help="exported and compared")
-    parser.add_argument("--tiny", action="store_true", help="the tests' tiny BERT instead of the twin")
-    parser.add_argument("--skip-export", action="store_true", help="OUT/model is already exported")
-    args = parser.parse_args(argv)
+    p = parser("loadtest.sparse_twin", __doc__)
+    p.add_argument("--out", type=Path, default=Path("build/sparse-twin"))
+    p.add_argument("--texts", type=int, default=50, help="texts of the corpus, of mixed lengths")
+    p.add_argument("--pooling", choices=("max", "sum"), default="max", help="SpladePooling's strategy")
+    p.add_argument("--variants", default="fp32,int8", help="exported and compared")
+    p.add_argument("--tiny", action="store_true", help="the tests' tiny BERT instead of the twin")
+    p.add_argument("--skip-export", action="store_true", help="OUT/model is already exported")
+    args = p.parse_args(argv)
     folder = args.out / "sparse-encoder"
     if not args.skip_export:
         build(args.out, args.pooling, args.variants, args.tiny)
