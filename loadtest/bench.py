@@ -30,41 +30,29 @@ import uvloop
 from app.settings import Settings
 from loadtest import loadgen, sparse_cost
 from loadtest.corpus import HIT_SET, encode, load_corpus, request_bodies, tokenizer_of
-from loadtest.harness import parser
+from loadtest.harness import TWIN, parser
 from loadtest.harness.cell import Cell, distinct_bodies
 from loadtest.harness.measure import measure
-from loadtest.harness.report import RESULTS, Row, cell, target, write_json
+from loadtest.harness.report import NAN, RESULTS, Column, Goal, Row, Table, joined, target, write_json
 from loadtest.harness.service import service_env
 from loadtest.quick_model import tiny_model
 from loadtest.raw_onnx import BertShape, CeilingResult, ceiling, gemm_peak, shape_of, variants_in
 from loadtest.server import HOST, ServiceProcess
 
-HEADER = (
-    f"{'row':<28} {'sent/s':>9} {'req/s':>9} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'err':>5} "
-    f"{'GFLOP/s':>8} {'%peak':>6} {'svc/raw':>7} {'svc/nv':>7} {'cli cpu':>7} {'srv cpu':>7}  note"
-)
 # The service's batch size (its default max_batch_size): the sparse head's cost is timed at it.
 SERVICE_BATCH = int(Settings.model_fields["max_batch_size"].default)
 HITS, MISSES = 'zhembed_cache_hits_total{tier="memory"}', 'zhembed_cache_misses_total{tier="memory"}'
-
-
-def format_row(r: Row) -> str:
-    """One printed line of the table."""
-    if r.sentences_per_s is None:
-        return f"{r.label:<28} {r.note}"
-    return (
-        f"{r.label:<28} {cell(r.sentences_per_s, '.1f', 9)} {cell(r.requests_per_s, '.1f', 9)} "
-        f"{cell(r.p50_ms, '.1f', 8)} {cell(r.p90_ms, '.1f', 8)} {cell(r.p99_ms, '.1f', 8)} "
-        f"{cell(r.errors, 'd', 5)} {cell(r.useful_gflops, '.1f', 8)} "
-        f"{cell(None if r.peak_share is None else r.peak_share * 100, '.0f', 6)} "
-        f"{cell(r.vs_raw, '.2f', 7)} {cell(r.vs_naive, '.1f', 7)} {cell(r.client_cores, '.2f', 7)} "
-        f"{cell(r.server_cores, '.2f', 7)}  {r.notes()}"
-    )
+GFLOPS, PEAK = Column("GFLOP/s", 8, ".1f", "useful_gflops"), Column("%peak", 6, ".0%", "peak_share")
+VS_RAW, VS_NAIVE = Column("svc/raw", 7, ".2f", "vs_raw"), Column("svc/nv", 7, ".1f", "vs_naive")
+LATENCY = ("p50 ms", "p90 ms", "p99 ms")
+TABLE = Table(
+    "row", 28, "sent/s", "req/s", *LATENCY, "err", GFLOPS, PEAK, VS_RAW, VS_NAIVE, "cli cpu", "srv cpu"
+)
 
 
 def shown(rows: list[Row]) -> list[Row]:
     for r in rows:
-        print(format_row(r), flush=True)
+        print(TABLE.row(r), flush=True)
     return rows
 
 
@@ -124,34 +112,30 @@ def service_rows(
     with _service(opts, 0, "service.log") as svc:
         facts["memory_after_start"] = svc.processes().as_json()
         for per_request, c, route in itertools.product(opts.texts, opts.concurrency, opts.routes):
+            label = f"service c={c} x{per_request}" + ("" if route == "/embed" else f" {route}")
             bodies = request_bodies(opts.corpus, per_request)
             if route == "/embed_sparse" and opts.sparse_top_k:
                 bodies = [orjson.dumps({**orjson.loads(b), "top_k": opts.sparse_top_k}) for b in bodies]
-            make = loadgen.cycle(bodies, per_request)
+                label += f" top_k={opts.sparse_top_k}"
             before_raw = bracket() if bracket and c == 32 and per_request == 1 else None
             before = svc.engine_stats()
-            label = f"service c={c} x{per_request}" + ("" if route == "/embed" else f" {route}")
-            if route == "/embed_sparse" and opts.sparse_top_k:
-                label += f" top_k={opts.sparse_top_k}"
+            make = loadgen.cycle(bodies, per_request)
             row = _row("service", label, svc, make, Cell(c, per_request, route=route), opts)
             after = svc.engine_stats()
             keys = ("real_tokens", "padded_tokens", "batches", "batched_items")
             moved = {k: after.get(k, 0) - before.get(k, 0) for k in keys}
             padding = 1 - moved["real_tokens"] / moved["padded_tokens"] if moved["padded_tokens"] else None
-            note = f"padding {padding:.1%}" if padding is not None else ""
-            if moved["batches"]:
-                note += f"; mean batch {moved['batched_items'] / moved['batches']:.1f}"
-            row.note = "; ".join(x for x in (note, row.note) if x)
-            rate = row.sentences_per_s or 0.0
-            row.useful_gflops = rate * opts.flops_per_sentence / 1e9
+            batch = f"mean batch {moved['batched_items'] / moved['batches']:.1f}" if moved["batches"] else ""
+            row.note = joined(f"padding {padding:.1%}" if padding is not None else "", batch, row.note)
+            row.useful_gflops = (row.sentences_per_s or 0.0) * opts.flops_per_sentence / 1e9
             row.extra.update(padding_share=padding, engine_before=before, engine_after=after)
+            adjacent = [before_raw, bracket()] if bracket and before_raw is not None else []
+            if adjacent:
+                row.extra["raw_adjacent_sentences_per_s"] = adjacent
+                row.note += f"; vs raw pass adjacent ({adjacent[0]:.1f}/{adjacent[1]:.1f} s/s)"
             if raw_best is not None:
-                row.vs_raw = rate / raw_best.sentences_per_s
-            if bracket is not None and before_raw is not None:
-                after_raw = bracket()
-                row.vs_raw = rate / ((before_raw + after_raw) / 2)
-                row.extra["raw_adjacent_sentences_per_s"] = [before_raw, after_raw]
-                row.note += f"; vs raw pass adjacent ({before_raw:.1f}/{after_raw:.1f} s/s)"
+                raw = sum(adjacent) / 2 if adjacent else raw_best.sentences_per_s
+                row.vs_raw = (row.sentences_per_s or 0.0) / raw
             rows += shown([row])
         facts["memory_steady"] = svc.processes().as_json()
     return rows, facts
@@ -191,8 +175,8 @@ def cache_rows(opts: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
             m = measure(svc, Cell(c, 1), make, opts.duration, opts.warmup)
             row = Row.of(m, "cache", label=label)
             hits, misses = m.delta(HITS), m.delta(MISSES)
-            ratio = hits / (hits + misses) if hits + misses else float("nan")
-            row.note = "; ".join(x for x in (f"measured hit ratio {ratio:.1%}", row.note) if x)
+            ratio = hits / (hits + misses) if hits + misses else NAN
+            row.note = joined(f"measured hit ratio {ratio:.1%}", row.note)
             rows += shown([row])
         facts["memory_steady"] = svc.processes().as_json()
     return rows, facts
@@ -216,34 +200,31 @@ def link_naive(
             r.peak_share = r.useful_gflops * 1e9 / peaks[service_variant]
 
 
+def mib(n: float) -> str:
+    return f"{n / 2**20:.0f} MiB"
+
+
 def targets(rows: list[Row], facts: dict[str, Any], variant: str) -> list[str]:
-    """Issue 5's targets, each with its measured value."""
+    """Issue 5's targets, each with its measured value (n/a where its row was not measured)."""
     by = {r.label: r for r in rows}
-    out: list[str] = []
-    svc32, svc1 = by.get("service c=32 x1"), by.get("service c=1 x1")
-    if svc32 and svc32.vs_raw is not None:
-        out.append(target("c=32 x1 >= 0.90 x raw ceiling", svc32.vs_raw >= 0.9, f"{svc32.vs_raw:.2f}"))
+    svc32, svc1 = "service c=32 x1", "service c=1 x1"
     raw1 = by.get(f"raw {variant} b=1") or by.get(f"raw {variant} best b=1")
-    if svc1 and raw1 and svc1.p50_ms is not None and raw1.p50_ms is not None:
-        limit = 1.15 * raw1.p50_ms + 1
-        detail = f"{svc1.p50_ms:.1f} ms vs {limit:.1f} ms"
-        out.append(target("c=1 p50 <= 1.15 x raw single + 1 ms", svc1.p50_ms <= limit, detail))
-    if svc32 and svc32.vs_naive is not None:
-        out.append(target("c=32 >= 10 x naive", svc32.vs_naive >= 10, f"{svc32.vs_naive:.1f}x"))
-    if svc32 and (share := svc32.extra.get("padding_share")) is not None:
-        out.append(target("padding <= 10% at c=32", share <= 0.10, f"{share:.1%}"))
-    hit = next((r for r in rows if r.label.startswith("cache 100%")), None)
-    if hit is not None:
-        rps = hit.requests_per_s
-        ok, detail = (None, hit.note) if rps is None else (rps >= 2000, f"{rps:.0f}")
-        out.append(target("100%-hit >= 2000 req/s", ok, detail))
+    single = 1.15 * raw1.p50_ms + 1 if raw1 and raw1.p50_ms is not None else NAN
+    hit = next((r.label for r in rows if r.label.startswith("cache 100%")), "")
+    vs_raw = "{:.1f} ms vs {bound:.1f} ms"
+    goals = [
+        Goal("c=32 x1 >= 0.90 x raw ceiling", svc32, "vs_raw", ">=", 0.9),
+        Goal("c=1 p50 <= 1.15 x raw single + 1 ms", svc1, "p50_ms", "<=", single, vs_raw),
+        Goal("c=32 >= 10 x naive", svc32, "vs_naive", ">=", 10, "{:.1f}x"),
+        Goal("padding <= 10% at c=32", svc32, lambda r: r.extra.get("padding_share"), "<=", 0.1, "{:.1%}"),
+    ]
+    cache = Goal("100%-hit >= 2000 req/s", hit, "requests_per_s", ">=", 2000, "{:.0f}")
+    out = [*(goal.line(by) for goal in goals), cache.line(by, by[hit].note if hit else "not measured")]
     if "memory_steady" in facts and "model_bytes" in facts:
         limit = 1.5 * facts["model_bytes"]  # and the cache budget: none, the service rows run with it off
         rss = facts["memory_steady"]["rss"]  # summed over the process tree: one process by default
-        detail = (
-            f"{rss / 2**20:.0f} MiB vs {limit / 2**20:.0f} MiB "
-            f"(model {facts['model_bytes'] / 2**20:.0f} MiB, service started with cache off)"
-        )
+        model = mib(facts["model_bytes"])
+        detail = f"{mib(rss)} vs {mib(limit)} (model {model}, service started with cache off)"
         out.append(target("RSS <= 1.5 x model + cache budget", rss <= limit, detail))
     return out
 
@@ -252,15 +233,12 @@ def sparse_targets(rows: list[Row]) -> list[str]:
     """Issue 34's target: each ``/embed_sparse`` service row against the same cell of ``/embed``."""
     by = {r.label: r for r in rows if r.kind == "service"}
     out: list[str] = []
-    for label, sparse in by.items():
-        cell_label, route, top_k = label.partition(" /embed_sparse")
-        dense = by.get(cell_label) if route else None
-        if dense is None or not dense.sentences_per_s or sparse.sentences_per_s is None:
-            continue
-        ratio = sparse.sentences_per_s / dense.sentences_per_s
-        cell_name = cell_label.removeprefix("service ") + top_k
-        detail = f"{sparse.sentences_per_s:.1f} / {dense.sentences_per_s:.1f} sent/s = {ratio:.2f}"
-        out.append(target(f"/embed_sparse {cell_name} >= 0.8 x /embed", ratio >= 0.8, detail))
+    for label in by:
+        dense, route, top_k = label.partition(" /embed_sparse")
+        if route and dense in by:
+            name = f"/embed_sparse {dense.removeprefix('service ')}{top_k} >= 0.8 x /embed"
+            shown, per = "{raw:.1f} / {per:.1f} sent/s = {:.2f}", by[dense].sentences_per_s
+            out.append(Goal(name, label, "sentences_per_s", ">=", 0.8, shown, per).line(by))
     return out
 
 
@@ -274,31 +252,28 @@ def summary(
     seconds: float,
 ) -> list[str]:
     """The closing block: every row again, the GEMM peaks, the FLOP formula, memory, and the targets."""
-    cache_facts = facts.get("cache", {})
     start, steady = facts["memory_after_start"], facts["memory_steady"]
+    cached = facts.get("cache", {}).get("memory_steady")
+    budget = ""
+    if cached:
+        budget = f"; with a {mib(cache_bytes)} cache budget: {mib(cached['rss'])} after the cache rows"
     return [
         "",
-        "=" * len(HEADER),
+        "=" * len(TABLE.header),
         f"{len(rows)} rows; measured on a shared machine; {seconds:.0f} s",
-        HEADER,
-        *(format_row(r) for r in rows),
+        TABLE.header,
+        *(TABLE.row(r) for r in rows),
         "",
         f"GEMM peak (one [512x768]x[768x3072] MatMul in ONNX Runtime): fp32 {peaks['fp32'] / 1e9:.1f} GFLOP/s, "
         f"int8 MatMulInteger {peaks['int8'] / 1e9:.1f} GOP/s; %peak uses the row's precision (naive: fp32).",
         "FLOPs per sentence of L tokens: 2*L*N*(4H^2 + 2HI) + 4*N*L^2*H + 2H^2 (useful: each sentence at its "
         f"own length); N={shape.layers}, H={shape.hidden}, I={shape.intermediate}.",
-        f"Service RSS, summed over its processes (loadtest.procs): {start['rss'] / 2**20:.0f} MiB after start, "
-        f"{steady['rss'] / 2**20:.0f} MiB steady (each process's peak, summed: {steady['peak_rss'] / 2**20:.0f} "
-        f"MiB); PSS (shared pages once) {start['pss'] / 2**20:.0f} / {steady['pss'] / 2**20:.0f} MiB; "
-        f"{service_variant} graphs {facts['model_bytes'] / 2**20:.0f} MiB; cache off in the service rows"
-        + (
-            f"; with a {cache_bytes / 2**20:.0f} MiB cache budget: "
-            f"{cache_facts['memory_steady']['rss'] / 2**20:.0f} MiB after the cache rows"
-            if "memory_steady" in cache_facts
-            else ""
-        ),
+        f"Service RSS, summed over its processes (loadtest.procs): {mib(start['rss'])} after start, "
+        f"{mib(steady['rss'])} steady (each process's peak, summed: {mib(steady['peak_rss'])}); PSS (shared "
+        f"pages once) {start['pss'] / 2**20:.0f} / {mib(steady['pss'])}; {service_variant} graphs "
+        f"{mib(facts['model_bytes'])}; cache off in the service rows{budget}",
         *(
-            f"  {p['role']} {p['pid']}: RSS {p['rss'] / 2**20:.0f} MiB, PSS {p['pss'] / 2**20:.0f} MiB steady"
+            f"  {p['role']} {p['pid']}: RSS {mib(p['rss'])}, PSS {mib(p['pss'])} steady"
             for p in (steady["processes"] if len(steady["processes"]) > 1 else [])
         ),
         "Targets (issue 5):",
@@ -318,34 +293,22 @@ def ints(text: str) -> list[int]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = parser("loadtest.bench", __doc__)
-    p.add_argument("--model", type=Path, default=Path("models/bert-base-chinese-twin"))
+    quick = "tiny model in a temp dir, a few seconds in all"
+    p = parser("loadtest.bench", __doc__, quick, model=TWIN, duration=10.0, warmup=None, out=None)
     p.add_argument("--variants", default=None, help="raw-ceiling variants; default fp32,int8 where present")
     p.add_argument("--service-variant", default="int8", help="ZHEMBED_VARIANT of the service rows")
-    p.add_argument("--duration", type=float, default=10.0, help="measured seconds per HTTP cell")
-    p.add_argument("--warmup", type=float, default=None, help="unmeasured seconds before each cell")
     p.add_argument("--concurrency", type=ints, default="1,8,32,128")
     p.add_argument("--texts", type=ints, default="1,16", help="texts per request")
-    p.add_argument(
-        "--routes",
-        type=lambda v: v.split(","),
-        default=["/embed"],
-        help="routes of the service rows, each cell on each in turn (e.g. /embed,/embed_sparse)",
-    )
-    p.add_argument(
-        "--sparse-top-k",
-        type=int,
-        default=None,
-        help="top_k of the /embed_sparse rows (a random-weight twin answers ~19,000 weights a text)",
-    )
+    p.add_argument("--routes", default="/embed", help="each cell on each in turn (e.g. /embed,/embed_sparse)")
+    # A random-weight twin answers ~19,000 weights a text without it.
+    p.add_argument("--sparse-top-k", type=int, default=None, help="top_k of the /embed_sparse rows")
     p.add_argument("--batch-sizes", type=ints, default="1,4,8,16", help="raw-ceiling batch sizes to try")
     p.add_argument("--raw-seconds", type=float, default=3.0, help="least time per raw batch size")
     p.add_argument("--naive-max-concurrency", type=int, default=32)
     p.add_argument("--skip-naive", action="store_true")
     p.add_argument("--cache-bytes", type=int, default=64 * 2**20, help="cache budget of the cache rows")
-    p.add_argument("--quick", action="store_true", help="tiny model in a temp dir, a few seconds in all")
-    p.add_argument("--out", type=Path, default=None, help="JSON path (loadtest/results/bench-<time>.json)")
     args = p.parse_args(argv)
+    args.routes = args.routes.split(",")
     if args.quick:
         args.duration = min(args.duration, 1.0)
         args.warmup = 0.3 if args.warmup is None else args.warmup
@@ -374,7 +337,7 @@ def run(opts: argparse.Namespace, model: Path) -> dict[str, Any]:
     files = [g[opts.service_variant] for g in manifest["graphs"].values() if opts.service_variant in g]
     started = time.time()
     print(f"zhembed bench: {model} ({len(opts.corpus)} sentences, mean {mean_tokens:.1f} tokens)")
-    print(HEADER, flush=True)
+    print(TABLE.header, flush=True)
     peaks = {"fp32": gemm_peak("fp32"), "int8": gemm_peak("int8")}
     raw, best = raw_rows(opts, peaks)
     sparse: dict[str, Any] = {}

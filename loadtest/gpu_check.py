@@ -6,7 +6,7 @@
 
 Prints fp16/fp32 parity, the raw fp16 rows (batch × sequence, sentences/s, TFLOP/s), then a row per
 cell (CLIENTS × 32, the same in base64, CLIENTS × 1, 1 × 1, and CLIENTS × 32 per ``--workers`` count:
-sent/s, req/s, p50/p99, err, batch, busy, srv cpu, cli cpu, wrk), the issue's GPU targets as PASS / MISS
+wrk, sent/s, req/s, p50/p99, err, batch, busy, srv cpu, cli cpu), the issue's GPU targets as PASS / MISS
 and JSON in loadtest/results/gpu-check-<time>.json. Exits 1 when a service did not start or a cell
 failed. docs/performance.md says what each column means.
 """
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,109 +23,57 @@ import numpy as np
 import onnxruntime as ort
 
 from app.serving.cluster import AUTO_CUDA_WORKERS
+from loadtest import raw_onnx
 from loadtest.corpus import load_corpus
-from loadtest.harness import parser
+from loadtest.harness import TWIN, parser
 from loadtest.harness.cell import STRIDE, Cell, distinct_bodies
 from loadtest.harness.measure import WORKERS_READY, measure
-from loadtest.harness.report import RESULTS, Row, cell, target, write_json
-from loadtest.harness.service import GPU_LIKE, described, service_env
-from loadtest.raw_onnx import (
-    LAST_HIDDEN_STATE,
-    ceiling,
-    feed,
-    open_encoder,
-    service_output,
-    shape_of,
-    synthetic_feed,
-)
+from loadtest.harness.report import RESULTS, Column, Goal, Row, Table, write_json
+from loadtest.harness.service import GPU_LIKE, PREFIX, service_env
 from loadtest.server import NotReady, ServiceProcess
 
 CUDA = "CUDAExecutionProvider"
 # (sequence, batches) of the raw grid; CEILING is the (batch, sequence) the targets are ratios to.
 RAW_GRID = ((32, (32, 128, 256)), (128, (256,)))
 CEILING = (256, 32)
-# The issue's GPU targets.
-MIN_SENTENCES_X32 = 20_000.0
-MIN_RAW_SHARE_X32 = 0.5
-MAX_P99_MS_X32 = 2000.0
-MIN_REQUESTS_X1 = 5_000.0
-MAX_P50_MS_1X1 = 4.0
-MAX_P99_MS_1X1 = 10.0
 # A client at this many cores or more may be what limits its cell.
 CLIENT_BOUND_CORES = 0.9
-HEADER = (
-    f"{'cell':<16}{'wrk':>4}{'sent/s':>9}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'err':>5}{'batch':>7}"
-    f"{'busy':>6}{'srv cpu':>8}{'cli cpu':>8}  note"
+WRK, BUSY = Column("wrk", 3, "d", "workers"), Column("busy", 5, ".2f", "busy")
+TABLE = Table(
+    "cell", 16, WRK, "sent/s", "req/s", "p50 ms", "p99 ms", "err", "batch", BUSY, "srv cpu", "cli cpu"
 )
 
 
 def format_cell(c: Row) -> str:
-    return (
-        f"{c.label:<16}{cell(c.workers, 'd', 4)}{cell(c.sentences_per_s, '.0f', 9)}"
-        f"{cell(c.requests_per_s, '.0f', 9)}{cell(c.p50_ms, '.1f', 9)}{cell(c.p99_ms, '.1f', 9)}"
-        f"{cell(c.errors, 'd', 5)}{cell(c.mean_batch, '.1f', 7)}{cell(c.busy, '.2f', 6)}"
-        f"{cell(c.server_cores, '.2f', 8)}{cell(c.client_cores, '.2f', 8)}  "
-        + c.notes("" if c.workers_ready == c.workers else f"{WORKERS_READY} {c.workers_ready:g}")
-    )
+    wrong = "" if c.workers_ready == c.workers else f"{WORKERS_READY} {c.workers_ready:g}"
+    return TABLE.row(c, c.notes(wrong))
 
 
 def targets(main: dict[str, Row], clients: int, ceiling: float) -> list[str]:
     """The issue's GPU targets, each with its measured value; ``main`` holds the main cells by label (a
     missing one, from a service that did not start, makes its targets n/a)."""
-    out: list[str] = []
-
-    def say(name: str, label: str, test: Callable[[Any], tuple[bool, str]]) -> None:
-        c = main.get(label)
-        if c is None:
-            out.append(target(name, None, "not measured"))
-            return
-        ok, detail = test(c)
-        if (c.client_cores or 0) >= CLIENT_BOUND_CORES:
-            detail += f" (client at {c.client_cores:.2f} cores: it may be the limit)"
-        out.append(target(name, ok, detail))
-
-    many, single = f"{clients}x32", f"{clients}x1"
-    say(
-        f"{many} >= {MIN_SENTENCES_X32:,.0f} sentences/s",
-        many,
-        lambda c: (c.sentences_per_s >= MIN_SENTENCES_X32, f"{c.sentences_per_s:,.0f}"),
+    many, single, share = f"{clients}x32", f"{clients}x1", "{:.2f} ({raw:,.0f} / {per:,.0f})"
+    goals = (
+        Goal(f"{many} >= 20,000 sentences/s", many, "sentences_per_s", ">=", 20_000, "{:,.0f}"),
+        Goal(f"{many} >= 0.5 x raw ceiling", many, "sentences_per_s", ">=", 0.5, share, ceiling),
+        Goal(f"{many} p99 <= 2000 ms", many, "p99_ms", "<=", 2000, "{:.0f} ms"),
+        Goal(f"{single} >= 5,000 requests/s", single, "requests_per_s", ">=", 5000, "{:,.0f}"),
+        Goal("1x1 p50 <= 4 ms", "1x1", "p50_ms", "<=", 4, "{:.2f} ms"),
+        Goal("1x1 p99 <= 10 ms", "1x1", "p99_ms", "<=", 10, "{:.2f} ms"),
     )
-    say(
-        f"{many} >= {MIN_RAW_SHARE_X32} x raw ceiling",
-        many,
-        lambda c: (
-            c.sentences_per_s >= MIN_RAW_SHARE_X32 * ceiling,
-            f"{c.sentences_per_s / ceiling:.2f} ({c.sentences_per_s:,.0f} / {ceiling:,.0f})",
-        ),
-    )
-    say(
-        f"{many} p99 <= {MAX_P99_MS_X32:.0f} ms",
-        many,
-        lambda c: (c.p99_ms <= MAX_P99_MS_X32, f"{c.p99_ms:.0f} ms"),
-    )
-    say(
-        f"{single} >= {MIN_REQUESTS_X1:,.0f} requests/s",
-        single,
-        lambda c: (c.requests_per_s >= MIN_REQUESTS_X1, f"{c.requests_per_s:,.0f}"),
-    )
-    say(
-        f"1x1 p50 <= {MAX_P50_MS_1X1:g} ms",
-        "1x1",
-        lambda c: (c.p50_ms <= MAX_P50_MS_1X1, f"{c.p50_ms:.2f} ms"),
-    )
-    say(
-        f"1x1 p99 <= {MAX_P99_MS_1X1:g} ms",
-        "1x1",
-        lambda c: (c.p99_ms <= MAX_P99_MS_1X1, f"{c.p99_ms:.2f} ms"),
-    )
+    out = []
+    for goal in goals:
+        cores = (main[goal.row].client_cores or 0) if goal.row in main else 0
+        limit = f" (client at {cores:.2f} cores: it may be the limit)" if cores >= CLIENT_BOUND_CORES else ""
+        out.append(goal.line(main) + limit)
     return out
 
 
 def parity(model: Path, provider: str) -> float:
     """The least pooled cosine between fp16 on ``provider`` and fp32 on the CPU, on the same inputs."""
-    feed = synthetic_feed(16, 48)
-    a = open_encoder(model, "fp16", provider=provider).run(["last_hidden_state"], feed)[0].mean(1)
-    b = open_encoder(model, "fp32").run(["last_hidden_state"], feed)[0].mean(1)
+    feed, fetch = raw_onnx.synthetic_feed(16, 48), [raw_onnx.LAST_HIDDEN_STATE]
+    a = raw_onnx.open_encoder(model, "fp16", provider=provider).run(fetch, feed)[0].mean(1)
+    b = raw_onnx.open_encoder(model, "fp32").run(fetch, feed)[0].mean(1)
     cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
     return float(cos.min())
 
@@ -144,22 +91,22 @@ def batchings(model: Path, provider: str) -> dict[str, Any]:
     ``states_max_rel`` their largest difference over the largest state."""
     rng = np.random.default_rng(1)
     ids = [np.array([101, *rng.integers(1000, 20000, n - 2), 102], dtype=np.int64) for n in LENGTHS]
-    session = open_encoder(model, "fp16", provider=provider)
-    pooled_name = service_output(session)
-    names = list(dict.fromkeys([pooled_name, LAST_HIDDEN_STATE]))
+    session = raw_onnx.open_encoder(model, "fp16", provider=provider)
+    pooled_name, last = raw_onnx.service_output(session), raw_onnx.LAST_HIDDEN_STATE
+    names = list(dict.fromkeys([pooled_name, last]))
 
-    def target(rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        got = session.run(names, feed([ids[r] for r in rows]))
+    def answer(rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        got = session.run(names, raw_onnx.feed([ids[r] for r in rows]))
         out = dict(zip(names, got, strict=True))
         i, n = rows.index(0), LENGTHS[0]
-        states = out[LAST_HIDDEN_STATE][i, :n].astype(np.float32)
-        vec = out[pooled_name][i].astype(np.float32) if pooled_name != LAST_HIDDEN_STATE else states.mean(0)
+        states = out[last][i, :n].astype(np.float32)
+        vec = out[pooled_name][i].astype(np.float32) if pooled_name != last else states.mean(0)
         return vec / np.linalg.norm(vec), states
 
-    alone_vec, alone_states = target(BATCHINGS[0])
+    alone_vec, alone_states = answer(BATCHINGS[0])
     pooled, rel, same = 0.0, 0.0, True
     for rows in BATCHINGS[1:]:
-        vec, states = target(list(rows))
+        vec, states = answer(list(rows))
         pooled = max(pooled, float(np.abs(vec - alone_vec).max()))
         rel = max(rel, float(np.abs(states - alone_states).max() / np.abs(alone_states).max()))
         same = same and states.tobytes() == alone_states.tobytes()
@@ -168,14 +115,14 @@ def batchings(model: Path, provider: str) -> dict[str, Any]:
 
 def raw(model: Path, peak: float, seconds: float, provider: str) -> dict[tuple[int, int], float]:
     """Sentences/s of the fp16 encoder at each (batch, sequence) of ``RAW_GRID``, printed as a table."""
-    fetch = service_output(open_encoder(model, "fp16", provider=provider))
+    fetch = raw_onnx.service_output(raw_onnx.open_encoder(model, "fp16", provider=provider))
     print(f"raw fp16 encoder on {provider}, numpy feeds, fetching {fetch}, {seconds:g} s a row")
     print(f"{'seq':>5}{'batch':>7}{'sentences/s':>13}{'TFLOP/s':>10}{'% peak':>8}")
     rates: dict[tuple[int, int], float] = {}
     for seq, batches in RAW_GRID:
         for batch in batches:
-            ids = list(synthetic_feed(batch, seq)["input_ids"])
-            got = ceiling(model, "fp16", ids, batch, seconds, provider=provider)
+            ids = list(raw_onnx.synthetic_feed(batch, seq)["input_ids"])
+            got = raw_onnx.ceiling(model, "fp16", ids, batch, seconds, provider=provider)
             rates[batch, seq], tflops = got.sentences_per_s, got.useful_flops_per_s / 1e12
             line = f"{seq:>5}{batch:>7}{got.sentences_per_s:>13.0f}{tflops:>10.2f}{100 * tflops / peak:>8.2f}"
             print(line, flush=True)
@@ -195,11 +142,6 @@ def service_cells(args: argparse.Namespace) -> tuple[list[Row], list[int]]:
     corpus = load_corpus()
     many = Cell(args.clients, 32)
     main_cells = [many, Cell(args.clients, 32, "base64"), Cell(args.clients, 1), Cell(1, 1)]
-    env = settings_env(args)
-    print(
-        f"service: python -m app, {described(env)}; distinct corpus texts; cells {args.seconds:g} s (+{args.warmup:g} s warm-up)"
-    )
-    print(HEADER, flush=True)
     cells: list[Row] = []
     not_started: list[int] = []
     for workers in dict.fromkeys([args.main_workers, *args.workers]):
@@ -223,7 +165,7 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
     """The whole check; the JSON report, and True when every service started and every cell answered
     without errors on the number of workers asked for."""
     started = time.perf_counter()
-    shape = shape_of(args.model)
+    shape = raw_onnx.shape_of(args.model)
     print(
         f"zhembed gpu_check: {args.model} ({shape.layers} layers, hidden {shape.hidden}); "
         f"onnxruntime {ort.__version__}, {args.provider}"
@@ -231,17 +173,20 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
     cosine = parity(args.model, args.provider)
     print(f"fp16 on {args.provider} vs fp32 on CPU, pooled cosine min: {cosine:.6f}")
     batched = batchings(args.model, args.provider)
+    same, rel = batched["states_identical"], batched["states_max_rel"]
     print(
         f"fp16 on {args.provider}, one text in {len(BATCHINGS) - 1} batchings against alone: normalised vector "
         f"max |diff| {batched['pooled_max_abs']:.2e}; its token states "
-        + (
-            "identical bytes"
-            if batched["states_identical"]
-            else f"max diff {batched['states_max_rel']:.2e} of the largest"
-        )
+        + ("identical bytes" if same else f"max diff {rel:.2e} of the largest")
     )
     rates = raw(args.model, args.peak_tflops, args.raw_seconds, args.provider)
     top = rates[CEILING]
+    env = {k: v for k, v in settings_env(args).items() if k != f"{PREFIX}MODEL"}
+    window = f"cells {args.seconds:g} s (+{args.warmup:g} s warm-up)"
+    print(
+        f"service: python -m app, {' '.join(f'{k}={v}' for k, v in env.items())}; distinct corpus texts; {window}"
+    )
+    print(TABLE.header, flush=True)
     cells, not_started = service_cells(args)
     on_main = {c.label: c for c in cells if c.workers == args.main_workers}
     by_workers = {c.workers: c for c in cells if c.label == f"{args.clients}x32"}
@@ -261,7 +206,7 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
         "batchings": batched,
         "raw": [{"batch": b, "seq": s, "sentences_per_s": r} for (b, s), r in rates.items()],
         "raw_ceiling": {"batch": CEILING[0], "seq": CEILING[1], "sentences_per_s": top},
-        "service_env": {k: v for k, v in settings_env(args).items() if k != "ZHEMBED_MODEL"},
+        "service_env": env,
         "seconds": args.seconds,
         "warmup_s": args.warmup,
         "cells": [c.as_json() for c in cells],
@@ -278,15 +223,12 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = parser("loadtest.gpu_check", __doc__)
-    p.add_argument("--model", type=Path, default=Path("models/bert-base-chinese-twin"))
+    # 8 s windows after 3 s of warm-up keep the GPU run (6 service cells, 3 service starts) near 2.5
+    # minutes, and are over 3x a p50 of 2 s (harness.report: shorter windows make the rate noise).
+    p = parser("loadtest.gpu_check", __doc__, model=TWIN, seconds=8.0, warmup=3.0, out=None)
     p.add_argument("--provider", default=CUDA, help="execution provider (default: %(default)s)")
     p.add_argument("--peak-tflops", type=float, default=989.0, help="the device's dense fp16 peak")
     p.add_argument("--raw-seconds", type=float, default=2.0, help="least seconds of each raw row")
-    # 8 s windows after 3 s of warm-up keep the GPU run (6 service cells, 3 service starts) near 2.5
-    # minutes, and are over 3x a p50 of 2 s (harness.report: shorter windows make the rate noise).
-    p.add_argument("--seconds", type=float, default=8.0, help="measured seconds per service cell")
-    p.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds before each cell")
     # The CPU run wants fewer: with 256 a request outlasts a short window on 2 busy cores (bench.py).
     p.add_argument("--clients", type=int, default=256, help="concurrent clients of the many-client cells")
     p.add_argument(
@@ -296,7 +238,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"ZHEMBED_WORKERS of the main cells (default: {AUTO_CUDA_WORKERS} on CUDA, 1 otherwise)",
     )
     p.add_argument("--workers", default="1,2,4", help="worker counts of the CLIENTSx32 cell (%(default)s)")
-    p.add_argument("--out", type=Path, default=None, help="JSON path")
     args = p.parse_args(argv)
     args.workers = [int(w) for w in args.workers.split(",")]
     if args.main_workers is None:

@@ -21,24 +21,33 @@ import numpy as np
 from loadtest.corpus import load_corpus, unique_texts
 from loadtest.harness import parser
 from loadtest.harness.cell import STRIDE, Cell, distinct_bodies
-from loadtest.harness.measure import Measured, measure
+from loadtest.harness.measure import measure
+from loadtest.harness.report import NAN, Column, Row, Table
 from loadtest.harness.service import service_env
 from loadtest.loadgen import Answer, CellResult, closed_loop
 from loadtest.quick_model import tiny_model
 from loadtest.server import HOST, ServiceProcess, free_port
 
 PROTOCOLS = ("http", "grpc", "grpc tei")
+COLUMNS = (
+    Column("sentences/s", 12, ".0f", "sentences_per_s"),
+    "p50 ms",
+    Column("server µs/sentence", 19, ".0f", "cpu_us"),
+    Column("client cores", 13, ".2f", "client_cores"),
+    Column("errors", 7, "d", "errors"),
+)
+TABLE = Table("protocol", 10, *COLUMNS, tail="")
 
 
 def grpc_drive(
-    port: int, corpus: list[str], c: Cell, start: int, duration: float, warmup: float
-) -> Callable[[], Coroutine[Any, Any, CellResult]]:
+    port: int, corpus: list[str], c: Cell, start: int
+) -> Callable[[float, float], Coroutine[Any, Any, CellResult]]:
     """The load of ``c`` over gRPC: ``zhembed.v1`` Embed, or TEI's EmbedStream (``grpc tei``)."""
     import grpc
 
     from app.api.rpc.proto import tei_pb2, tei_pb2_grpc, zhembed_pb2, zhembed_pb2_grpc
 
-    async def drive() -> CellResult:
+    async def drive(duration: float, warmup: float) -> CellResult:
         async with grpc.aio.insecure_channel(f"{HOST}:{port}") as channel:
             ours = zhembed_pb2_grpc.ZhembedStub(channel)
             theirs = tei_pb2_grpc.EmbedStub(channel)
@@ -60,22 +69,12 @@ def grpc_drive(
     return drive
 
 
-def server_us(m: Measured) -> float:
-    """Server CPU over the whole cell (warm-up and drain included) per sentence answered in it, estimated
-    from the measured rate times the cell's length."""
-    answered = m.load.sentences_per_s * m.wall_s
-    return m.server_cpu_s / answered * 1e6 if answered else float("nan")
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = parser("loadtest.grpc_http", __doc__)
-    p.add_argument("--model", type=Path, default=None, help="an exported model folder (default: tiny)")
+    quick = "8 clients × 4 texts, 2 s cells, one round (CI)"
+    p = parser("loadtest.grpc_http", __doc__, quick, model=None, duration=10.0, warmup=3.0)
     p.add_argument("--clients", type=int, default=256)
     p.add_argument("--texts", type=int, default=32)
-    p.add_argument("--duration", type=float, default=10.0)
-    p.add_argument("--warmup", type=float, default=3.0)
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--quick", action="store_true", help="8 clients × 4 texts, 2 s cells, one round (CI)")
     args = p.parse_args(argv)
     if args.quick:
         args.clients, args.texts, args.duration, args.warmup, args.rounds = 8, 4, 2.0, 0.5, 1
@@ -90,33 +89,23 @@ def main(argv: list[str] | None = None) -> int:
             f"zhembed gRPC vs HTTP: {model}; {args.clients} clients × {args.texts} texts, {args.duration:g} s "
             f"cells (+{args.warmup:g} s warm-up), {args.rounds} round(s); {cores} cores shared by client and server"
         )
-        rows: list[Measured] = []
+        print(TABLE.header)
+        rows: list[Row] = []
         with ServiceProcess("app", env, Path(tempfile.gettempdir()) / "zhembed-grpc-http.log") as svc:
             for k, protocol in enumerate(PROTOCOLS * args.rounds):
                 c, start = Cell(args.clients, args.texts, protocol=protocol), k * STRIDE
-                drive = (
-                    None
-                    if protocol == "http"
-                    else grpc_drive(grpc_port, corpus, c, start, args.duration, args.warmup)
-                )
                 bodies = distinct_bodies(corpus, c.texts, start)
-                rows.append(measure(svc, c, bodies, args.duration, args.warmup, None, False, drive))
-        print(
-            f"{'protocol':<10} {'sentences/s':>12} {'p50 ms':>8} {'server µs/sentence':>19} {'client cores':>13} {'errors':>7}"
-        )
-        for r in rows:
-            print(
-                f"{r.cell.protocol:<10} {r.load.sentences_per_s:>12.0f} {r.load.percentile(50):>8.1f} "
-                f"{server_us(r):>19.0f} {r.load.client_cores:>13.2f} {r.load.errors:>7}"
-            )
-        http = [r for r in rows if r.cell.protocol == "http"]
-        for protocol in PROTOCOLS[1:]:
-            ours = [r for r in rows if r.cell.protocol == protocol]
-            pairs = list(zip(ours, http, strict=True))
-            ratio = np.mean([o.load.sentences_per_s / h.load.sentences_per_s for o, h in pairs])
-            cpu = np.mean([server_us(o) / server_us(h) for o, h in pairs])
-            print(f"{protocol} / http: sentences/s {ratio:.2f}x, server CPU per sentence {cpu:.2f}x")
-    return 1 if any(r.load.errors or not r.load.sentences_per_s for r in rows) else 0
+                drive = None if protocol == "http" else grpc_drive(grpc_port, corpus, c, start)
+                m = measure(svc, c, bodies, args.duration, args.warmup, None, drive=drive)
+                rows.append(Row.of(m, label=protocol))
+                print(TABLE.row(rows[-1], ""), flush=True)
+    http = [r for r in rows if r.label == "http"]
+    for protocol in PROTOCOLS[1:]:
+        pairs = list(zip([r for r in rows if r.label == protocol], http, strict=True))
+        ratio = np.mean([(o.sentences_per_s or NAN) / (h.sentences_per_s or NAN) for o, h in pairs])
+        cpu = np.mean([o.cpu_us / h.cpu_us for o, h in pairs])
+        print(f"{protocol} / http: sentences/s {ratio:.2f}x, server CPU per sentence {cpu:.2f}x")
+    return 1 if any(r.errors or not r.sentences_per_s for r in rows) else 0
 
 
 if __name__ == "__main__":

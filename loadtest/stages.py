@@ -3,10 +3,9 @@
     python -m loadtest.stages [--model models/bert-base-chinese-twin] [--concurrency 1,32] [--seconds 10]
 
 Starts ``python -m app`` on the model (cache off, so every request is computed), sends one corpus
-sentence per ``/embed`` request from N concurrent clients, and prints p50 / p90 of ``x-queue-time``,
-``x-tokenization-time``, ``x-inference-time`` and ``x-total-time`` (ms) per concurrency, plus the
-client-side latency (which adds HTTP and JSON), from :mod:`loadtest.loadgen`'s closed-loop clients after 2 s of
-warm-up.
+sentence per ``/embed`` request from N concurrent clients (:mod:`loadtest.loadgen`'s closed loop, after 2 s
+of warm-up), and prints p50 / p90 of ``x-queue-time``, ``x-tokenization-time``, ``x-inference-time`` and
+``x-total-time`` (ms) per concurrency, and of the client's latency (which adds HTTP and JSON).
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ import uvloop
 
 from loadtest import loadgen
 from loadtest.corpus import load_corpus, request_bodies
-from loadtest.harness import parser
+from loadtest.harness import TWIN, parser
 from loadtest.harness.service import service_env
 from loadtest.server import HOST, ServiceProcess
 
@@ -39,10 +38,8 @@ def _pct(values: list[float], q: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = parser("loadtest.stages", __doc__)
-    p.add_argument("--model", type=Path, default=Path("models/bert-base-chinese-twin"))
+    p = parser("loadtest.stages", __doc__, model=TWIN, seconds=10.0)
     p.add_argument("--concurrency", default="1,32")
-    p.add_argument("--seconds", type=float, default=10.0)
     args = p.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",")]
     env = service_env(args.model, "auto", max(levels))
@@ -50,8 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"p50 / p90 ms per stage, one sentence per request, {args.model}")
     print(
         f"{'concurrency':>11} {'requests':>9}"
-        + "".join(f"{h.removeprefix('x-'):>22}" for h in HEADERS)
-        + f"{'client':>16}"
+        + "".join(f"{h.removeprefix('x-'):>22}" for h in (*HEADERS, "client"))
     )
     with ServiceProcess("app", env, Path("/tmp/zhembed-stages.log")) as service:
         for concurrency in levels:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import uvloop
@@ -74,21 +75,14 @@ def measure(
     warmup: float,
     check: Callable[[bytes, int], bool] | None = answered_vectors,
     metrics: bool = True,
-    drive: Callable[[], Coroutine[Any, Any, loadgen.CellResult]] | None = None,
+    drive: Callable[[float, float], Coroutine[Any, Any, loadgen.CellResult]] | None = None,
 ) -> Measured:
     """``cell``'s load on ``svc`` for ``warmup + seconds``; /metrics (when ``metrics``) and the server's
-    CPU time are read right before and right after it. ``drive`` is a load over another protocol than
-    HTTP (``bodies`` and ``check`` then go unused)."""
+    CPU time are read right before and right after it. ``drive(seconds, warmup)`` is a load over another
+    protocol than HTTP (``bodies`` and ``check`` then go unused)."""
     before = scrape(svc) if metrics else {}
     cpu0, t0 = svc.cpu_seconds(), time.perf_counter()
-    if drive is None:
-        route, headers = cell.route, cell.headers
-        load = uvloop.run(
-            loadgen.run_cell(
-                HOST, svc.port, route, bodies, cell.clients, seconds, warmup, check=check, headers=headers
-            )
-        )
-    else:
-        load = uvloop.run(drive())
+    http = partial(loadgen.run_cell, HOST, svc.port, cell.route, bodies, cell.clients, seconds, warmup)
+    load = uvloop.run(drive(seconds, warmup) if drive else http(check=check, headers=cell.headers))
     cpu1, t1 = svc.cpu_seconds(), time.perf_counter()
     return Measured(cell, load, cpu1 - cpu0, t1 - t0, before, scrape(svc) if metrics else {})

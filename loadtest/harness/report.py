@@ -1,12 +1,14 @@
-"""One row type for every benchmark's table, its targets as PASS / MISS lines, and the JSON report."""
+"""One row type for every benchmark, its table's columns, its targets as PASS / MISS lines, and the JSON
+report."""
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from loadtest.harness.measure import INFERENCE_SUM, WORKERS_READY, Measured
 from loadtest.loadgen import CellResult
@@ -28,11 +30,6 @@ def reliability_warning(r: CellResult) -> str | None:
     return None
 
 
-def cell(value: float | None, fmt: str, width: int) -> str:
-    """``value`` formatted to ``width``, or a right-aligned dash when it is None or NaN."""
-    return f"{value:{width}{fmt}}" if value is not None and value == value else f"{'-':>{width}}"
-
-
 def cpu_model() -> str:
     """This machine's CPU, as /proc/cpuinfo names it: every run's header says where it ran."""
     lines = Path("/proc/cpuinfo").read_text().splitlines()
@@ -41,6 +38,11 @@ def cpu_model() -> str:
 
 def mark(ok: bool | None) -> str:
     return "n/a " if ok is None else ("PASS" if ok else "MISS")
+
+
+def joined(*parts: str) -> str:
+    """The parts that are not empty, joined by ``; ``."""
+    return "; ".join(x for x in parts if x)
 
 
 def target(name: str, ok: bool | None, detail: str) -> str:
@@ -156,14 +158,96 @@ class Row:
 
     def notes(self, *more: str) -> str:
         """The note, ``more``, and the first error, joined."""
-        error = f"first error: {self.first_error[:100]}" if self.first_error else ""
-        return "; ".join(x for x in (self.note, *more, error) if x)
+        return joined(self.note, *more, f"first error: {self.first_error[:100]}" if self.first_error else "")
 
     def as_json(self) -> dict[str, Any]:
         per = ("cpu", "session_run", "outside", "floor", "machinery")
         us = (self.cpu_us, self.run_us, self.outside_us, self.floor_us, self.machinery_us)
         derived = {f"{k}_us_per_sentence": v for k, v in zip(per, us, strict=True)}
         return {**asdict(self), **derived, "server_cores": self.server_cores, "busy": self.busy}
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column of a printed table: its title, width and format, and the row attribute it shows (None or
+    NaN prints as a dash)."""
+
+    title: str
+    width: int
+    fmt: str
+    attr: str
+
+    def cell(self, row: Row) -> str:
+        v = getattr(row, self.attr)
+        return f"{v:>{self.width}{self.fmt}}" if v is not None and v == v else f"{'-':>{self.width}}"
+
+
+# The columns that more than one table shows, by title.
+COLUMNS = {
+    c.title: c
+    for c in (
+        Column("sent/s", 9, ".1f", "sentences_per_s"),
+        Column("req/s", 9, ".1f", "requests_per_s"),
+        *(Column(f"p{q} ms", 8, ".1f", f"p{q}_ms") for q in (50, 90, 99)),
+        Column("err", 5, "d", "errors"),
+        Column("batch", 6, ".1f", "mean_batch"),
+        Column("srv cpu", 7, ".2f", "server_cores"),
+        Column("cli cpu", 7, ".2f", "client_cores"),
+        Column("us/sent", 8, ".0f", "cpu_us"),
+        Column("in run", 7, ".0f", "run_us"),
+        Column("outside", 8, ".0f", "outside_us"),
+    )
+}
+
+
+class Table:
+    """A printed table of rows: the label left-aligned in ``width``, the columns (a title stands for its
+    column in ``COLUMNS``), then free text under ``tail``."""
+
+    def __init__(self, label: str, width: int, *columns: Column | str, tail: str = "note") -> None:
+        self.label, self.width, self.tail = label, width, tail
+        self.columns = [COLUMNS[c] if isinstance(c, str) else c for c in columns]
+
+    @property
+    def header(self) -> str:
+        return self.line(self.label, [f"{c.title:>{c.width}}" for c in self.columns], self.tail)
+
+    def row(self, row: Row, note: str | None = None) -> str:
+        """``row``'s line, ending in ``note`` (default: its notes)."""
+        return self.line(
+            row.label, [c.cell(row) for c in self.columns], row.notes() if note is None else note
+        )
+
+    def line(self, label: str, cells: list[str], tail: str) -> str:
+        return f"{label:<{self.width}} {' '.join(cells)}  {tail}".rstrip()
+
+
+@dataclass(frozen=True)
+class Goal:
+    """A target on the row labelled ``row``: its ``figure`` (an attribute's name, or a function of the
+    row), over ``per`` for a ratio, ``op`` ``bound``. ``shown`` formats the value, and by name the figure
+    (``raw``), ``per`` and ``bound``."""
+
+    name: str
+    row: str
+    figure: str | Callable[[Row], Any]
+    op: Literal[">=", "<="]
+    bound: float
+    shown: str = "{:.2f}"
+    per: float | None = 1.0
+
+    def line(self, rows: Mapping[str, Row], missing: str = "not measured") -> str:
+        """Its :func:`target` line, judged on ``rows`` by label; n/a (``missing``) where the row, its
+        figure, ``per`` or the bound is not known."""
+        row = rows.get(self.row)
+        raw = (
+            None if row is None else self.figure(row) if callable(self.figure) else getattr(row, self.figure)
+        )
+        if raw is None or raw != raw or not self.per or self.bound != self.bound:
+            return target(self.name, None, missing)
+        value = raw / self.per
+        ok = value >= self.bound if self.op == ">=" else value <= self.bound
+        return target(self.name, ok, self.shown.format(value, raw=raw, per=self.per, bound=self.bound))
 
 
 def write_json(report: dict[str, Any], out: Path | None, name: str) -> Path:

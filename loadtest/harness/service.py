@@ -38,11 +38,6 @@ def service_env(model: Path, variant: str, admit: int, **more: Any) -> dict[str,
     return {f"{PREFIX}{k.upper()}": str(v) for k, v in values.items() if v is not None}
 
 
-def described(env: dict[str, str]) -> str:
-    """``K=V`` of each variable but the model's, for a run's first line."""
-    return " ".join(f"{k}={v}" for k, v in env.items() if k != f"{PREFIX}MODEL")
-
-
 async def in_process(settings: Settings) -> tuple[Service, Engine]:
     """The service and engine as ``python -m app`` builds them, in this process, ready for calls; the
     caller stops the engine."""
