@@ -167,6 +167,11 @@ class Row:
         return {**asdict(self), **derived, "server_cores": self.server_cores, "busy": self.busy}
 
 
+def cell(value: float | None, fmt: str, width: int) -> str:
+    """``value`` formatted to ``width``, or a right-aligned dash when it is None or NaN."""
+    return f"{value:>{width}{fmt}}" if value is not None and value == value else f"{'-':>{width}}"
+
+
 @dataclass(frozen=True)
 class Column:
     """A column of a printed table: its title, width and format, and the row attribute it shows (None or
@@ -178,8 +183,7 @@ class Column:
     attr: str
 
     def cell(self, row: Row) -> str:
-        v = getattr(row, self.attr)
-        return f"{v:>{self.width}{self.fmt}}" if v is not None and v == v else f"{'-':>{self.width}}"
+        return cell(getattr(row, self.attr), self.fmt, self.width)
 
 
 # The columns that more than one table shows, by title.
