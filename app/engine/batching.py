@@ -231,16 +231,13 @@ class Batcher:
                 self.clock.wait(self._cond, offer.due_at - offer.now)
                 self._gathering = False
 
-    def offer(
-        self, now: float, seen: list[float] | None = None, slice_s: float | None = None
-    ) -> Offer | None:
+    def offer(self, now: float, seen: list[float] | None = None) -> Offer | None:
         """The batch this queue would run next, with the lock held and something pending; None when its
         oldest sequence was cancelled (then dropped: ask again). Takes nothing: :meth:`cut` does.
 
         ``seen``: when work of each urgency last arrived at any queue the same thread serves (their
         :meth:`seen`), so that this one's less urgent batches are held to the budget while another model
-        has more urgent work about; None: this queue's own only. ``slice_s``: the most the batch may cost
-        (another model's work is waiting); None: no such bound.
+        has more urgent work about; None: this queue's own only.
         """
         group, aged = self._group(now)
         oldest = min((self._oldest(c) for c in group), key=lambda s: s.enqueued_at)
@@ -251,10 +248,7 @@ class Batcher:
         at = int(np.searchsorted(lengths, oldest.length))
         overdue = now - oldest.enqueued_at > self.budget_s()
         cap = self._cap(group[-1].urgency, now, seen)
-        bound, sliced = cap, slice_s is not None and self._scale is not None
-        if slice_s is not None and self._scale is not None:
-            bound = min(slice_s / self._scale, cap if cap is not None else float("inf"))
-        window = self.planner.choose(lengths, counts, at if overdue else None, bound)
+        window = self.planner.choose(lengths, counts, at if overdue else None, cap)
         n = int(counts.sum())
         fits_all = n < self.max_batch_size and self.planner.limits.allows(n, int(lengths[-1]))
         full = not (fits_all and window.size == n)
@@ -262,7 +256,7 @@ class Batcher:
         due = full or due_at <= now or not self.company_expected()
         level = group[0].urgency - int((now - group[0].since) / self.aging_s)
         return Offer(
-            self, now, group, aged, oldest, lengths, counts, window, overdue, cap, due, due_at, level, sliced
+            self, now, group, aged, oldest, lengths, counts, window, overdue, cap, due, due_at, level
         )
 
     def cut(self, offer: Offer, waited: bool) -> list[Seq]:
@@ -271,7 +265,7 @@ class Batcher:
         group, lengths, window, now = offer.group, offer.lengths, offer.window, offer.now
         batch = self._take(group, self.planner.take(lengths, offer.counts, window), now)
         filled = self._fill(batch, group, int(lengths[window.top]), offer.oldest, now)
-        self._count(batch, waited, offer, filled)
+        self._count(batch, waited, offer.overdue, offer.cap is not None, offer.aged, filled)
         return batch
 
     def listen(self, on: bool) -> None:
@@ -382,7 +376,9 @@ class Batcher:
         self._depth -= added
         return added
 
-    def _count(self, batch: list[Seq], waited: bool, offer: Offer, filled: int) -> None:
+    def _count(
+        self, batch: list[Seq], waited: bool, overdue: bool, capped: bool, aged: bool, filled: int
+    ) -> None:
         s = self.stats
         s.batches += 1
         s.items += len(batch)
@@ -393,10 +389,9 @@ class Batcher:
         s.real_tokens += real
         s.padded_tokens += computed
         s.waits += int(waited)
-        s.overdue += int(offer.overdue)
-        s.capped += int(offer.cap is not None)
-        s.sliced += int(offer.sliced)
-        s.aged += int(offer.aged)
+        s.overdue += int(overdue)
+        s.capped += int(capped)
+        s.aged += int(aged)
         s.filled += filled
         self._last_cost = self.planner.model.cost(len(batch), longest)
         self._last_shape = (len(batch), longest)

@@ -221,7 +221,6 @@ class Engine:
             "batches_holding_an_overdue_input": b.overdue,
             "inputs_filled_into_more_urgent_batches": b.filled,
             "batches_capped_for_more_urgent_work": b.capped,
-            "batches_held_to_the_model_slice": b.sliced,
             "batches_of_aged_work": b.aged,
             "batched_by_urgency": {str(u): b.by_urgency[u] for u in URGENCIES if b.by_urgency[u]},
             "queue_depth_by_urgency": {

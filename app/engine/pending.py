@@ -31,7 +31,6 @@ class BatchStats:
     overdue: int = 0  # batches that had to hold an item past its queue-delay budget
     filled: int = 0  # less urgent sequences that rode in a more urgent batch
     capped: int = 0  # batches of less urgent work held to the budget while more urgent work was about
-    sliced: int = 0  # batches held to the model slice while another model's work was waiting
     aged: int = 0  # batches that served aged work beside or ahead of more urgent pending work
     by_urgency: list[int] = field(default_factory=lambda: [0] * len(URGENCIES))  # sequences batched
 
@@ -89,4 +88,3 @@ class Offer:
     due: bool
     due_at: float
     level: int
-    sliced: bool = False  # planned within the model slice (another model's work was waiting)

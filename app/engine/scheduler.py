@@ -12,21 +12,16 @@ runs, of the offers:
    work never starves), as within one queue;
 2. of those, **an overdue one**: one holding an input past its queue-delay budget, the longest waiting
    first (such an input is never passed over again);
-3. else, while batches are held to slices (below), **the model whose turn it is**: the one served
-   longest ago;
-4. else **the most work per second**, by each model's own measured cost model: the highest share of the
+3. else **the most work per second**, by each model's own measured cost model: the highest share of the
    batch's modelled time that is useful work (:attr:`~app.engine.planner.Window.efficiency`; each model
    measures its own batches, so a tiny tagger's and a bert-base embedder's compare on equal terms); on a
    tie, the oldest input first.
 
 When the most urgent offers are still waiting for company, the thread waits for the earliest of them, as
-one queue waits (at most ``max_wait_ms``); a less urgent model's batch does not slip in meanwhile. A
+one queue waits (at most ``max_wait_ms``); a less urgent model's batch does not slip in meanwhile. And a
 less urgent batch is held to its budget while ANY model has more urgent work about (the ``seen`` times
 handed to each offer), so a background client of the embedder costs an interactive reranker at most one
-budget's wait. And while more than one model has work waiting, every batch is held to a slice
-(``ZHEMBED_MODEL_SLICE_MS``, modelled, at least one input) and the models take turns (rule 3): the thread
-turns from model to model as the operating system turns between processes, so a tagger's request waits
-for a slice of each other model's work, not for the embedder's whole batch.
+budget's wait.
 
 Every queue shares the scheduler's lock and condition and its :class:`~app.engine.clock.Clock`: an
 arrival at any of them wakes the thread when it may change the decision.
@@ -57,27 +52,20 @@ class Lane:
     batcher: Batcher
     inference: Inference
     batches: int = field(default=0)
-    turn: int = field(default=-1)  # the scheduler's batch count when its last batch was taken
 
 
-def rank(offer: Offer, turn: int) -> tuple[float, ...]:
+def rank(offer: Offer) -> tuple[float, ...]:
     """How an offer ranks among those of the most urgent level (higher runs first): an overdue one before
-    any other, the longest waiting first; else, within slices, the model served longest ago (its turn);
-    then by efficiency, then the oldest input first."""
+    any other, the longest waiting first; else by efficiency, then the oldest input first."""
     if offer.overdue:
         return (1.0, -offer.oldest.enqueued_at)
-    return (0.0, -turn if offer.sliced else 0, offer.window.efficiency, -offer.oldest.enqueued_at)
+    return (0.0, offer.window.efficiency, -offer.oldest.enqueued_at)
 
 
 class Scheduler:
-    def __init__(
-        self, clock: Clock | None = None, trim_every: int = 0, slice_ms: float | None = None
-    ) -> None:
+    def __init__(self, clock: Clock | None = None, trim_every: int = 0) -> None:
         """``clock``: what every queue reads the time from and waits through (default: real time);
-        ``trim_every``: batches (of every model) between two trims of the C heap (0: none); ``slice_ms``:
-        the most a batch may cost while another model has work waiting (None: no such bound)."""
-        self.slice_s = slice_ms / 1000 if slice_ms is not None else None
-        self.batches = 0  # taken from every queue
+        ``trim_every``: batches (of every model) between two trims of the C heap (0: none)."""
         self.cond = threading.Condition()
         self.clock = clock or Clock()
         self.lanes: list[Lane] = []
@@ -134,10 +122,9 @@ class Scheduler:
                 top = [(i, offer) for i, offer in offers if offer.level == level]
                 due = [(i, offer) for i, offer in top if offer.due]
                 if due:
-                    i, offer = max(due, key=lambda pair: rank(pair[1], self.lanes[pair[0]].turn))
+                    i, offer = max(due, key=lambda pair: rank(pair[1]))
                     lane = self.lanes[i]
                     lane.batches += 1
-                    lane.turn, self.batches = self.batches, self.batches + 1
                     return lane, lane.batcher.cut(offer, i in waited)
                 waited.update(i for i, _ in top)
                 self._wait(min(offer.due_at for _, offer in top) - now)
@@ -145,14 +132,13 @@ class Scheduler:
     def _offers(self, now: float) -> list[tuple[int, Offer]] | None:
         """What each queue with work pending would run next (None: one dropped cancelled work; ask again)."""
         seen = self._seen()
-        busy = [i for i, lane in enumerate(self.lanes) if lane.batcher.depth]
-        slice_s = self.slice_s if len(busy) > 1 else None
         offers = []
-        for i in busy:
-            offer = self.lanes[i].batcher.offer(now, seen, slice_s)
-            if offer is None:
-                return None
-            offers.append((i, offer))
+        for i, lane in enumerate(self.lanes):
+            if lane.batcher.depth:
+                offer = lane.batcher.offer(now, seen)
+                if offer is None:
+                    return None
+                offers.append((i, offer))
         return offers
 
     def _wait(self, timeout: float | None) -> None:

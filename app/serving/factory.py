@@ -92,11 +92,7 @@ def create_app(
         else:
             loaded = await asyncio.to_thread(load_models, settings)
         # Several models share one inference thread (and ONNX Runtime's one thread pool: load_models).
-        scheduler = (
-            Scheduler(trim_every=settings.memory_trim_batches, slice_ms=settings.model_slice_ms)
-            if len(served_entries) > 1
-            else None
-        )
+        scheduler = Scheduler(trim_every=settings.memory_trim_batches) if len(served_entries) > 1 else None
         tiers = _build_cache(settings, metrics)  # one LRU and one Redis for all: keys differ by model
         services = []
         for index, ((name, own), onnx) in enumerate(zip(served_entries, loaded, strict=True)):

@@ -204,15 +204,6 @@ class Settings(BaseSettings):
         "one full batch (max-batch-size inputs, or as many as max-batch-tokens allows) of the mean length "
         "seen, in seconds as the batches actually run (/info: batching.queue_delay_budget_ms).",
     )
-    model_slice_ms: float | None = Field(
-        default=10.0,
-        gt=0,
-        description="In a service of several models (ZHEMBED_MODELS), while another model has work "
-        "waiting, a batch costs at most this (modelled, at least one input): the inference thread turns "
-        "from model to model in slices of about this long, as separate processes share the cores, so a "
-        "cheap model's request waits for a slice of an expensive model's work, not for its whole batch. "
-        "Unset: no bound beyond the batch limits.",
-    )
     urgency_aging_ms: float = Field(
         default=1000.0,
         gt=0,

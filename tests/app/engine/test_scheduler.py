@@ -46,10 +46,9 @@ def two(
     max_queue_delay_ms: float | None = 1000.0,
     aging_ms: float = 1000.0,
     size: int = 8,
-    slice_ms: float | None = None,
 ) -> tuple[Scheduler, dict[str, Batcher], dict[str, Served]]:
     """A scheduler over two models' queues, ``a`` and ``b``, on ``clock``."""
-    scheduler = Scheduler(clock, slice_ms=slice_ms)
+    scheduler = Scheduler(clock)
     batchers, served = {}, {}
     for name in ("a", "b"):
         batchers[name] = Batcher(
@@ -149,40 +148,6 @@ def test_a_less_urgent_batch_is_held_to_its_budget_while_another_model_has_urgen
     name, size = picked(scheduler)
     assert name == "a" and CPU_LIKE.cost(size, 20) <= 0.100 < CPU_LIKE.cost(size + 1, 20)
     assert q["a"].stats.capped == 1
-
-
-def test_while_another_model_has_work_waiting_a_batch_is_held_to_the_slice() -> None:
-    """The thread turns between models as an operating system turns between processes: a batch costs at
-    most the slice while the other model waits; alone again, a model's batch is as large as its limits."""
-    clock = FakeClock()
-    scheduler, q, _ = two(clock, size=64, slice_ms=50)
-    each(q["a"], [seq(clock, 20, age_s=0.002) for _ in range(40)])
-    q["b"].submit([seq(clock, 20, age_s=0.001)])
-    name, size = picked(scheduler)  # a's inputs are the oldest
-    assert name == "a" and CPU_LIKE.cost(size, 20) <= 0.050 < CPU_LIKE.cost(size + 1, 20)
-    assert picked(scheduler) == ("b", 1)
-    assert picked(scheduler) == ("a", 40 - size)  # nobody else waits: the rest in one batch
-    assert (q["a"].stats.sliced, q["a"].stats.capped, q["b"].stats.sliced) == (1, 0, 1)
-
-
-def test_within_slices_the_models_take_turns_whatever_each_batch_does_for_its_cost() -> None:
-    clock = FakeClock()
-    scheduler, q, _ = two(clock, size=64, slice_ms=50)
-    each(q["a"], [seq(clock, 20, age_s=0.002) for _ in range(40)])
-    each(q["b"], [seq(clock, 5, age_s=0.001) for _ in range(60)])
-    names = [picked(scheduler)[0] for _ in range(6)]
-    evens, odds = set(names[0::2]), set(names[1::2])
-    assert len(evens) == len(odds) == 1 and evens | odds == {"a", "b"}  # turn by turn
-    assert (q["a"].stats.sliced, q["b"].stats.sliced) == (3, 3)
-
-
-def test_without_a_slice_the_expensive_models_whole_batch_runs_first() -> None:
-    clock = FakeClock()
-    scheduler, q, _ = two(clock, size=64)
-    each(q["a"], [seq(clock, 20, age_s=0.002) for _ in range(40)])
-    q["b"].submit([seq(clock, 20, age_s=0.001)])
-    assert [picked(scheduler), picked(scheduler)] == [("a", 40), ("b", 1)]
-    assert q["a"].stats.sliced == 0
 
 
 def test_the_thread_waits_for_company_of_the_most_urgent_model_not_for_a_less_urgent_one() -> None:
