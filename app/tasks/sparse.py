@@ -34,8 +34,8 @@ class SparseVector:
 
     @staticmethod
     def of(vector: np.ndarray) -> SparseVector:
-        """The non-zero entries of a dense [vocab] vector (through a boolean mask: a third of the
-        time of ``flatnonzero`` on the floats and a gather by index, on a row of ~20,000 non-zeros)."""
+        """The non-zero entries of a dense [vocab] vector, picked through a boolean mask (on a row of
+        ~20,000 non-zeros, under half the time of ``flatnonzero`` on the floats and a gather)."""
         kept = vector != 0
         return SparseVector(
             np.flatnonzero(kept).astype(np.int32), vector[kept].astype(np.float32, copy=False)
