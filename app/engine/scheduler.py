@@ -10,7 +10,7 @@ runs, of the offers:
 
 1. **the most urgent**: the lowest level after aging (the request's RFC 9218 urgency, aged so background
    work never starves), as within one queue;
-2. of those, **an overdue one**: one holding an input past its queue-delay budget, the longest waiting
+2. of those, **an overdue one**: one holding an input past its queue-delay budget, the furthest past
    first (such an input is never passed over again);
 3. else **the most work per second**, by each model's own measured cost model: the highest share of the
    batch's modelled time that is useful work (:attr:`~app.engine.planner.Window.efficiency`; each model
@@ -56,9 +56,11 @@ class Lane:
 
 def rank(offer: Offer) -> tuple[float, ...]:
     """How an offer ranks among those of the most urgent level (higher runs first): an overdue one before
-    any other, the longest waiting first; else by efficiency, then the oldest input first."""
+    any other, the one furthest past its own model's budget first (in budgets: a tagger's input that has
+    waited ten of its 2 ms budgets goes before an embedder's that has waited two of its 25 ms ones); else
+    by efficiency, then the oldest input first."""
     if offer.overdue:
-        return (1.0, -offer.oldest.enqueued_at)
+        return (1.0, (offer.now - offer.oldest.enqueued_at) / offer.batcher.budget_s())
     return (0.0, offer.window.efficiency, -offer.oldest.enqueued_at)
 
 

@@ -116,6 +116,18 @@ def test_an_overdue_input_runs_before_a_more_efficient_batch() -> None:
     assert picked(scheduler)[0] == "a"
 
 
+def test_of_overdue_batches_the_one_furthest_past_its_own_models_budget_runs_first() -> None:
+    """Under load every input is past its budget; oldest-first would serve the models in lock-step, a
+    cheap model's request waiting for every older input of the expensive one."""
+    clock = FakeClock()
+    scheduler, q, _ = two(clock, size=8, max_queue_delay_ms=50)
+    q["b"].max_queue_delay_s = 0.002  # a cheap model: its budget is 2 ms
+    each(q["a"], [seq(clock, 20, age_s=0.080) for _ in range(8)])  # 1.6 of its budgets past
+    q["b"].submit([seq(clock, 20, age_s=0.010)])  # younger, but 5 of its budgets past
+    assert picked(scheduler) == ("b", 1)
+    assert picked(scheduler) == ("a", 8)
+
+
 def test_background_work_of_one_model_ages_past_another_models_interactive_flood() -> None:
     clock = FakeClock()
     scheduler, q, _ = two(clock, size=2, aging_ms=7.8125)  # 2**-7 s a level: exact in binary
