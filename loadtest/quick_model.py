@@ -28,7 +28,8 @@ def exported(
     processes (parallel test workers share the cache)."""
     cache = os.environ.get(CACHE_VARIABLE)
     with tempfile.TemporaryDirectory(prefix="zhembed-tiny-") as tmp:
-        folder = folder or (Path(cache) if cache else Path(tmp)) / name
+        if folder is None:
+            folder = (Path(cache) if cache else Path(tmp)) / name
         folder.mkdir(parents=True, exist_ok=True)
         with open(folder.with_name(folder.name + ".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)

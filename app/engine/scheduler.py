@@ -10,8 +10,9 @@ runs, of the offers:
 
 1. **the most urgent**: the lowest level after aging (the request's RFC 9218 urgency, aged so background
    work never starves), as within one queue;
-2. of those, **an overdue one**: one holding an input past its queue-delay budget, the furthest past
-   first (such an input is never passed over again);
+2. of those, **an overdue one**: one holding an input past its queue-delay budget, the one furthest past
+   its own model's budget, counted in budgets, first (such an input is never passed over again; under
+   load every model's is, and oldest-first would serve the models in lock-step);
 3. else **the most work per second**, by each model's own measured cost model: the highest share of the
    batch's modelled time that is useful work (:attr:`~app.engine.planner.Window.efficiency`; each model
    measures its own batches, so a tiny tagger's and a bert-base embedder's compare on equal terms); on a
