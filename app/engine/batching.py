@@ -38,6 +38,7 @@ of the class served, and cancelled sequences are swept out only when a request i
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -47,7 +48,7 @@ import numpy as np
 from app.engine.clock import Clock
 from app.engine.costs import CostModel, Refitter
 from app.engine.pending import BatchStats, Offer, Pending, pending_lengths
-from app.engine.planner import Planner
+from app.engine.planner import Planner, Window
 from app.engine.priority import URGENCIES
 from app.engine.work import Seq
 from app.telemetry.metrics import Metrics
@@ -147,6 +148,11 @@ class Batcher:
         if self._scale is None:
             return float("inf")
         return DERIVED_BUDGET_BATCHES * self.planner.full_batch_cost(self._mean_length) * self._scale
+
+    def seconds(self, window: Window) -> float:
+        """The modelled time of a planned batch, in seconds (infinite while the constant model has no
+        scale yet)."""
+        return window.cost * self._scale if self._scale is not None else math.inf
 
     def submit(self, sequences: list[Seq]) -> None:
         """Queue one job's sequences (they share its urgency)."""

@@ -222,6 +222,7 @@ class Engine:
             "inputs_filled_into_more_urgent_batches": b.filled,
             "batches_capped_for_more_urgent_work": b.capped,
             "batches_of_aged_work": b.aged,
+            "batches_beside_another_models": b.beside,
             "batched_by_urgency": {str(u): b.by_urgency[u] for u in URGENCIES if b.by_urgency[u]},
             "queue_depth_by_urgency": {
                 str(u): depth for u in URGENCIES if (depth := self.batcher.depth_of(u))

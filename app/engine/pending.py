@@ -32,6 +32,7 @@ class BatchStats:
     filled: int = 0  # less urgent sequences that rode in a more urgent batch
     capped: int = 0  # batches of less urgent work held to the budget while more urgent work was about
     aged: int = 0  # batches that served aged work beside or ahead of more urgent pending work
+    beside: int = 0  # batches the express thread ran beside another model's (app.engine.scheduler)
     by_urgency: list[int] = field(default_factory=lambda: [0] * len(URGENCIES))  # sequences batched
 
 

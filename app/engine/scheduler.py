@@ -4,7 +4,7 @@ A service of several models (``ZHEMBED_MODELS``) has one :class:`~app.engine.eng
 own admission budget, tokeniser, batch queue and measured cost model) and, per device, ONE inference
 thread that serves every queue, its sessions on ONNX Runtime's one shared thread pool
 (:mod:`app.model.pool`): one batch at a time on every core, never a pool per model
-fighting the others for the same cores. Before each batch the thread asks every model's queue what it
+fighting the others for the same cores (but for the express thread's short batches, below). Before each batch the thread asks every model's queue what it
 would run next (:meth:`~app.engine.batching.Batcher.offer`, the same plan a queue of its own makes) and
 runs, of the offers:
 
@@ -24,13 +24,23 @@ less urgent batch is held to its budget while ANY model has more urgent work abo
 handed to each offer), so a background client of the embedder costs an interactive reranker at most one
 budget's wait.
 
+**A cheap batch runs beside a long one.** One batch at a time makes a tagger's 1 ms batch wait out the
+embedder's 40 ms one; a process per model would not (the OS would give the tagger a core at once). So a
+second thread, the *express* one, serves only while the inference thread runs a batch: it runs, beside
+it, a due batch of another model that is at least as urgent and modelled to take at most
+``express_share`` of the batch in progress (both by their own models' measured costs), chosen as above.
+The cores are then shared for at most about that share of the long batch's time; a model's queue hands
+out one batch at a time, so no model runs on both threads at once. ``express_share`` 0: one thread only.
+
 Every queue shares the scheduler's lock and condition and its :class:`~app.engine.clock.Clock`: an
-arrival at any of them wakes the thread when it may change the decision.
+arrival at any of them wakes the threads when it may change a decision. A thread's previous batch is done
+when it asks for its next one.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from dataclasses import dataclass, field
 
@@ -47,12 +57,22 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Lane:
-    """One model's queue and the stage that runs its batches; ``batches``: how many the thread ran."""
+    """One model's queue and the stage that runs its batches; ``batches``: how many the threads ran (the
+    express thread's are counted in its queue's ``stats.beside`` too)."""
 
     name: str
     batcher: Batcher
     inference: Inference
     batches: int = field(default=0)
+
+
+@dataclass(frozen=True)
+class Running:
+    """The batch a thread runs: its lane's index, its modelled seconds and its urgency level."""
+
+    lane: int
+    seconds: float
+    level: int
 
 
 def rank(offer: Offer) -> tuple[float, ...]:
@@ -65,16 +85,28 @@ def rank(offer: Offer) -> tuple[float, ...]:
     return (0.0, offer.window.efficiency, -offer.oldest.enqueued_at)
 
 
+MAIN, EXPRESS = 0, 1  # the two threads, as keys of what each runs
+
+
 class Scheduler:
-    def __init__(self, clock: Clock | None = None, trim_every: int = 0) -> None:
+    def __init__(self, clock: Clock | None = None, trim_every: int = 0, express_share: float = 0.0) -> None:
         """``clock``: what every queue reads the time from and waits through (default: real time);
-        ``trim_every``: batches (of every model) between two trims of the C heap (0: none)."""
+        ``trim_every``: the inference thread's batches between two trims of the C heap (0: none);
+        ``express_share``: the longest batch the express thread runs beside the inference thread's, as
+        a share of that batch's modelled time (0: no express thread)."""
         self.cond = threading.Condition()
         self.clock = clock or Clock()
         self.lanes: list[Lane] = []
         self.trimmer = allocator.Trimmer(trim_every)
+        self.express_share = express_share
         self._stopped = False
-        self._thread = threading.Thread(target=self._run, name="zhembed-inference", daemon=True)
+        self._running: dict[int, Running] = {}  # by thread (MAIN, EXPRESS): the batch it runs
+        self._waiting = 0  # threads waiting on the condition
+        self._threads = [threading.Thread(target=self._run, name="zhembed-inference", daemon=True)]
+        if express_share > 0:
+            self._threads.append(
+                threading.Thread(target=self._run_express, name="zhembed-express", daemon=True)
+            )
 
     def add(self, name: str, batcher: Batcher, inference: Inference) -> None:
         """Serve ``batcher``'s batches with ``inference`` (before :meth:`start`); the queue must have been
@@ -83,15 +115,22 @@ class Scheduler:
             raise ValueError(f"the queue of {name} must share the scheduler's condition and clock")
         self.lanes.append(Lane(name, batcher, inference))
 
+    @property
+    def waiting(self) -> int:
+        """How many of its threads wait for a batch to become due."""
+        return self._waiting
+
     def start(self) -> None:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
 
     def stop(self) -> None:
         with self.cond:
             self._stopped = True
             self.cond.notify_all()
-        if self._thread.is_alive():
-            self._thread.join(timeout=30)
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join(timeout=30)
 
     def _run(self) -> None:
         for lane in self.lanes:  # each model's cost model, measured (or read) before any batch runs
@@ -102,14 +141,21 @@ class Scheduler:
             lane.inference.serve(batch)
             self.trimmer.after_batch()
 
+    def _run_express(self) -> None:
+        while (picked := self.next_express()) is not None:
+            lane, batch = picked
+            lane.inference.serve(batch)
+
     def _seen(self) -> list[float]:
         """When work of each urgency last arrived at any queue."""
         each = [lane.batcher.seen() for lane in self.lanes]
         return [max(times[u] for times in each) for u in URGENCIES]
 
     def next_batch(self) -> tuple[Lane, list[Seq]] | None:
-        """Block until some queue's batch is due and return it with its lane (None once stopped)."""
+        """The inference thread's next batch and its lane: block until some queue's batch is due (None
+        once stopped). Its previous batch is done."""
         with self.cond:
+            self._done(MAIN)
             waited: set[int] = set()  # the lanes whose offer waited for company
             while True:
                 if self._stopped:
@@ -125,19 +171,64 @@ class Scheduler:
                 top = [(i, offer) for i, offer in offers if offer.level == level]
                 due = [(i, offer) for i, offer in top if offer.due]
                 if due:
-                    i, offer = max(due, key=lambda pair: rank(pair[1]))
-                    lane = self.lanes[i]
-                    lane.batches += 1
-                    return lane, lane.batcher.cut(offer, i in waited)
+                    pick = max(due, key=lambda pair: rank(pair[1]))
+                    return self._take(MAIN, pick, pick[0] in waited)
                 waited.update(i for i, _ in top)
                 self._wait(min(offer.due_at for _, offer in top) - now)
 
+    def next_express(self) -> tuple[Lane, list[Seq]] | None:
+        """The express thread's next batch and its lane: block until, while the inference thread runs a
+        batch, another model's due batch at least as urgent fits in ``express_share`` of that batch's
+        modelled time (None once stopped). Its previous batch is done."""
+        with self.cond:
+            self._done(EXPRESS)
+            while True:
+                if self._stopped:
+                    return None
+                running = self._running.get(MAIN)
+                if running is None:  # nothing to run beside: the inference thread takes what comes
+                    self._wait(None)
+                    continue
+                now = self.clock.now()
+                offers = self._offers(now)
+                if offers is None:
+                    continue
+                limit = self.express_share * running.seconds  # inf while its model has no scale yet
+                fits = [
+                    (i, offer)
+                    for i, offer in offers
+                    if offer.level <= running.level
+                    and offer.batcher.seconds(offer.window) <= limit < math.inf
+                ]
+                due = [(i, offer) for i, offer in fits if offer.due]
+                if due:
+                    return self._take(EXPRESS, max(due, key=lambda pair: rank(pair[1])), False)
+                self._wait(min(offer.due_at for _, offer in fits) - now if fits else None)
+
+    def _take(self, thread: int, pick: tuple[int, Offer], waited: bool) -> tuple[Lane, list[Seq]]:
+        """Cut ``pick``'s batch for ``thread`` (the lock held), which runs its lane until it asks again."""
+        i, offer = pick
+        lane = self.lanes[i]
+        lane.batches += 1
+        lane.batcher.stats.beside += thread == EXPRESS
+        self._running[thread] = Running(i, offer.batcher.seconds(offer.window), offer.level)
+        if thread == MAIN and self.express_share > 0:
+            self.cond.notify_all()  # the express thread may now run something beside it
+        return lane, lane.batcher.cut(offer, waited)
+
+    def _done(self, thread: int) -> None:
+        """``thread``'s batch has run (the lock held): its lane is free for either thread again."""
+        if self._running.pop(thread, None) is not None and self.express_share > 0:
+            self.cond.notify_all()
+
     def _offers(self, now: float) -> list[tuple[int, Offer]] | None:
-        """What each queue with work pending would run next (None: one dropped cancelled work; ask again)."""
+        """What each queue with work pending and no batch running would run next (None: one dropped
+        cancelled work; ask again)."""
         seen = self._seen()
+        busy = {running.lane for running in self._running.values()}
         offers = []
         for i, lane in enumerate(self.lanes):
-            if lane.batcher.depth:
+            if lane.batcher.depth and i not in busy:
                 offer = lane.batcher.offer(now, seen)
                 if offer is None:
                     return None
@@ -145,11 +236,15 @@ class Scheduler:
         return offers
 
     def _wait(self, timeout: float | None) -> None:
-        """Wait (the lock held) for an arrival that may change the decision, or ``timeout`` seconds."""
+        """Wait (the lock held) for an arrival that may change the decision, or ``timeout`` seconds; the
+        queues stop waking anyone once neither thread waits."""
         for lane in self.lanes:
             lane.batcher.listen(True)
+        self._waiting += 1
         try:
             self.clock.wait(self.cond, timeout)
         finally:
-            for lane in self.lanes:
-                lane.batcher.listen(False)
+            self._waiting -= 1
+            if not self._waiting:
+                for lane in self.lanes:
+                    lane.batcher.listen(False)

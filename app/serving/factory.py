@@ -91,8 +91,13 @@ def create_app(
             loaded = [model]
         else:
             loaded = await asyncio.to_thread(load_models, settings)
-        # Several models share one inference thread (and ONNX Runtime's one thread pool: load_models).
-        scheduler = Scheduler(trim_every=settings.memory_trim_batches) if len(served_entries) > 1 else None
+        # Several models share one inference thread, an express one for short batches, and ONNX Runtime's
+        # one thread pool (load_models).
+        scheduler = None
+        if len(served_entries) > 1:
+            scheduler = Scheduler(
+                trim_every=settings.memory_trim_batches, express_share=settings.express_share
+            )
         tiers = _build_cache(settings, metrics)  # one LRU and one Redis for all: keys differ by model
         services = []
         for index, ((name, own), onnx) in enumerate(zip(served_entries, loaded, strict=True)):

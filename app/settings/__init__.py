@@ -212,6 +212,16 @@ class Settings(BaseSettings):
         "ones never pause: after 4 s a u=7 batch ranks with u=3 work.",
     )
 
+    express_share: float = Field(
+        default=0.25,
+        ge=0,
+        le=1,
+        description="With several models: while one model's batch runs, another's due batch at least as "
+        "urgent runs beside it on a second thread if modelled to take at most this share of the running "
+        "batch's time (so a tagger's 1 ms batch need not wait out an embedder's 40 ms one); 0: one batch "
+        "at a time.",
+    )
+
     # --- limits --------------------------------------------------------------------------------------
     max_concurrent_inputs: int = Field(
         default=512,

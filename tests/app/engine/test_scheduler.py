@@ -1,7 +1,8 @@
 """One inference thread for several models' queues: which model's batch runs next (by urgency after
 aging, then an overdue input, then the most useful work per modelled second), waiting for company as one
 queue does, holding less urgent batches to their budget while another model has urgent work, and
-serving each batch on its own model's inference stage.
+serving each batch on its own model's inference stage; and the express thread, which runs another
+model's short batch beside the inference thread's long one.
 
 Every queue runs on one simulated clock (:class:`FakeClock`): each decision is asserted exactly, and no
 test sleeps.
@@ -46,9 +47,10 @@ def two(
     max_queue_delay_ms: float | None = 1000.0,
     aging_ms: float = 1000.0,
     size: int = 8,
+    express_share: float = 0.0,
 ) -> tuple[Scheduler, dict[str, Batcher], dict[str, Served]]:
     """A scheduler over two models' queues, ``a`` and ``b``, on ``clock``."""
-    scheduler = Scheduler(clock)
+    scheduler = Scheduler(clock, express_share=express_share)
     batchers, served = {}, {}
     for name in ("a", "b"):
         batchers[name] = Batcher(
@@ -211,3 +213,82 @@ def test_a_queue_on_another_condition_is_refused() -> None:
     alone = Batcher(100, 8, 0.0, 10, Metrics(), clock=scheduler.clock)
     with pytest.raises(ValueError, match="share the scheduler's condition"):
         scheduler.add("x", alone, Served())  # type: ignore[arg-type]
+
+
+def express(scheduler: Scheduler) -> tuple[str, int]:
+    """The lane whose batch the express thread runs next, and its size."""
+    got = scheduler.next_express()
+    assert got is not None
+    lane, batch = got
+    return lane.name, len(batch)
+
+
+def blocked(scheduler: Scheduler, step: Any) -> list[Any]:
+    """What ``step`` (``next_express``) returned on a thread of its own, once it waited with nothing to
+    run and the scheduler was then stopped: ``[None]``."""
+    got: list[Any] = []
+    thread = threading.Thread(target=lambda: got.append(step()))
+    thread.start()
+    wait_until(lambda: scheduler.waiting == 1 or not thread.is_alive())
+    scheduler.stop()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    return got
+
+
+def test_a_short_batch_of_another_model_runs_beside_a_long_one() -> None:
+    clock = FakeClock()
+    scheduler, q, _ = two(clock, express_share=0.25)
+    each(q["a"], [seq(clock, 100) for _ in range(8)])  # 0.805 s by CPU_LIKE
+    assert picked(scheduler) == ("a", 8)  # on the inference thread
+    q["b"].submit([seq(clock, 10)])  # 0.015 s: within a quarter of a's batch
+    assert express(scheduler) == ("b", 1)
+    assert [lane.batches for lane in scheduler.lanes] == [1, 1]
+    assert (q["a"].stats.beside, q["b"].stats.beside) == (0, 1)
+
+
+def test_nothing_runs_beside_a_batch_it_would_take_over_the_share_of() -> None:
+    clock = FakeClock()
+    scheduler, q, _ = two(clock, express_share=0.25)
+    each(q["a"], [seq(clock, 10) for _ in range(8)])  # 0.085 s
+    assert picked(scheduler) == ("a", 8)
+    each(q["b"], [seq(clock, 30) for _ in range(2)])  # 0.065 s: over a quarter of 0.085
+    assert blocked(scheduler, scheduler.next_express) == [None]
+    assert q["b"].depth == 2  # still queued, for the inference thread
+
+
+def test_nothing_runs_beside_an_idle_inference_thread_or_with_no_share() -> None:
+    clock = FakeClock()
+    scheduler, q, _ = two(clock, express_share=0.25)
+    q["b"].submit([seq(clock, 10)])
+    assert blocked(scheduler, scheduler.next_express) == [None]  # the inference thread takes it
+    assert q["b"].depth == 1
+    scheduler, q, _ = two(clock)  # express_share 0
+    each(q["a"], [seq(clock, 100) for _ in range(8)])
+    assert picked(scheduler) == ("a", 8)
+    q["b"].submit([seq(clock, 10)])
+    assert blocked(scheduler, scheduler.next_express) == [None]
+
+
+def test_a_less_urgent_batch_does_not_run_beside_a_more_urgent_one() -> None:
+    clock = FakeClock()
+    scheduler, q, _ = two(clock, express_share=0.25)
+    each(q["a"], [seq(clock, 100) for _ in range(8)])
+    assert picked(scheduler) == ("a", 8)
+    q["b"].submit([seq(clock, 10, urgency=7)])
+    assert blocked(scheduler, scheduler.next_express) == [None]
+    assert q["b"].depth == 1
+
+
+def test_a_model_runs_on_one_thread_at_a_time() -> None:
+    """While the express thread runs b's batch, the inference thread passes over b's newer inputs; once
+    the express thread asks for its next batch, b's is free for either thread again."""
+    clock = FakeClock()
+    scheduler, q, _ = two(clock, express_share=0.25)
+    each(q["a"], [seq(clock, 100) for _ in range(16)])
+    assert picked(scheduler) == ("a", 8)
+    q["b"].submit([seq(clock, 10)])
+    assert express(scheduler) == ("b", 1)
+    q["b"].submit([seq(clock, 10, age_s=1.0)])  # past its budget: the inference thread would take it
+    assert picked(scheduler) == ("a", 8)
+    assert express(scheduler) == ("b", 1)  # b's first batch done: its next runs beside a's second
