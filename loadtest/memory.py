@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import psutil
 
-from loadtest.harness import parser
+from loadtest.harness import TWIN, parser
 
 OFF = {"ZHEMBED_MEMORY_TRIM_BATCHES": "0", "ZHEMBED_MMAP_THRESHOLD_KB": "0"}
 VARIANTS: dict[str, dict[str, str]] = {
@@ -142,8 +142,7 @@ def summary(name: str, result: dict[str, Any], requests: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser("loadtest.memory", __doc__)
-    p.add_argument("--model", type=Path, default=Path("models/bert-base-chinese-twin"))
+    p = parser("loadtest.memory", __doc__, model=TWIN)
     p.add_argument("--variant", default="int8")
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--requests", type=int, default=3000)

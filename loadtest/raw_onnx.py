@@ -41,11 +41,10 @@ from onnx import TensorProto, helper, numpy_helper
 from app.model.runtime import CPU
 from app.model.runtime import session_options as service_session_options
 from loadtest.corpus import encode, tokenizer_of
-from loadtest.harness import parser
+from loadtest.harness import TWIN, parser
 
 LAST_HIDDEN_STATE = "last_hidden_state"
 MEAN_PREFIX = "mean_"  # the encoder's pooled means are mean_{layer} (app/model/manifest.py)
-DEFAULT_MODEL = Path("models/bert-base-chinese-twin")
 T = TypeVar("T")
 
 
@@ -283,10 +282,8 @@ def rates(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser("loadtest.raw_onnx", __doc__)
-    p.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    p = parser("loadtest.raw_onnx", __doc__, model=TWIN, seconds=2.0)
     p.add_argument("--variants", default=None, help="comma-separated; default: fp32,int8 where present")
-    p.add_argument("--seconds", type=float, default=2.0, help="timing budget per cell")
     p.add_argument("--batches", default="1,8,32", help="batch sizes of the grid, comma-separated")
     p.add_argument("--lengths", default="16,32,128", help="sequence lengths of the grid, comma-separated")
     args = p.parse_args(argv)

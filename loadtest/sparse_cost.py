@@ -93,11 +93,9 @@ def measure(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser("loadtest.sparse_cost", __doc__)
-    p.add_argument("--model", type=Path, default=Path("build/sparse-twin/model"))
+    p = parser("loadtest.sparse_cost", __doc__, model=Path("build/sparse-twin/model"), seconds=5.0)
     p.add_argument("--variant", default="int8")
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--seconds", type=float, default=5.0)
     args = p.parse_args(argv)
     ids = encode(tokenizer_of(args.model), load_corpus())
     cost = measure(args.model, args.variant, ids, args.batch_size, args.seconds)
