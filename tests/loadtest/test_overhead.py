@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 
 from app.settings import Settings
-from loadtest.floor import floor
 from loadtest.harness.cell import parse_cells
 from loadtest.harness.report import Row
-from loadtest.overhead import targets
+from loadtest.overhead import floor, targets
 from tests.loadtest.conftest import run_module
 
 
