@@ -28,7 +28,7 @@ import orjson
 import uvloop
 
 from app.settings import Settings
-from loadtest import loadgen, sparse_cost
+from loadtest import loadgen, raw_onnx
 from loadtest.corpus import HIT_SET, encode, load_corpus, request_bodies, tokenizer_of
 from loadtest.harness import TWIN, parser
 from loadtest.harness.cell import Cell, distinct_bodies
@@ -338,7 +338,7 @@ def run(opts: argparse.Namespace, model: Path) -> dict[str, Any]:
     raw, best = raw_rows(opts, peaks)
     sparse: dict[str, Any] = {}
     if "/embed_sparse" in opts.routes:  # where the sparse route's time goes, beside its service rows
-        cost = sparse_cost.measure(model, opts.service_variant, ids, SERVICE_BATCH, opts.raw_seconds)
+        cost = raw_onnx.sparse_cost(model, opts.service_variant, ids, SERVICE_BATCH, opts.raw_seconds)
         sparse["sparse_cost"] = (
             None if cost is None else {**asdict(cost), "share": cost.share, "line": cost.line()}
         )
