@@ -28,7 +28,7 @@ import orjson
 import uvloop
 
 from app.settings import Settings
-from loadtest import loadgen, sparse_cost
+from loadtest import loadgen, raw_onnx
 from loadtest.corpus import HIT_SET, encode, load_corpus, request_bodies, tokenizer_of
 from loadtest.harness import TWIN, parser
 from loadtest.harness.cell import Cell, distinct_bodies
@@ -90,13 +90,6 @@ def raw_rows(opts: argparse.Namespace, peaks: dict[str, float]) -> tuple[list[Ro
     return shown(rows), best
 
 
-def _row(
-    kind: str, label: str, svc: ServiceProcess, make: loadgen.BodyFactory, c: Cell, opts: argparse.Namespace
-) -> Row:
-    """One load cell's row; the server's CPU cores are over the whole cell."""
-    return Row.of(measure(svc, c, make, opts.duration, opts.warmup, metrics=False), kind, label=label)
-
-
 def _service(opts: argparse.Namespace, cache_bytes: int, log: str) -> ServiceProcess:
     peak_inputs = max(opts.concurrency) * max(opts.texts)
     env = service_env(opts.model, opts.service_variant, peak_inputs, cache_bytes=cache_bytes)
@@ -120,7 +113,10 @@ def service_rows(
             before_raw = bracket() if bracket and c == 32 and per_request == 1 else None
             before = svc.engine_stats()
             make = loadgen.cycle(bodies, per_request)
-            row = _row("service", label, svc, make, Cell(c, per_request, route=route), opts)
+            m = measure(
+                svc, Cell(c, per_request, route=route), make, opts.duration, opts.warmup, metrics=False
+            )
+            row = Row.of(m, label=label)
             after = svc.engine_stats()
             keys = ("real_tokens", "padded_tokens", "batches", "batched_items")
             moved = {k: after.get(k, 0) - before.get(k, 0) for k in keys}
@@ -152,8 +148,8 @@ def naive_rows(opts: argparse.Namespace) -> list[Row]:
         for per_request in opts.texts:
             make = loadgen.cycle(request_bodies(opts.corpus, per_request), per_request)
             for c in (c for c in opts.concurrency if c <= opts.naive_max_concurrency):
-                row = _row("naive", f"naive c={c} x{per_request}", svc, make, Cell(c, per_request), opts)
-                rows += shown([row])
+                m = measure(svc, Cell(c, per_request), make, opts.duration, opts.warmup, metrics=False)
+                rows += shown([Row.of(m, "naive", label=f"naive c={c} x{per_request}")])
     return rows
 
 
@@ -342,7 +338,7 @@ def run(opts: argparse.Namespace, model: Path) -> dict[str, Any]:
     raw, best = raw_rows(opts, peaks)
     sparse: dict[str, Any] = {}
     if "/embed_sparse" in opts.routes:  # where the sparse route's time goes, beside its service rows
-        cost = sparse_cost.measure(model, opts.service_variant, ids, SERVICE_BATCH, opts.raw_seconds)
+        cost = raw_onnx.sparse_cost(model, opts.service_variant, ids, SERVICE_BATCH, opts.raw_seconds)
         sparse["sparse_cost"] = (
             None if cost is None else {**asdict(cost), "share": cost.share, "line": cost.line()}
         )

@@ -35,10 +35,10 @@ from app.bulk.sources import Fields, find_inputs
 from app.settings import Settings
 from loadtest import procs
 from loadtest.corpus import load_corpus, unique_texts
-from loadtest.harness import parser
+from loadtest.harness import TWIN, parser
 from loadtest.harness.report import mark
 from loadtest.quick_model import tiny_model
-from loadtest.raw_onnx import DEFAULT_MODEL, ceiling
+from loadtest.raw_onnx import ceiling
 
 
 def write_corpus(path: Path, texts: Iterable[str]) -> Path:
@@ -138,8 +138,8 @@ def peak_rss_mib(model: Path, rows: int, work: Path, text: str = "numbered") -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser("loadtest.bulk", __doc__)
-    p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="an exported model (the int8 twin)")
+    quick = "tiny model, 300 texts, 2,000 / 20,000 memory rows"
+    p = parser("loadtest.bulk", __doc__, quick, model=TWIN)
     p.add_argument("--variant", default="int8")
     p.add_argument("--texts", type=int, default=3000, help="distinct texts of the speed rows")
     p.add_argument("--batch-sizes", default="8,16,32", help="raw batch sizes to pick the best of")
@@ -153,7 +153,6 @@ def main(argv: list[str] | None = None) -> int:
         default="numbered",
         help="numbered: distinct short texts; char: one character a row (3 tokens)",
     )
-    p.add_argument("--quick", action="store_true", help="tiny model, 300 texts, 2,000 / 20,000 memory rows")
     args = p.parse_args(argv)
     cores = len(os.sched_getaffinity(0))
     rows = "2000,20000" if args.quick else "10000,1000000"

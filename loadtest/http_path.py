@@ -1,11 +1,11 @@
 """CPU per request of the HTTP layer alone: the app as uvicorn calls it, in-process, no sockets.
 
-    python -m loadtest.http_path [--requests 3000] [--repeats 5] [--keys] [--two-d]
+    python -m loadtest.http_path [--requests 3000] [--repeats 5]
 
 The app from ``create_app`` with a stub service, driven by ASGI calls. Rows: ``/embed`` with 1 text and
 with 32 texts, floats and base64, and the harness alone; µs of CPU per request (median and least over
-``--repeats``) for the app as served and for the same request behind the data path. ``--keys`` turns API
-keys on; ``--two-d`` has the stub answer one 2-D array. docs/performance.md says what it counts.
+``--repeats``) for the app as served and for the same request behind the data path. docs/performance.md
+says what it counts.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import numpy as np
 import orjson
 import uvloop
 from fastapi import FastAPI
-from pydantic import SecretStr
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api.http.fast import DataPath
@@ -32,17 +31,15 @@ from app.telemetry.timings import Timings
 from loadtest.harness import parser
 
 WIDTH = 768
-KEY = "bench-key"
 
 
 class StubService:
     """What the routes call on /embed: the answer is computed before the request comes."""
 
-    def __init__(self, texts: int, two_d: bool) -> None:
+    def __init__(self, texts: int) -> None:
         rng = np.random.default_rng(0)
         vectors = rng.standard_normal((texts, WIDTH)).astype(np.float32)
-        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-        self.value: Any = vectors if two_d else list(vectors)
+        self.value = list(vectors / np.linalg.norm(vectors, axis=1, keepdims=True))
         self.timings = Timings(queue_ms=0.4, tokenization_ms=0.03, inference_ms=1.2, total_ms=1.7)
         self.ready = True
         self.kind = "embedding"
@@ -68,7 +65,7 @@ class Case:
 CASES = (Case("1 text", 1, "float"), Case("32 texts", 32, "float"), Case("32 texts, base64", 32, "base64"))
 
 
-def _scope(body: bytes, keys: bool) -> dict[str, Any]:
+def _scope(body: bytes) -> dict[str, Any]:
     headers = [
         (b"host", b"127.0.0.1:8000"),
         (b"user-agent", b"python-httpx/0.28.1"),
@@ -76,8 +73,6 @@ def _scope(body: bytes, keys: bool) -> dict[str, Any]:
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
     ]
-    if keys:
-        headers.append((b"authorization", f"Bearer {KEY}".encode()))
     return {
         "type": "http",
         "asgi": {"version": "3.0", "spec_version": "2.4"},
@@ -120,10 +115,10 @@ async def _one(app: ASGIApp, scope: dict[str, Any], body: bytes) -> int:
     return status
 
 
-async def _measure(app: ASGIApp, case: Case, keys: bool, requests: int, repeats: int) -> list[float]:
+async def _measure(app: ASGIApp, case: Case, requests: int, repeats: int) -> list[float]:
     texts = [f"第{i}句：今天天气很好，我们去公园散步吧。" for i in range(case.texts)]
     body = orjson.dumps({"inputs": texts[0] if case.texts == 1 else texts, "encoding": case.encoding})
-    scope = _scope(body, keys)
+    scope = _scope(body)
     for _ in range(200):  # warm-up
         status = await _one(app, scope, body)
         assert status == 200, status
@@ -136,10 +131,9 @@ async def _measure(app: ASGIApp, case: Case, keys: bool, requests: int, repeats:
     return runs
 
 
-def build(texts: int, keys: bool, two_d: bool) -> FastAPI:
-    key = SecretStr(KEY) if keys else None
-    app = create_app(Settings(model="unused: a stub service", warmup=False, cache_bytes=0, api_keys=key))
-    app.state.service = StubService(texts, two_d)  # as the lifespan would, without loading a model
+def build(texts: int) -> FastAPI:
+    app = create_app(Settings(model="unused: a stub service", warmup=False, cache_bytes=0))
+    app.state.service = StubService(texts)  # as the lifespan would, without loading a model
     return app
 
 
@@ -167,23 +161,18 @@ def main(argv: list[str] | None = None) -> int:
     p = parser("loadtest.http_path", __doc__)
     p.add_argument("--requests", type=int, default=3000, help="requests per run (a third for 32 texts)")
     p.add_argument("--repeats", type=int, default=5, help="runs per cell; the median is reported")
-    p.add_argument("--keys", action="store_true", help="API keys on")
-    p.add_argument("--two-d", action="store_true", help="the stub answers a 2-D array, not a list")
     args = p.parse_args(argv)
-    print(
-        f"HTTP layer, µs of CPU per request: median of {args.repeats} runs (min); keys {args.keys}, "
-        f"answer {'2-D array' if args.two_d else 'list of arrays'}"
-    )
+    print(f"HTTP layer, µs of CPU per request: median of {args.repeats} runs (min)")
     print(f"  {'':<18} {'the app':>18} {'stack + FastAPI':>18}")
     for case in CASES:
-        app = build(case.texts, args.keys, args.two_d)
+        app = build(case.texts)
         n = args.requests if case.texts == 1 else max(args.requests // 3, 1)
         cells = []
         for target in (app, through_stack(app)):
-            runs = uvloop.run(_measure(target, case, args.keys, n, args.repeats))
+            runs = uvloop.run(_measure(target, case, n, args.repeats))
             cells.append(f"{statistics.median(runs):9.1f} ({min(runs):6.1f})")
         print(f"  {case.name:<18} {cells[0]:>18} {cells[1]:>18}")
-    runs = uvloop.run(_measure(_null, CASES[0], args.keys, args.requests, args.repeats))
+    runs = uvloop.run(_measure(_null, CASES[0], args.requests, args.repeats))
     print(f"  {'(this harness)':<18} {statistics.median(runs):9.1f} ({min(runs):6.1f})")
     return 0
 

@@ -215,13 +215,12 @@ def print_speed(title: str, best: dict[tuple[str, int, int], float], cells: list
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = parser("loadtest.int8_recipes", __doc__)
+    p = parser("loadtest.int8_recipes", __doc__, "default and dynamic, MiniLM speed, 4 cells")
     p.add_argument("--twin", type=Path, default=Path("models/bert-base-chinese-twin"))
     p.add_argument("--seconds", type=float, default=0.2, help="per graph, per cell, per round")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--profile", action="store_true", help="also kernel time per op, GEMM vs rest, b8 s48")
-    p.add_argument("--quick", action="store_true", help="default and dynamic, MiniLM speed, 4 cells")
     args = p.parse_args(argv)
     fp32_twin = args.twin / "encoder.fp32.onnx"
     if not args.quick and not fp32_twin.is_file():

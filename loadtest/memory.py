@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 
-from loadtest.harness import parser
+from loadtest.harness import TWIN, parser
 
 OFF = {"ZHEMBED_MEMORY_TRIM_BATCHES": "0", "ZHEMBED_MMAP_THRESHOLD_KB": "0"}
 VARIANTS: dict[str, dict[str, str]] = {
@@ -45,19 +46,12 @@ COLUMNS = ("ready", "USS 1st", "middle", "end", "max", "growth", "req/s", "batch
 
 
 def uss_by_kind() -> dict[str, float]:
-    """Private memory in MB by kind of mapping (/proc/self/smaps): ``heap`` (glibc's main arena), ``anon`` (mmap'd
-    blocks, other threads' arenas, ONNX Runtime's own), ``files`` (libraries, the graphs) and ``other``."""
-    kinds: dict[str, float] = {"heap": 0.0, "anon": 0.0, "files": 0.0, "other": 0.0}  # private, MB
-    kind = "other"
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split(maxsplit=5)
-        if len(head) >= 5 and "-" in head[0] and ":" not in head[0]:
-            name = head[5].strip() if len(head) == 6 else ""
-            kind = (
-                "heap" if name == "[heap]" else "anon" if not name else "other" if name[0] == "[" else "files"
-            )
-        elif line.startswith(("Private_Clean:", "Private_Dirty:")):
-            kinds[kind] += int(line.split()[1]) / 1024
+    """Private memory in MB by kind of mapping: ``heap`` (glibc's main arena), ``anon`` (mmap'd blocks, other
+    threads' arenas, ONNX Runtime's own), ``files`` (libraries, the graphs) and ``other``."""
+    kinds: dict[str, float] = {"heap": 0.0, "anon": 0.0, "files": 0.0, "other": 0.0}
+    for m in psutil.Process().memory_maps(grouped=True):
+        kind = {"[heap]": "heap", "[anon]": "anon"}.get(m.path, "other" if m.path[:1] == "[" else "files")
+        kinds[kind] += (m.private_clean + m.private_dirty) / 2**20
     return kinds
 
 
@@ -148,8 +142,7 @@ def summary(name: str, result: dict[str, Any], requests: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser("loadtest.memory", __doc__)
-    p.add_argument("--model", type=Path, default=Path("models/bert-base-chinese-twin"))
+    p = parser("loadtest.memory", __doc__, model=TWIN)
     p.add_argument("--variant", default="int8")
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--requests", type=int, default=3000)

@@ -29,14 +29,13 @@ import uvloop
 
 from loadtest import loadgen
 from loadtest.corpus import load_corpus, unique_texts
-from loadtest.harness import parser
+from loadtest.harness import TWIN, parser
 from loadtest.harness.cell import STRIDE, Cell, closed_loops, parse_cells
 from loadtest.harness.report import cpu_model, target, write_json
 from loadtest.harness.service import service_env
 from loadtest.quick_model import exported, tiny_model
 from loadtest.server import HOST, ServiceProcess
 
-TWIN = Path("models/bert-base-chinese-twin")
 NAMES = ("embed", "rerank", "ner")
 ENTITY_LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG", "I-ORG"]
 # Closed-loop clients of each model's route; on /rerank, texts are the documents beside the query.
@@ -189,15 +188,12 @@ def targets(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser("loadtest.models", __doc__)
+    quick_help = "tiny models (fp32), 2 s cells, 8x4 background (CI)"
+    p = parser("loadtest.models", __doc__, quick_help, duration=60.0, warmup=5.0, out=None)
     p.add_argument("--embedder", type=Path, default=TWIN, help="the embedder's exported folder")
     p.add_argument("--heads", type=Path, default=None, help="where the tiny heads are (exported once)")
     p.add_argument("--variant", default="int8", help="every model's graph variant")
-    p.add_argument("--duration", type=float, default=60.0)
-    p.add_argument("--warmup", type=float, default=5.0)
     p.add_argument("--background", default="64x32", help="clients x texts of the u=7 embedder client")
-    p.add_argument("--out", type=Path, default=None, help="the JSON report (default: loadtest/results/)")
-    p.add_argument("--quick", action="store_true", help="tiny models (fp32), 2 s cells, 8x4 background (CI)")
     args = p.parse_args(argv)
     if args.quick:
         args.duration, args.warmup, args.background, args.variant = 2.0, 0.5, "8x4", "fp32"

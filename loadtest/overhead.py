@@ -2,37 +2,61 @@
 
     python -m loadtest.overhead [--model DIR] [--duration 12] [--warmup 4] [--workers N] [--quick]
                                 [--gpu-like] [--cells 8x32,64x32,256x32,32x1,256x1] [--out PATH]
+    python -m loadtest.overhead --in-process [--model DIR] [--cells 8x32,64x32,32x1] [--duration 12] [--gpu-like]
 
 On a tiny BERT (fp32, exported into a temp dir or ``--model DIR``), per cell of clients × texts: sent/s,
 p50/p99, errors, mean batch, and server CPU µs per sentence split into ``Session.run``, outside it, the
-floor (:mod:`loadtest.floor`) and the machinery (outside − floor); the raw session before and after the
+floor (:func:`floor`) and the machinery (outside − floor); the raw session before and after the
 service; issue 19's targets as PASS / MISS; JSON in loadtest/results/overhead-<time>.json. Exits 1 when
 a cell had errors or answered nothing. docs/performance.md says how each figure is measured.
+
+``--in-process``: the service and engine alone, no HTTP: ``Service.embed`` built in this process (cache
+off, one intra-op thread) under closed-loop clients (:func:`loadtest.loadgen.closed_loop`) sending distinct
+texts. Columns: cell, sent/s, batch, us/sent (the whole process's CPU), in run (the inference thread
+inside ``Session.run``), outside, and µs per sentence by thread.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
+import multiprocessing
 import os
 import sys
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import orjson
+import uvloop
+from prometheus_client import generate_latest
+
 from app.settings import Settings
-from loadtest.corpus import load_corpus, unique_texts
-from loadtest.floor import floor
+from app.tasks.options import EmbedOptions
+from app.tasks.service import Service
+from app.telemetry.metrics import Metrics
+from loadtest import procs
+from loadtest.corpus import load_corpus, tokenizer_of, unique_texts
 from loadtest.harness import parser
 from loadtest.harness.cell import STRIDE, Cell, distinct_bodies, parse_cells
-from loadtest.harness.measure import measure
+from loadtest.harness.measure import Measured, measure
 from loadtest.harness.report import RESULTS, Column, Goal, Row, Table, cpu_model, target, write_json
-from loadtest.harness.service import GPU_LIKE, PREFIX, service_env
+from loadtest.harness.service import GPU_LIKE, PREFIX, fields, in_process, service_env
+from loadtest.loadgen import Answer, closed_loop
 from loadtest.quick_model import tiny_model
 from loadtest.raw_onnx import ceiling
-from loadtest.server import ServiceProcess
+from loadtest.server import ServiceProcess, parse_exposition
 
 CELLS = "8x32,64x32,256x32,32x1,256x1"
 QUICK_CELLS = "8x32,32x1"
+IN_PROCESS_CELLS = "8x32,64x32,32x1"
 LAYERS = 4
 # Issue 19's targets (CPU, tiny model, 2 cores): machinery per sentence at 64x32 and 256x32 with GPU-like
 # batches and at 8x32 with the CPU defaults (each judged under its own batch settings only); CPU outside
@@ -43,6 +67,80 @@ SCALING_256_VS_8 = 0.9
 FLOOR, MACHINERY = Column("floor", 6, ".0f", "floor_us"), Column("machin.", 7, ".0f", "machinery_us")
 ROW = ("sent/s", "req/s", "p50 ms", "p99 ms", "err", "batch", "srv cpu", "cli cpu", "us/sent", "in run")
 TABLE = Table("clients x texts", 16, *ROW, "outside", FLOOR, MACHINERY)
+RATE = Column("sent/s", 9, ".0f", "sentences_per_s")
+IN_PROCESS = Table("cell", 14, RATE, "batch", "us/sent", "in run", "outside", tail="us/sent by thread")
+
+
+# Texts per tokeniser call: what the issue's floor was measured with (the service batches across requests).
+TOKENIZE_BATCH = 32
+# Repeats of each measurement: the fastest is kept (the least disturbed by the other processes).
+ROUNDS = 5
+
+
+@dataclass(frozen=True)
+class Floor:
+    """µs of CPU per sentence: tokenising it and writing its vector."""
+
+    tokenize_us: float
+    write_us: float
+    hidden: int
+    texts: int
+
+    @property
+    def us(self) -> float:
+        return self.tokenize_us + self.write_us
+
+
+def _fastest(work: Callable[[], None], rounds: int = ROUNDS) -> float:
+    """The least CPU seconds of ``rounds`` calls of ``work``."""
+    best = float("inf")
+    for _ in range(rounds):
+        started = time.process_time()
+        work()
+        best = min(best, time.process_time() - started)
+    return best
+
+
+def floor_here(model: Path, texts_per_request: int, start: int, count: int) -> Floor:
+    """The floor on ``count`` of the cell's texts, in this process."""
+    config = json.loads((model / "manifest.json").read_text())
+    hidden = int(config["config"]["hidden_size"])
+    max_length = int(config["tokenizer"]["max_length"])
+    # On the calling thread, as the service encodes (app/model/tokenizer.py says why).
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    tokenizer = tokenizer_of(model, max_length)
+    texts = unique_texts(load_corpus(), start, count)
+    chunks = [texts[i : i + TOKENIZE_BATCH] for i in range(0, len(texts), TOKENIZE_BATCH)]
+
+    def tokenize() -> None:
+        for chunk in chunks:
+            tokenizer.encode_batch_fast(chunk, add_special_tokens=True)
+
+    # Vectors like the service's: unit-length float32 rows (their digits are what orjson writes).
+    rng = np.random.default_rng(0)
+    requests = max(1, count // texts_per_request)
+    vectors = rng.standard_normal((requests, texts_per_request, hidden)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=-1, keepdims=True)
+
+    def write() -> None:
+        for request in vectors:
+            orjson.dumps(request[0] if texts_per_request == 1 else request, option=orjson.OPT_SERIALIZE_NUMPY)
+
+    tokenize()  # warm: the first call builds the tokenizer's caches
+    return Floor(
+        tokenize_us=1e6 * _fastest(tokenize) / len(texts),
+        write_us=1e6 * _fastest(write) / (requests * texts_per_request),
+        hidden=hidden,
+        texts=len(texts),
+    )
+
+
+def floor(model: Path, texts_per_request: int, start: int, count: int = 4096) -> Floor:
+    """The floor of a cell, the work per sentence that no design of the service can skip: CPU time, in a
+    spawned process (nothing of the caller's state counts or helps), of tokenising the cell's own texts as
+    the service does for /embed and writing their vectors into the JSON answer (orjson)."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(floor_here, model, texts_per_request, start, count).result()
 
 
 def targets(cells: list[Row], gpu_like: bool) -> list[str]:
@@ -129,7 +227,7 @@ def run(args: argparse.Namespace, model: Path) -> dict[str, Any]:
         f"(before / after the service), {raw_us:.0f} us of Session.run per sentence",
         "us/sent: server CPU (process and descendants, /proc) per sentence the service computed; in run: "
         "Session.run (zhembed_inference_cpu_seconds_total); outside: the rest; floor: tokenising the "
-        "sentence and writing its vector, in a process of its own (loadtest.floor); machin.: outside - floor",
+        "sentence and writing its vector, in a process of its own (overhead.floor); machin.: outside - floor",
         f"Targets (issue 19, set for 2 cores; {cores} here):",
         *verdicts,
         sep="\n",
@@ -153,6 +251,58 @@ def run(args: argparse.Namespace, model: Path) -> dict[str, Any]:
     return report
 
 
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds of each of this process's threads, by name."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[str, float] = {}
+    for tid, seconds in procs.thread_cpu_seconds(os.getpid()).items():
+        name = names.get(tid, "other")
+        out[name] = out.get(name, 0.0) + seconds
+    return out
+
+
+async def in_process_cell(
+    service: Service, metrics: Metrics, c: Cell, start: int, args: argparse.Namespace
+) -> str:
+    """``c``'s closed-loop clients calling ``Service.embed`` for ``--duration`` after ``--warmup`` (queues as
+    deep as they get); each thread's CPU and the metrics read at the window's edges."""
+    corpus = load_corpus()
+
+    async def call(n: int) -> Answer:
+        batch = unique_texts(corpus, start + n * c.texts, c.texts)
+        await service.embeddings.embed(batch[0] if c.texts == 1 else batch, EmbedOptions())
+        return Answer(None, c.texts)
+
+    async def edges() -> list[tuple[dict[str, float], dict[str, float]]]:
+        readings = []
+        for wait in (args.warmup, args.duration):
+            await asyncio.sleep(wait)
+            readings.append((thread_cpu(), parse_exposition(generate_latest(metrics.registry).decode())))
+        return readings
+
+    load, ((threads0, before), (threads1, after)) = await asyncio.gather(
+        closed_loop(lambda: nullcontext(call), c.clients, args.duration, args.warmup), edges()
+    )
+    row = Row.of(Measured(c, load, load.client_cpu_s, args.duration, before, after))  # clients and all
+    by_thread = {k: row.per_sentence(v - threads0.get(k, 0.0)) for k, v in sorted(threads1.items())}
+    return IN_PROCESS.row(row, "  ".join(f"{k}: {us:.0f}" for k, us in by_thread.items() if us >= 1))
+
+
+async def run_in_process(args: argparse.Namespace, model: Path) -> None:
+    """``--in-process``: each cell on the service and engine built in this process, no HTTP."""
+    batch = GPU_LIKE if args.gpu_like else {}
+    service, engine = await in_process(
+        Settings(**fields(model, "fp32", 100_000, intra_op_threads=1, **batch))
+    )
+    print(f"engine path: {model}, {'GPU-like' if args.gpu_like else 'CPU default'} batches, cache off")
+    print(IN_PROCESS.header)
+    try:
+        for k, c in enumerate(parse_cells(args.cells)):
+            print(await in_process_cell(service, engine.metrics, c, STRIDE * (k + 1), args), flush=True)
+    finally:
+        engine.stop()
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     quick = f"cells {QUICK_CELLS}, 1.5 s each (CI)"
     p = parser("loadtest.overhead", __doc__, quick, model=None, duration=12.0, warmup=4.0, out=None)
@@ -162,7 +312,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--raw-seconds", type=float, default=3.0, help="least seconds of each raw pass")
     p.add_argument("--workers", type=int, default=1, help="ZHEMBED_WORKERS of the service")
     p.add_argument("--gpu-like", action="store_true", help=f"the batch settings a GPU gets: {GPU_LIKE}")
+    in_process = f"the service and engine alone in this process, no HTTP (default cells {IN_PROCESS_CELLS})"
+    p.add_argument("--in-process", action="store_true", help=in_process)
     args = p.parse_args(argv)
+    if args.in_process:
+        args.cells = args.cells or IN_PROCESS_CELLS
     if args.quick:
         args.cells = args.cells or QUICK_CELLS
         args.duration, args.warmup, args.raw_seconds, args.max_cell_s = 1.5, 0.5, 0.3, 4.0
@@ -174,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     variants = ("fp32",) if args.variant == "fp32" else ("fp32", args.variant)
     with tiny_model(args.model, variants, LAYERS) as model:  # type: ignore[arg-type]
+        if args.in_process:
+            uvloop.run(run_in_process(args, model))
+            return 0
         report = run(args, model)
     bad = [c["label"] for c in report["cells"] if c["errors"] or not c["requests"]]
     if bad:

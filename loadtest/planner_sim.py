@@ -13,15 +13,13 @@ queue: everything pending in one batch, and the split that costs least in all, t
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import numpy as np
 
 from app.engine import planner as planning
 from app.engine.costs import CostModel
 from loadtest.corpus import encode, load_corpus, tokenizer_of, unique_texts
-from loadtest.harness import parser
-from loadtest.raw_onnx import DEFAULT_MODEL
+from loadtest.harness import TWIN, parser
 
 
 def least_in_all(plan: planning.Planner, lengths: np.ndarray, counts: np.ndarray) -> planning.Window:
@@ -99,8 +97,7 @@ def simulate(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser("loadtest.planner_sim", __doc__)
-    p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="whose tokenizer counts the tokens")
+    p = parser("loadtest.planner_sim", __doc__, model=TWIN)  # whose tokenizer counts the tokens
     p.add_argument("--costs", default="8.1,0,1.33,0", help="a,b,c,d in ms (default: 2 AVX2 cores)")
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--budget-ms", type=float, default=196.0, help="the queue-delay budget")

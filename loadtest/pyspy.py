@@ -25,7 +25,7 @@ import uvloop
 
 from loadtest import loadgen
 from loadtest.corpus import HIT_SET, load_corpus, request_bodies
-from loadtest.harness import parser
+from loadtest.harness import TWIN, parser
 from loadtest.harness.report import RESULTS
 from loadtest.harness.service import service_env
 from loadtest.server import HOST, ServiceProcess
@@ -78,12 +78,10 @@ def inclusive_shares(stacks: Path, names: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser("loadtest.pyspy", __doc__)
-    p.add_argument("--model", type=Path, default=Path("models/bert-base-chinese-twin"))
+    p = parser("loadtest.pyspy", __doc__, model=TWIN, seconds=15.0)
     p.add_argument("--variant", default="int8")
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--texts", type=int, default=1)
-    p.add_argument("--seconds", type=float, default=15.0)
     p.add_argument("--rate", type=int, default=250, help="samples per second")
     p.add_argument("--top", type=int, default=8)
     p.add_argument("--cache-hits", action="store_true", help="the bench cache row's 100%%-hit load")

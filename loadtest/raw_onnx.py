@@ -3,11 +3,18 @@ its FLOP count, and the GEMM peak of this machine.
 
     python -m loadtest.raw_onnx [--model DIR] [--variants fp32,int8] [--seconds 2]
     python -m loadtest.raw_onnx --variants int8 --batches 2,4,8 --lengths 256,384,512   # long inputs
+    python -m loadtest.raw_onnx --model build/sparse-twin/model --variants int8 --sparse 8 --seconds 5
 
 The grid times the encoder at batch 1, 8, 32 × sequence 16, 32, 128 (or ``--batches`` × ``--lengths``) and
 prints sentences/s per variant and the int8/fp32 ratio, the variants interleaved within each cell (a
 machine that slows down mid-run slows each alike). Sessions use the service's options and fetch what it
 fetches for a default /embed (``service_output``).
+
+``--sparse N`` times instead where ``/embed_sparse``'s inference goes (:func:`sparse_cost`): the corpus
+sorted by length in batches of N, whole passes for at least ``--seconds``, the encoder and the sparse graph
+apart; it prints each one's ms per batch, the sparse graph's share of both, and the share their FLOPs
+predict (per token: the head's 2·H² + 2·H·V against the encoder's). ``python -m loadtest.bench --routes
+/embed,/embed_sparse`` prints the same line.
 
 The FLOP count (multiply-add = 2 FLOP) of one sequence of ``L`` tokens through ``N`` layers of hidden size
 ``H`` and feed-forward size ``I``:
@@ -38,14 +45,14 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from app.model.manifest import SPARSE_INPUTS, SPARSE_OUTPUT
 from app.model.runtime import CPU
 from app.model.runtime import session_options as service_session_options
-from loadtest.corpus import encode, tokenizer_of
-from loadtest.harness import parser
+from loadtest.corpus import encode, load_corpus, tokenizer_of
+from loadtest.harness import TWIN, parser
 
 LAST_HIDDEN_STATE = "last_hidden_state"
 MEAN_PREFIX = "mean_"  # the encoder's pooled means are mean_{layer} (app/model/manifest.py)
-DEFAULT_MODEL = Path("models/bert-base-chinese-twin")
 T = TypeVar("T")
 
 
@@ -282,14 +289,90 @@ def rates(
     return out
 
 
+@dataclass(frozen=True)
+class SparseCost:
+    """Seconds per batch of the encoder and of the sparse graph, over the same batches."""
+
+    variant: str
+    batch_size: int
+    encoder_ms: float
+    sparse_ms: float
+    flop_share: float  # the sparse graph's share of the FLOPs of both
+    passes: int
+
+    @property
+    def share(self) -> float:
+        """The sparse graph's share of the time of both."""
+        return self.sparse_ms / (self.encoder_ms + self.sparse_ms)
+
+    def line(self) -> str:
+        return (
+            f"sparse head ({self.variant}, batches of {self.batch_size}, {self.passes} passes): encoder "
+            f"{self.encoder_ms:.1f} ms + sparse graph {self.sparse_ms:.1f} ms a batch: {self.share:.1%} of "
+            f"the time (FLOPs predict {self.flop_share:.1%}); /embed_sparse's ceiling ≈ "
+            f"{1 - self.share:.2f} × /embed's"
+        )
+
+
+def head_flops(hidden: int, vocab: int, tokens: int) -> float:
+    """FLOPs of the masked-LM head on ``tokens`` tokens: its transform (H × H) and decoder (H × V)."""
+    return 2.0 * tokens * (hidden * hidden + hidden * vocab)
+
+
+def open_sparse(model_dir: Path, variant: str, provider: str = CPU) -> ort.InferenceSession | None:
+    """The sparse graph's session of ``variant``, beside the encoder as the service runs it; None when the
+    export has none."""
+    spec = manifest(model_dir)["graphs"].get("sparse", {}).get(variant)
+    return None if spec is None else open_graph(model_dir / spec["file"], 0, provider, sessions=2)
+
+
+def sparse_cost(
+    model_dir: Path, variant: str, ids: list[np.ndarray], batch_size: int, min_seconds: float
+) -> SparseCost | None:
+    """Where ``/embed_sparse``'s inference time goes: the encoder and the sparse graph (the masked-LM head on
+    every real token, a GEMM as wide as the vocabulary, then SPLADE's pooling) timed apart, each batch
+    running the encoder, then the sparse graph on its last hidden state, as the engine does, on
+    :func:`whole_passes` over ``ids``
+    in length-sorted batches of ``batch_size``; None without a sparse graph."""
+    sparse = open_sparse(model_dir, variant)
+    if sparse is None:
+        return None
+    encoder = open_encoder(model_dir, variant, sessions=2)
+    shape = shape_of(model_dir)
+    encoder_flops = sum(shape.flops(len(x)) for x in ids)
+    sparse_flops = head_flops(shape.hidden, int(sparse.get_outputs()[0].shape[1]), sum(len(x) for x in ids))
+
+    def one(batch: dict[str, np.ndarray]) -> tuple[float, float]:
+        t0 = time.perf_counter()
+        (hidden,) = encoder.run([LAST_HIDDEN_STATE], batch)
+        t1 = time.perf_counter()
+        sparse.run([SPARSE_OUTPUT], dict(zip(SPARSE_INPUTS, (hidden, batch["attention_mask"]), strict=True)))
+        return t1 - t0, time.perf_counter() - t1
+
+    times, passes = whole_passes(sorted_batches(ids, batch_size), one, min_seconds)
+    encoder_s, sparse_s = np.mean(times, axis=0)
+    flop_share = sparse_flops / (encoder_flops + sparse_flops)
+    return SparseCost(variant, batch_size, 1e3 * float(encoder_s), 1e3 * float(sparse_s), flop_share, passes)
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = parser("loadtest.raw_onnx", __doc__)
-    p.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    p = parser("loadtest.raw_onnx", __doc__, model=TWIN, seconds=2.0)
     p.add_argument("--variants", default=None, help="comma-separated; default: fp32,int8 where present")
-    p.add_argument("--seconds", type=float, default=2.0, help="timing budget per cell")
     p.add_argument("--batches", default="1,8,32", help="batch sizes of the grid, comma-separated")
     p.add_argument("--lengths", default="16,32,128", help="sequence lengths of the grid, comma-separated")
+    p.add_argument("--sparse", type=int, metavar="N", help="the sparse graph's cost in batches of N instead")
     args = p.parse_args(argv)
+    if args.sparse:
+        variant = args.variants.split(",")[0] if args.variants else "int8"
+        ids = encode(tokenizer_of(args.model), load_corpus())
+        cost = sparse_cost(args.model, variant, ids, args.sparse, args.seconds)
+        if cost is None:
+            print(
+                f"{args.model} has no {variant} sparse graph (python -m export --sparse max)", file=sys.stderr
+            )
+            return 1
+        print(cost.line())
+        return 0
     present = variants_in(args.model)
     wanted = args.variants.split(",") if args.variants else [v for v in ("fp32", "int8") if v in present]
     missing = [v for v in wanted if v not in present]

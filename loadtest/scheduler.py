@@ -30,12 +30,12 @@ import uvloop
 
 from loadtest import loadgen
 from loadtest.corpus import load_corpus, unique_texts
-from loadtest.harness import parser
+from loadtest.harness import TWIN, parser
 from loadtest.harness.cell import STRIDE, Cell, closed_loops, distinct_bodies, parse_cells
 from loadtest.harness.report import RESULTS, Row, mark, write_json
 from loadtest.harness.service import service_env
 from loadtest.quick_model import tiny_model
-from loadtest.raw_onnx import DEFAULT_MODEL, ceiling
+from loadtest.raw_onnx import ceiling
 from loadtest.server import HOST, ServiceProcess, scrape
 
 QUEUED = "zhembed_queue_duration_seconds_count"
@@ -263,18 +263,14 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser("loadtest.scheduler", __doc__)
-    p.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    quick = "a tiny model and short cells (a CI test)"
+    p = parser("loadtest.scheduler", __doc__, quick, model=TWIN, duration=20.0, warmup=3.0, out=None)
     p.add_argument("--variant", default="int8")
     p.add_argument("--today", type=Path, default=None, help="another checkout to measure as today's")
     p.add_argument("--today-all", action="store_true", help="today's 32x1 and 8x16 too")
-    p.add_argument("--duration", type=float, default=20.0, help="measured seconds per cell")
-    p.add_argument("--warmup", type=float, default=3.0, help="seconds of load before each cell counts")
     p.add_argument("--raw-texts", type=int, default=320, help="texts of each raw pass")
     p.add_argument("--raw-seconds", type=float, default=5.0, help="least seconds of raw passes per size")
     p.add_argument("--background", type=parse_cells, default="64x32", help="clients x texts, at u=7")
-    p.add_argument("--quick", action="store_true", help="a tiny model and short cells (a CI test)")
-    p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     if args.quick:
         args.duration, args.warmup, args.raw_texts, args.raw_seconds = 1.5, 0.5, 64, 0.2

@@ -17,8 +17,8 @@ from app.model.manifest import TokenizerInfo
 
 # encode_batch on one thread, the calling one: by default it fans out over a Rayon pool of a thread per
 # core whose threads spin while they wait, and the service batches across requests already. Measured
-# (python -m loadtest.engine_path, 2 cores, 8 x 32): the pool burnt ~49 µs of CPU per sentence beside
-# the tokenisation thread's 9; encoding on that thread alone costs ~47 in all, and more so where there
+# (python -m loadtest.overhead --in-process, 2 cores, 8 x 32): the pool burnt ~49 µs of CPU per sentence
+# beside the tokenisation thread's 9; encoding on that thread alone costs ~47 in all, and more so where there
 # are more cores to spin. Read by tokenizers at each call, before its first parallel one; an operator's
 # own TOKENIZERS_PARALLELISM wins.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

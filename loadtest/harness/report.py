@@ -79,7 +79,7 @@ class Row:
     session_run_s: float = NAN  # the inference thread's CPU inside Session.run
     inference_wall_s: float = NAN  # the wall time inside Session.run, summed over workers
     workers_ready: float = NAN
-    tokenize_us: float = NAN  # the floor (loadtest.floor), per sentence
+    tokenize_us: float = NAN  # the floor (loadtest.overhead.floor), per sentence
     write_us: float = NAN
     useful_gflops: float | None = None
     peak_share: float | None = None

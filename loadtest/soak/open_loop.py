@@ -16,6 +16,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterator
 
 import numpy as np
+import psutil
 
 from loadtest import loadgen, procs
 from loadtest.loadgen import BodyFactory
@@ -157,7 +158,7 @@ class OpenLoop:
             try:
                 # in a thread: reading page tables takes milliseconds the senders should not wait for
                 tree = await asyncio.to_thread(self.svc.processes)
-            except OSError:  # the service itself is gone
+            except psutil.NoSuchProcess:  # the service itself is gone
                 self.stopped = True
                 assert self.svc.proc is not None
                 self.exit_code = self.svc.proc.wait()
@@ -175,7 +176,7 @@ class OpenLoop:
             return
         slot, pid = live[0]
         ports: set[int] = set()
-        with contextlib.suppress(OSError):  # a zombie's sockets
+        with contextlib.suppress(psutil.Error):  # a zombie's sockets
             ports = procs.peer_ports(pid, self.svc.port)
         on_it = sorted(n for conn, n in self.busy.items() if conn.local_port in ports)
         os.kill(pid, signal.SIGKILL)

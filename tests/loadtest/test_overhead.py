@@ -1,4 +1,5 @@
-"""``python -m loadtest.overhead --quick`` runs end to end on the tiny model, and its numbers hang together.
+"""``python -m loadtest.overhead --quick`` runs end to end on the tiny model, and its numbers hang together;
+``--in-process`` runs the service and engine in-process, no HTTP.
 No timing thresholds: the targets live in the benchmark's PASS/MISS lines, not here."""
 
 from __future__ import annotations
@@ -10,10 +11,9 @@ from pathlib import Path
 import pytest
 
 from app.settings import Settings
-from loadtest.floor import floor
 from loadtest.harness.cell import parse_cells
 from loadtest.harness.report import Row
-from loadtest.overhead import targets
+from loadtest.overhead import floor, targets
 from tests.loadtest.conftest import run_module
 
 
@@ -75,3 +75,17 @@ def test_gpu_like_targets_are_the_machinery_at_64_and_256_clients() -> None:
     assert any(
         line.startswith("  [n/a ] machinery <= 60 us/sentence at 8x32 (CPU defaults)") for line in lines
     )
+
+
+@pytest.mark.slow  # exports a 4-layer tiny model: ~15 s on 2 cores
+def test_in_process_each_cell_splits_the_cpu_into_the_model_and_the_rest(tmp_path: Path) -> None:
+    model, cells = str(tmp_path / "model"), "4x8,8x1"
+    args = ("--in-process", "--model", model, "--cells", cells, "--duration", "1", "--warmup", "0.25")
+    stdout = run_module("loadtest.overhead", *args)
+    for label in ("4x8", "8x1"):
+        row = re.search(rf"^{label}\s+(\d+)\s+([\d.]+)\s+(\d+)\s+(\d+)\s+(-?\d+)\s+(.*)$", stdout, re.M)
+        assert row is not None, stdout
+        rate, batch, total, in_run, outside = (float(row[k]) for k in range(1, 6))
+        assert rate > 0 and batch >= 1 and in_run > 0
+        assert total == pytest.approx(in_run + outside, abs=1.5)  # each rounded on its own
+        assert "zhembed-inference:" in row[6]  # the inference thread's CPU, by name
