@@ -9,6 +9,7 @@ hundred bytes rather than the vocabulary's 84 KB; ``top_k`` is applied after it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,12 +25,15 @@ from app.tasks.prepare import from_encodings, text_problems
 TOO_LONG_SPARSE = "send truncate: true to keep its start (truncation_direction left keeps its end)"
 
 
-# SparseVector.largest's cut: one weight in SAMPLE_STRIDE is sampled (one in four of a float32 row's
-# 64-byte lines), and the sample's weight ranked at twice the share of it the k largest are expected to
-# have, plus SAMPLE_MARGIN, becomes the cut. Fewer than k weights at or above it (for k = 256 of 21,128
-# weights in random order, about one row in 10^5) only costs the pass over every non-zero it saves.
-SAMPLE_STRIDE = 64
-SAMPLE_MARGIN = 8
+# The k largest of many weights (_sampled_largest): one weight in SAMPLE_STRIDE is sampled, and the
+# sample's weight ranked SAMPLE_SIGMAS standard deviations (and SAMPLE_MARGIN) past the e of the k largest
+# it holds on average (about Poisson(e)) becomes a cut; only the weights at or above it are ranked (about
+# 2k of a row, not its ~20,000 non-zeros). Fewer than k of them (in random order, under one row in 10^4
+# for any k) only costs the full pass the cut saves. A sparser sample or a looser cut measured slower: the
+# pass that picks the weights above the cut costs more the more it picks.
+SAMPLE_STRIDE = 8
+SAMPLE_SIGMAS = 4.0
+SAMPLE_MARGIN = 2
 
 
 @dataclass(frozen=True)
@@ -51,31 +55,20 @@ class SparseVector:
     @staticmethod
     def largest(vector: np.ndarray, k: int | None) -> SparseVector:
         """``SparseVector.of(vector).top(k)`` (the same entries, ties to the lower index) without picking
-        every non-zero: only the weights at or above a cut sampled from ``vector`` are ranked, when there
-        are at least ``k`` of them (else it falls back on :meth:`of` and :meth:`top`).
-
-        Args:
-            vector: a dense [vocab] float32 vector.
-            k: how many of its largest non-zero weights to keep; all with None.
-        """
-        if k is not None:
-            sample = vector[::SAMPLE_STRIDE]
-            m = len(sample)
-            rank = 2 * -(-k * m // len(vector)) + SAMPLE_MARGIN  # twice ⌈k's expected share⌉, and more
-            if rank < m:
-                cut = np.partition(sample, m - rank)[m - rank]
-                if cut > 0:  # so every candidate is a non-zero
-                    candidates = np.flatnonzero(vector >= cut)
-                    if len(candidates) >= k:  # so the k largest are all among them
-                        kept = candidates[_largest(vector.take(candidates), k)]
-                        return SparseVector(kept.astype(np.int32), vector.take(kept))
-        return SparseVector.of(vector).top(k)
+        every non-zero of the dense [vocab] float32 ``vector``: see :func:`_sampled_largest` (else it
+        falls back on :meth:`of` and :meth:`top`)."""
+        kept = None if k is None else _sampled_largest(vector, k)
+        if kept is None:
+            return SparseVector.of(vector).top(k)
+        return SparseVector(kept.astype(np.int32), vector.take(kept))
 
     def top(self, k: int | None) -> SparseVector:
         """The ``k`` largest weights (ties: the lower index), still in index order; all with None."""
         if k is None or k >= len(self.values):
             return self
-        kept = _largest(self.values, k)
+        kept = _sampled_largest(self.values, k)
+        if kept is None:
+            kept = _largest(self.values, k)
         return SparseVector(self.indices[kept], self.values[kept])
 
 
@@ -90,6 +83,25 @@ def _largest(values: np.ndarray, k: int) -> np.ndarray:
     above = np.flatnonzero(values > kth)
     ties = np.flatnonzero(values == kth)[: k - len(above)]  # ascending: the lower positions
     return np.sort(np.concatenate([above, ties]))
+
+
+def _sampled_largest(values: np.ndarray, k: int) -> np.ndarray | None:
+    """:func:`_largest`'s positions, ranking only the weights at or above a cut sampled from ``values``
+    (see SAMPLE_STRIDE); None where the cut is not above 0 (weights of 0 are no answer's) or leaves
+    fewer than ``k``."""
+    sample = values[::SAMPLE_STRIDE]
+    m = len(sample)
+    e = k * m / len(values)
+    rank = math.ceil(e + SAMPLE_SIGMAS * math.sqrt(e)) + SAMPLE_MARGIN
+    if rank >= m:
+        return None
+    cut = np.partition(sample, m - rank)[m - rank]
+    if not cut > 0:
+        return None
+    candidates = np.flatnonzero(values >= cut)
+    if len(candidates) < k:
+        return None
+    return candidates[_largest(values.take(candidates), k)]  # the k largest are all among them
 
 
 def top_rows(vectors: np.ndarray, k: int | None) -> list[SparseVector]:

@@ -10,6 +10,21 @@ from app.errors import ValidationFailed
 from app.tasks.sparse import SAMPLE_STRIDE, SparseVector, check_top_k, pack, top_rows, unpack
 
 
+def same(got: SparseVector, want: SparseVector) -> None:
+    """``got`` holds ``want``'s entries, bit for bit, as int32 indices and float32 weights."""
+    assert got.indices.dtype == np.int32 and got.values.dtype == np.float32
+    assert got.indices.tolist() == want.indices.tolist()
+    assert got.values.tolist() == want.values.tolist()
+
+
+def dense_rows(seed: int, n: int = 6, vocab: int = 21128) -> np.ndarray:
+    """``n`` SPLADE-like rows: mostly non-zero (as the random-weight twin's), a few weights repeated."""
+    rng = np.random.default_rng(seed)
+    rows = np.maximum(rng.normal(size=(n, vocab)), 0).astype(np.float32)
+    rows[:, rng.choice(vocab, 40, replace=False)] = rows[0, 5]  # ties, also at the k-th for some k
+    return rows
+
+
 def test_a_vector_packs_to_its_non_zero_entries_and_back() -> None:
     vector = np.zeros(21128, np.float32)
     vector[[3, 17, 21127]] = [0.5, 2.25, 1e-6]
@@ -44,26 +59,29 @@ def test_top_k_keeps_what_a_stable_sort_by_weight_keeps(seed: int) -> None:
         assert top.values.tolist() == values[kept].tolist()
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_top_k_of_many_weights_keeps_what_a_stable_sort_keeps(seed: int) -> None:
+    """~19,000 weights, as the twin's rows have (where top ranks only those above a sampled cut): all
+    distinct, few distinct (ties at the k-th), and the largest all in the sample (the cut's fallback)."""
+    rng = np.random.default_rng(seed)
+    n = 19_000
+    values = [
+        rng.random(n, np.float32) + np.float32(0.01),
+        rng.integers(1, 50, n).astype(np.float32),
+        np.where(np.arange(n) % SAMPLE_STRIDE == 0, 2.0 + rng.random(n), rng.random(n)).astype(np.float32),
+    ][seed % 3]
+    v = SparseVector(np.sort(rng.choice(21128, n, replace=False)).astype(np.int32), values)
+    for k in (1, 5, 256, 3000, n - 1):
+        kept = np.sort(np.argsort(-values, kind="stable")[:k])
+        same(v.top(k), SparseVector(v.indices[kept], values[kept]))
+
+
 @pytest.mark.parametrize("k", [0, -3])
 def test_a_top_k_under_one_is_refused(k: int) -> None:
     with pytest.raises(ValidationFailed, match=rf"top_k must be at least 1 .* not {k}"):
         check_top_k(k)
     check_top_k(None)
     check_top_k(1)
-
-
-def same(got: SparseVector, want: SparseVector) -> None:
-    assert got.indices.dtype == np.int32 and got.values.dtype == np.float32
-    assert got.indices.tolist() == want.indices.tolist()
-    assert got.values.tolist() == want.values.tolist()
-
-
-def dense_rows(seed: int, n: int = 6, vocab: int = 21128) -> np.ndarray:
-    """``n`` SPLADE-like rows: mostly non-zero (as the random-weight twin's), a few weights repeated."""
-    rng = np.random.default_rng(seed)
-    rows = np.maximum(rng.normal(size=(n, vocab)), 0).astype(np.float32)
-    rows[:, rng.choice(vocab, 40, replace=False)] = rows[0, 5]  # ties, also at the k-th for some k
-    return rows
 
 
 @pytest.mark.parametrize("seed", range(4))
