@@ -10,8 +10,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import orjson
 
 from app.tasks.options import Encoding, FloatEncoding
+from app.tasks.sparse import SparseVector
 
 
 def encode_vectors(
@@ -74,3 +76,36 @@ def binary_vectors(vectors: np.ndarray, signed: bool) -> np.ndarray:
 def encode_rows(rows: np.ndarray, encoding: FloatEncoding) -> np.ndarray | list[Any]:
     """Each row of [tokens, width] in the requested encoding (see :func:`encode_vectors`)."""
     return encode_vectors(rows, encoding)
+
+
+_SPARSE_START, _SPARSE_VALUE, _SPARSE_NEXT, _SPARSE_END = b'[{"index":', b',"value":', b'},{"index":', b"}]"
+
+
+def sparse_json(vectors: Sequence[SparseVector]) -> bytes:
+    """TEI's /embed_sparse answer as JSON: per vector its entries as ``{"index": i, "value": v}``, in
+    index order, each value in the shortest form that reads back as the same float32 (as
+    :func:`encode_vectors`' ``float`` writes them).
+
+    orjson writes each vector's indices and values as two arrays; their numbers are spliced into the
+    entries' text, so that no dict or Python number is made per entry (on 256 entries two thirds of the time
+    of a list of dicts through ``orjson.dumps``).
+    """
+    return b"[" + b",".join([_sparse_entries(v.indices, v.values) for v in vectors]) + b"]"
+
+
+def _sparse_entries(indices: np.ndarray, values: np.ndarray) -> bytes:
+    """One vector's ``[{"index": i, "value": v}, ...]``."""
+    n = len(indices)
+    if n == 0:
+        return b"[]"
+    parts = [_SPARSE_VALUE] * (4 * n)  # index, ',"value":', value, '},{"index":' for each entry
+    parts[0::4] = _numbers(indices)
+    parts[2::4] = _numbers(values)
+    parts[3::4] = [_SPARSE_NEXT] * n
+    parts[-1] = _SPARSE_END
+    return _SPARSE_START + b"".join(parts)
+
+
+def _numbers(array: np.ndarray) -> list[bytes]:
+    """The JSON text of each number of a 1-d array, as orjson writes it."""
+    return orjson.dumps(np.ascontiguousarray(array), option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].split(b",")

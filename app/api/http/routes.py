@@ -10,7 +10,7 @@ import orjson
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from app.api.encoding import encode_rows, encode_vectors
+from app.api.encoding import encode_rows, encode_vectors, sparse_json
 from app.api.errors import openapi_responses
 from app.api.http.disconnect import unless_disconnected
 from app.api.schemas.embeddings import (
@@ -40,7 +40,6 @@ from app.tasks.info import describe_all
 from app.tasks.models import Models
 from app.tasks.options import FloatEncoding
 from app.tasks.service import Service, Timings, TokenVectors
-from app.tasks.sparse import SparseVector
 from app.telemetry.metrics import CONTENT_TYPE, Metrics
 
 router = APIRouter()
@@ -117,7 +116,11 @@ def json_response(payload: Any, timings: Timings | None = None) -> JSONAnswer:
 
     The headers as Starlette would write them, in its order: the timings, then length and type.
     """
-    body = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
+    return json_body(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), timings)
+
+
+def json_body(body: bytes, timings: Timings | None = None) -> JSONAnswer:
+    """``body``, JSON already, with the headers of :func:`json_response`."""
     headers = timing_headers(timings) if timings is not None else []
     headers.append((b"content-length", b"%d" % len(body)))
     headers.append(_CONTENT_TYPE)
@@ -184,14 +187,6 @@ async def root(body: RootRequest, request: Request, service: ServiceDep) -> Resp
     return json_response(encode_vectors(answer.value, body.encoding), answer.timings)
 
 
-def sparse_payload(vectors: list[SparseVector]) -> list[list[dict[str, float]]]:
-    """TEI's /embed_sparse answer: per input its non-zero weights as ``{"index", "value"}``, by index."""
-    return [
-        [{"index": i, "value": v} for i, v in zip(x.indices.tolist(), x.values.tolist(), strict=True)]
-        for x in vectors
-    ]
-
-
 @router.post(
     "/embed_sparse",
     response_model=EmbedSparseResponse,
@@ -202,7 +197,7 @@ async def embed_sparse(body: EmbedSparseRequest, request: Request, service: Serv
     answer = await unless_disconnected(
         request, service.sparse.embed_sparse(body.inputs, body.long_text(), body.direction(), body.top_k)
     )
-    return json_response(sparse_payload(answer.value), answer.timings)
+    return json_body(sparse_json(answer.value), answer.timings)
 
 
 @router.post(

@@ -10,8 +10,9 @@ import numpy as np
 import orjson
 import pytest
 
-from app.api.encoding import binary_vectors, encode_rows, encode_vectors
+from app.api.encoding import binary_vectors, encode_rows, encode_vectors, sparse_json
 from app.tasks.options import Encoding
+from app.tasks.sparse import SparseVector
 
 
 def encode_vector(vector: np.ndarray, encoding: Encoding) -> np.ndarray | str | dict[str, object]:
@@ -133,3 +134,37 @@ def test_ubinary_bits_are_the_signs_big_end_first() -> None:
     assert ubinary == [0b10100110, 0b10000000]  # the ninth bit starts a second byte, padded with 0s
     (binary,) = binary_vectors(v, signed=True).tolist()
     assert binary == [0b10100110 - 128, 0b10000000 - 128]
+
+
+def test_sparse_json_is_tei_entries_each_value_the_same_float32() -> None:
+    """/embed_sparse's body: per vector ``[{"index", "value"}, ...]`` in index order, an empty vector as
+    ``[]``, each weight in its shortest form that reads back bit for bit."""
+    rng = np.random.default_rng(0)
+    values = np.concatenate([[0.1, 1e-8, 123456.78, 3.0], rng.random(300)]).astype(np.float32)
+    indices = np.sort(rng.choice(21128, len(values), replace=False)).astype(np.int32)
+    vectors = [
+        SparseVector(indices, values),
+        SparseVector(np.empty(0, np.int32), np.empty(0, np.float32)),
+        SparseVector(np.array([7], np.int32), np.array([2.5], np.float32)),
+    ]
+    text = sparse_json(vectors)
+    back = orjson.loads(text)
+    assert back[1] == [] and back[2] == [{"index": 7, "value": 2.5}]
+    assert [list(e) for e in back[0]] == [["index", "value"]] * len(values)
+    assert [e["index"] for e in back[0]] == indices.tolist()
+    np.testing.assert_array_equal(np.array([e["value"] for e in back[0]], np.float32), values)
+    assert text.startswith(b'[[{"index":%d,"value":0.1},' % indices[0])
+
+
+def test_sparse_json_equals_a_list_of_dicts_through_orjson() -> None:
+    """The same JSON as orjson writes for the entries as dicts with float32 weights."""
+    rng = np.random.default_rng(1)
+    vectors = [
+        SparseVector(np.sort(rng.choice(50, n, replace=False)).astype(np.int32), rng.random(n, np.float32))
+        for n in (1, 2, 17, 50)
+    ]
+    dicts = [
+        [{"index": int(i), "value": v} for i, v in zip(x.indices, x.values, strict=True)] for x in vectors
+    ]
+    assert sparse_json(vectors) == orjson.dumps(dicts, option=orjson.OPT_SERIALIZE_NUMPY)
+    assert sparse_json([]) == b"[]"

@@ -18,6 +18,7 @@ from export.validate import SPARSE_RELATIVE_FLOOR, SPARSE_RTOL, sparse_agreement
 from loadtest.corpus import load_corpus
 from loadtest.sparse_twin import mixed_lengths
 from tests.app.api.rpc.grpc_process import Server, post, rpc_error, start_grpc_server, stop_grpc_server
+from tests.app.conftest import serve_model
 
 TEXTS = [
     "你好",
@@ -95,6 +96,21 @@ def test_a_repeated_text_comes_from_the_cache_as_it_was_first_answered(sparse_se
     assert hits() == before + 1  # one lookup: the repeat within the request is the same key
     # Another key space than /embed's: the dense vector of the same text is not served from it.
     assert len(post(sparse_server, "/embed", {"inputs": text})[0]) == 64
+
+
+def test_without_the_cache_the_answers_are_the_same(
+    sparse_server: Server, tiny_sparse_encoder: tuple[Path, Path]
+) -> None:
+    """A server without the cache takes ``top_k`` straight from the dense rows (nothing packed): the same
+    bytes as the cached server's, a repeated text included, with and without ``top_k``."""
+    texts = [TEXTS[1], TEXTS[2], TEXTS[1], TEXTS[4]]
+    for running in serve_model(tiny_sparse_encoder[1], cache_bytes=0):
+        for extra in ({}, {"top_k": 8}, {"top_k": 1}, {"top_k": 10**6}):
+            body = {"inputs": texts, **extra}
+            got = httpx.post(running.url + "/embed_sparse", json=body, timeout=60)
+            assert got.status_code == 200, got.text
+            want = httpx.post(sparse_server.url + "/embed_sparse", json=body, timeout=60)
+            assert got.content == want.content, extra
 
 
 def test_tei_embed_sparse_and_its_stream_equal_the_http_route(
