@@ -25,12 +25,13 @@ handed to each offer), so a background client of the embedder costs an interacti
 budget's wait.
 
 **A cheap batch runs beside a long one.** One batch at a time makes a tagger's 1 ms batch wait out the
-embedder's 40 ms one; a process per model would not (the OS would give the tagger a core at once). So a
-second thread, the *express* one, serves only while the inference thread runs a batch: it runs, beside
-it, a due batch of another model that is at least as urgent and modelled to take at most
+embedder's 40 ms one; a process per model would not (the OS would give the tagger a core at once). So
+*express* threads, one per model but one, serve only while the inference thread runs a batch: each runs,
+beside it, a due batch of another model that is at least as urgent and modelled to take at most
 ``express_share`` of the batch in progress (both by their own models' measured costs), chosen as above.
-The cores are then shared for at most about that share of the long batch's time; a model's queue hands
-out one batch at a time, so no model runs on both threads at once. ``express_share`` 0: one thread only.
+The cores are then shared only for such short batches; a model's queue hands out one batch at a time, so
+no model runs on two threads at once (with one thread per model but one, no express thread waits for a
+model while another model's batch is due). ``express_share`` 0: the inference thread only.
 
 Every queue shares the scheduler's lock and condition and its :class:`~app.engine.clock.Clock`: an
 arrival at any of them wakes the threads when it may change a decision. A thread's previous batch is done
@@ -85,28 +86,24 @@ def rank(offer: Offer) -> tuple[float, ...]:
     return (0.0, offer.window.efficiency, -offer.oldest.enqueued_at)
 
 
-MAIN, EXPRESS = 0, 1  # the two threads, as keys of what each runs
+MAIN, EXPRESS = 0, 1  # the inference thread and the first express one, as keys of what each runs
 
 
 class Scheduler:
     def __init__(self, clock: Clock | None = None, trim_every: int = 0, express_share: float = 0.0) -> None:
         """``clock``: what every queue reads the time from and waits through (default: real time);
         ``trim_every``: the inference thread's batches between two trims of the C heap (0: none);
-        ``express_share``: the longest batch the express thread runs beside the inference thread's, as
-        a share of that batch's modelled time (0: no express thread)."""
+        ``express_share``: the longest batch an express thread runs beside the inference thread's, as a
+        share of that batch's modelled time (0: no express threads)."""
         self.cond = threading.Condition()
         self.clock = clock or Clock()
         self.lanes: list[Lane] = []
         self.trimmer = allocator.Trimmer(trim_every)
         self.express_share = express_share
         self._stopped = False
-        self._running: dict[int, Running] = {}  # by thread (MAIN, EXPRESS): the batch it runs
+        self._running: dict[int, Running] = {}  # by thread (MAIN, then 1, 2, … express): what it runs
         self._waiting = 0  # threads waiting on the condition
         self._threads = [threading.Thread(target=self._run, name="zhembed-inference", daemon=True)]
-        if express_share > 0:
-            self._threads.append(
-                threading.Thread(target=self._run_express, name="zhembed-express", daemon=True)
-            )
 
     def add(self, name: str, batcher: Batcher, inference: Inference) -> None:
         """Serve ``batcher``'s batches with ``inference`` (before :meth:`start`); the queue must have been
@@ -120,7 +117,18 @@ class Scheduler:
         """How many of its threads wait for a batch to become due."""
         return self._waiting
 
+    @property
+    def express_threads(self) -> int:
+        """How many express threads it started."""
+        return len(self._threads) - 1
+
     def start(self) -> None:
+        """Start the inference thread and, with an ``express_share``, an express thread per model but one."""
+        if self.express_share > 0:
+            for k in range(1, len(self.lanes)):
+                self._threads.append(
+                    threading.Thread(target=self._run_express, args=(k,), name="zhembed-express", daemon=True)
+                )
         for thread in self._threads:
             thread.start()
 
@@ -141,8 +149,8 @@ class Scheduler:
             lane.inference.serve(batch)
             self.trimmer.after_batch()
 
-    def _run_express(self) -> None:
-        while (picked := self.next_express()) is not None:
+    def _run_express(self, k: int) -> None:
+        while (picked := self.next_express(k)) is not None:
             lane, batch = picked
             lane.inference.serve(batch)
 
@@ -176,12 +184,13 @@ class Scheduler:
                 waited.update(i for i, _ in top)
                 self._wait(min(offer.due_at for _, offer in top) - now)
 
-    def next_express(self) -> tuple[Lane, list[Seq]] | None:
-        """The express thread's next batch and its lane: block until, while the inference thread runs a
+    def next_express(self, k: int = EXPRESS) -> tuple[Lane, list[Seq]] | None:
+        """Express thread ``k``'s next batch and its lane: block until, while the inference thread runs a
         batch, another model's due batch at least as urgent fits in ``express_share`` of that batch's
-        modelled time (None once stopped). Its previous batch is done."""
+        modelled time and no other thread runs that model (None once stopped). Its previous batch is
+        done."""
         with self.cond:
-            self._done(EXPRESS)
+            self._done(k)
             while True:
                 if self._stopped:
                     return None
@@ -202,7 +211,7 @@ class Scheduler:
                 ]
                 due = [(i, offer) for i, offer in fits if offer.due]
                 if due:
-                    return self._take(EXPRESS, max(due, key=lambda pair: rank(pair[1])), False)
+                    return self._take(k, max(due, key=lambda pair: rank(pair[1])), False)
                 self._wait(min(offer.due_at for _, offer in fits) - now if fits else None)
 
     def _take(self, thread: int, pick: tuple[int, Offer], waited: bool) -> tuple[Lane, list[Seq]]:
@@ -210,7 +219,7 @@ class Scheduler:
         i, offer = pick
         lane = self.lanes[i]
         lane.batches += 1
-        lane.batcher.stats.beside += thread == EXPRESS
+        lane.batcher.stats.beside += thread != MAIN
         self._running[thread] = Running(i, offer.batcher.seconds(offer.window), offer.level)
         if thread == MAIN and self.express_share > 0:
             self.cond.notify_all()  # the express thread may now run something beside it

@@ -217,9 +217,9 @@ class Settings(BaseSettings):
         ge=0,
         le=1,
         description="With several models: while one model's batch runs, another's due batch at least as "
-        "urgent runs beside it on a second thread if modelled to take at most this share of the running "
-        "batch's time (so a tagger's 1 ms batch need not wait out an embedder's 40 ms one); 0: one batch "
-        "at a time.",
+        "urgent runs beside it on an express thread (one per model but one) if modelled to take at most "
+        "this share of the running batch's time (so a tagger's 1 ms batch need not wait out an embedder's "
+        "40 ms one); 0: one batch at a time.",
     )
 
     # --- limits --------------------------------------------------------------------------------------

@@ -215,9 +215,9 @@ def test_a_queue_on_another_condition_is_refused() -> None:
         scheduler.add("x", alone, Served())  # type: ignore[arg-type]
 
 
-def express(scheduler: Scheduler) -> tuple[str, int]:
-    """The lane whose batch the express thread runs next, and its size."""
-    got = scheduler.next_express()
+def express(scheduler: Scheduler, k: int = 1) -> tuple[str, int]:
+    """The lane whose batch express thread ``k`` runs next, and its size."""
+    got = scheduler.next_express(k)
     assert got is not None
     lane, batch = got
     return lane.name, len(batch)
@@ -292,3 +292,18 @@ def test_a_model_runs_on_one_thread_at_a_time() -> None:
     q["b"].submit([seq(clock, 10, age_s=1.0)])  # past its budget: the inference thread would take it
     assert picked(scheduler) == ("a", 8)
     assert express(scheduler) == ("b", 1)  # b's first batch done: its next runs beside a's second
+
+
+def test_each_other_model_may_run_beside_the_long_batch_on_an_express_thread_of_its_own() -> None:
+    clock = FakeClock()
+    scheduler, q, _ = two(clock, express_share=0.25)
+    c = Batcher(10_000, 8, 0.0, 1000, Metrics(), costs=CPU_LIKE, clock=clock, cond=scheduler.cond)
+    scheduler.add("c", c, Served())  # type: ignore[arg-type]
+    each(q["a"], [seq(clock, 100) for _ in range(8)])
+    assert picked(scheduler) == ("a", 8)
+    q["b"].submit([seq(clock, 10)])
+    c.submit([seq(clock, 12)])
+    assert {express(scheduler, 1), express(scheduler, 2)} == {("b", 1), ("c", 1)}
+    scheduler.start()  # and it starts one express thread per model but one
+    scheduler.stop()
+    assert scheduler.express_threads == 2
