@@ -38,7 +38,6 @@ of the class served, and cancelled sequences are swept out only when a request i
 
 from __future__ import annotations
 
-import math
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -48,7 +47,7 @@ import numpy as np
 from app.engine.clock import Clock
 from app.engine.costs import CostModel, Refitter
 from app.engine.pending import BatchStats, Offer, Pending, pending_lengths
-from app.engine.planner import Planner, Window
+from app.engine.planner import Planner
 from app.engine.priority import URGENCIES
 from app.engine.work import Seq
 from app.telemetry.metrics import Metrics
@@ -148,11 +147,6 @@ class Batcher:
         if self._scale is None:
             return float("inf")
         return DERIVED_BUDGET_BATCHES * self.planner.full_batch_cost(self._mean_length) * self._scale
-
-    def seconds(self, window: Window) -> float:
-        """The modelled time of a planned batch, in seconds (infinite while the constant model has no
-        scale yet)."""
-        return window.cost * self._scale if self._scale is not None else math.inf
 
     def submit(self, sequences: list[Seq]) -> None:
         """Queue one job's sequences (they share its urgency)."""
@@ -261,8 +255,9 @@ class Batcher:
         due_at = oldest.enqueued_at + self.max_wait_s
         due = full or due_at <= now or not self.company_expected()
         level = group[0].urgency - int((now - group[0].since) / self.aging_s)
+        seconds = window.cost * self._scale if self._scale is not None else float("inf")
         return Offer(
-            self, now, group, aged, oldest, lengths, counts, window, overdue, cap, due, due_at, level
+            self, now, group, aged, oldest, lengths, counts, window, overdue, cap, due, due_at, level, seconds
         )
 
     def cut(self, offer: Offer, waited: bool) -> list[Seq]:

@@ -73,7 +73,8 @@ class Offer:
 
     ``level``: the urgency it serves, after aging (lower runs first); ``due``: it runs now (full, past the
     company wait, or nobody else coming), else at ``due_at`` at the latest; ``overdue``: it holds an input
-    past its queue-delay budget; ``window.efficiency``: the share of its modelled cost that is useful work.
+    past its queue-delay budget; ``window.efficiency``: the share of its modelled cost that is useful work;
+    ``seconds``: its modelled time (infinite while the constant model has no scale yet).
     """
 
     batcher: Batcher
@@ -89,3 +90,4 @@ class Offer:
     due: bool
     due_at: float
     level: int
+    seconds: float

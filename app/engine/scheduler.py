@@ -206,8 +206,7 @@ class Scheduler:
                 fits = [
                     (i, offer)
                     for i, offer in offers
-                    if offer.level <= running.level
-                    and offer.batcher.seconds(offer.window) <= limit < math.inf
+                    if offer.level <= running.level and offer.seconds <= limit < math.inf
                 ]
                 due = [(i, offer) for i, offer in fits if offer.due]
                 if due:
@@ -220,7 +219,7 @@ class Scheduler:
         lane = self.lanes[i]
         lane.batches += 1
         lane.batcher.stats.beside += thread != MAIN
-        self._running[thread] = Running(i, offer.batcher.seconds(offer.window), offer.level)
+        self._running[thread] = Running(i, offer.seconds, offer.level)
         if thread == MAIN and self.express_share > 0:
             self.cond.notify_all()  # the express thread may now run something beside it
         return lane, lane.batcher.cut(offer, waited)
