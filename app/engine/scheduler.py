@@ -3,10 +3,10 @@
 A service of several models (``ZHEMBED_MODELS``) has one :class:`~app.engine.engine.Engine` per model (its
 own admission budget, tokeniser, batch queue and measured cost model) and, per device, ONE inference
 thread that serves every queue, its sessions on ONNX Runtime's one shared thread pool
-(:mod:`app.model.pool`): one batch at a time on every core, never a pool per model
-fighting the others for the same cores (but for the express thread's short batches, below). Before each batch the thread asks every model's queue what it
-would run next (:meth:`~app.engine.batching.Batcher.offer`, the same plan a queue of its own makes) and
-runs, of the offers:
+(:mod:`app.model.pool`): one batch at a time on every core, never a pool per model fighting the others
+for the same cores (but for the express threads' short batches, below). Before each batch the thread asks
+every model's queue what it would run next (:meth:`~app.engine.batching.Batcher.offer`, the same plan a
+queue of its own makes) and runs, of the offers:
 
 1. **the most urgent**: the lowest level after aging (the request's RFC 9218 urgency, aged so background
    work never starves), as within one queue;
@@ -58,8 +58,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Lane:
-    """One model's queue and the stage that runs its batches; ``batches``: how many the threads ran (the
-    express thread's are counted in its queue's ``stats.beside`` too)."""
+    """One model's queue and the stage that runs its batches; ``batches``: how many the threads ran (those
+    of the express threads are counted in its queue's ``stats.beside`` too)."""
 
     name: str
     batcher: Batcher
@@ -221,7 +221,7 @@ class Scheduler:
         lane.batcher.stats.beside += thread != MAIN
         self._running[thread] = Running(i, offer.seconds, offer.level)
         if thread == MAIN and self.express_share > 0:
-            self.cond.notify_all()  # the express thread may now run something beside it
+            self.cond.notify_all()  # the express threads may now run something beside it
         return lane, lane.batcher.cut(offer, waited)
 
     def _done(self, thread: int) -> None:
@@ -245,7 +245,7 @@ class Scheduler:
 
     def _wait(self, timeout: float | None) -> None:
         """Wait (the lock held) for an arrival that may change the decision, or ``timeout`` seconds; the
-        queues stop waking anyone once neither thread waits."""
+        queues stop waking anyone once no thread waits."""
         for lane in self.lanes:
             lane.batcher.listen(True)
         self._waiting += 1

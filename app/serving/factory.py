@@ -91,8 +91,8 @@ def create_app(
             loaded = [model]
         else:
             loaded = await asyncio.to_thread(load_models, settings)
-        # Several models share one inference thread, an express one for short batches, and ONNX Runtime's
-        # one thread pool (load_models).
+        # Several models share one inference thread, express threads for short batches, and ONNX
+        # Runtime's one thread pool (load_models).
         scheduler = None
         if len(served_entries) > 1:
             scheduler = Scheduler(
