@@ -126,7 +126,9 @@ def worker_pids(proc: subprocess.Popen[str]) -> set[int]:
 def replacements(url: str) -> float:
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = httpx.get(url + "/metrics", timeout=10).text
+    response = httpx.get(url + "/metrics", timeout=10)
+    assert response.status_code == 200, response.text
+    text = response.text
     return sum(
         sample.value
         for family in text_string_to_metric_families(text)
