@@ -29,6 +29,10 @@ log = logging.getLogger(__name__)
 # Texts encoded per call: large enough to amortise the call, small enough that one huge request does
 # not hold up the next request's first encodings for long.
 _TEXTS_PER_CALL = 256
+# Characters a request may hold and be encoded on the event loop, holding the GIL, without the hop to the
+# thread and back: ~2 µs a character, so at most ~0.5 ms of the loop, where the two hops wait for the GIL
+# for milliseconds while other threads run (a tagger's tail beside an embedder, docs/performance.md).
+INLINE_CHARS = 256
 
 
 @dataclass
@@ -48,6 +52,7 @@ class Tokenization:
         self._requests: queue.Queue[_Request | None] = queue.Queue(maxsize=capacity)
         self._thread = threading.Thread(target=self._run, name="zhembed-tokenize", daemon=True)
         self.calls = 0
+        self.inline_calls = 0
         # Texts queued and texts done: each counter has one writer (the event loop, this thread), so
         # their difference is read without a lock by the batch assembler (pending_texts).
         self._queued = 0
@@ -68,8 +73,12 @@ class Tokenization:
     async def encode(
         self, texts: TextInputs, add_special_tokens: bool = True, offsets: bool = True
     ) -> list[Encoding]:
-        """Encodings of ``texts``, in order, computed on the tokenisation thread. ``offsets=False`` when no
-        caller reads the tokens' character spans."""
+        """Encodings of ``texts``, in order, computed on the tokenisation thread, or here on the event loop
+        when they are short (:data:`INLINE_CHARS`). ``offsets=False`` when no caller reads the tokens'
+        character spans."""
+        if len(texts) <= INLINE_CHARS and _chars(texts) <= INLINE_CHARS:
+            self.inline_calls += 1
+            return self.tokenizer.encode_holding(texts, add_special_tokens)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[list[Encoding]] = loop.create_future()
         self._put(
@@ -154,6 +163,10 @@ class Tokenization:
             except Exception as exc:  # a callback's fault is its request's, not this thread's
                 log.exception("tokenisation callback failed")
                 r.failed(exc)
+
+
+def _chars(texts: TextInputs) -> int:
+    return sum(len(t) if isinstance(t, str) else len(t[0]) + len(t[1]) for t in texts)
 
 
 def _resolve(future: asyncio.Future[list[Encoding]], value: list[Encoding]) -> None:
