@@ -5,7 +5,7 @@ cells' clients run at once."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import orjson
@@ -28,7 +28,7 @@ class Cell:
     texts: int
     encoding: str = "float"
     route: str = "/embed"
-    protocol: str = "http"  # http | grpc | grpc tei
+    protocol: str = "http"  # http | grpc | grpc tei (TEI's EmbedStream)
     urgency: int | None = None
     model: str | None = None
 
@@ -55,13 +55,20 @@ def parse_cells(text: str) -> list[Cell]:
     return cells
 
 
+def distinct_texts(corpus: list[str], texts: int, start: int) -> Callable[[int], list[str]]:
+    """The n-th request's texts: ``start + n·texts`` … of :func:`unique_texts`, never one twice."""
+    return lambda n: unique_texts(corpus, start + n * texts, texts)
+
+
 def distinct_bodies(corpus: list[str], texts: int, start: int, encoding: str = "float") -> BodyFactory:
-    """The n-th request carries texts ``start + n·texts`` … of :func:`unique_texts`: never one twice. One
-    text goes as a string, more as a list."""
-    extra = {} if encoding == "float" else {"encoding": encoding}
+    """The bodies of :func:`distinct_texts`: one text goes as a string, more as a list."""
+    extra, texts_of = (
+        ({} if encoding == "float" else {"encoding": encoding}),
+        distinct_texts(corpus, texts, start),
+    )
 
     def make(n: int) -> tuple[bytes, int]:
-        batch = unique_texts(corpus, start + n * texts, texts)
+        batch = texts_of(n)
         return orjson.dumps({"inputs": batch[0] if texts == 1 else batch, **extra}), texts
 
     return make
