@@ -46,10 +46,9 @@ MIXED = [
     Cell(2, 1, route="/token-classification", model="ner"),
 ]
 CLIENTS, RATE = Column("clients", 7, "d", "clients"), Column("req/s", 8, ".1f", "requests_per_s")
+ERRORS = Column("errors", 7, "d", "errors")
 # The label is the arrangement, then the route.
-TABLE = Table(
-    f"{'arrangement':<32} route", 61, CLIENTS, RATE, "p50 ms", "p99 ms", Column("errors", 7, "d", "errors")
-)
+TABLE = Table(f"{'arrangement':<32} route", 61, CLIENTS, RATE, "p50 ms", "p99 ms", ERRORS, tail="")
 Rows = dict[str, Row]  # an arrangement's rows, by route (and urgency)
 # Issue 33's targets.
 PSS_RATIO = 0.8

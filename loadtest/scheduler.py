@@ -48,7 +48,7 @@ CLIENT, ANSWERS = (
     Column("answers", 8, "d", "requests"),
 )
 ENGINE = Column("engine tok/s", 13, ".0f", "engine_tokens_per_s")
-TABLE = Table("cell", 34, "sent/s", CLIENT, "p50 ms", "p99 ms", ANSWERS, "err", "batch", ENGINE)
+TABLE = Table("cell", 34, "sent/s", CLIENT, "p50 ms", "p99 ms", ANSWERS, "err", "batch", ENGINE, tail="")
 
 
 def raw_ceiling(opts: argparse.Namespace, texts: list[str], when: str) -> dict[int, float]:
