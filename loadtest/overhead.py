@@ -51,9 +51,9 @@ from app.tasks.options import EmbedOptions
 from app.tasks.service import Service
 from app.telemetry.metrics import Metrics
 from loadtest import loadgen, procs
-from loadtest.corpus import load_corpus, tokenizer_of, unique_texts
+from loadtest.corpus import distinct_texts, load_corpus, tokenizer_of, unique_texts
 from loadtest.harness import parser
-from loadtest.harness.cell import STRIDE, Cell, distinct_bodies, distinct_texts, parse_cells
+from loadtest.harness.cell import STRIDE, Cell, distinct_bodies, parse_cells
 from loadtest.harness.measure import Measured, measure
 from loadtest.harness.report import NAN, RESULTS, Column, Goal, Row, Table, cpu_model, target, write_json
 from loadtest.harness.service import GPU_LIKE, PREFIX, fields, in_process, service_env

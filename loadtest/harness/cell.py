@@ -5,12 +5,12 @@ cells' clients run at once."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import orjson
 
-from loadtest.corpus import unique_texts
+from loadtest.corpus import distinct_texts
 from loadtest.loadgen import BodyFactory, CellResult, run_cell
 from loadtest.server import HOST
 
@@ -28,7 +28,7 @@ class Cell:
     texts: int
     encoding: str = "float"
     route: str = "/embed"
-    protocol: str = "http"  # http | grpc | grpc tei (TEI's EmbedStream)
+    protocol: str = "http"  # http | grpc | grpc tei
     urgency: int | None = None
     model: str | None = None
 
@@ -55,17 +55,10 @@ def parse_cells(text: str) -> list[Cell]:
     return cells
 
 
-def distinct_texts(corpus: list[str], texts: int, start: int) -> Callable[[int], list[str]]:
-    """The n-th request's texts: ``start + n·texts`` … of :func:`unique_texts`, never one twice."""
-    return lambda n: unique_texts(corpus, start + n * texts, texts)
-
-
 def distinct_bodies(corpus: list[str], texts: int, start: int, encoding: str = "float") -> BodyFactory:
     """The bodies of :func:`distinct_texts`: one text goes as a string, more as a list."""
-    extra, texts_of = (
-        ({} if encoding == "float" else {"encoding": encoding}),
-        distinct_texts(corpus, texts, start),
-    )
+    extra = {} if encoding == "float" else {"encoding": encoding}
+    texts_of = distinct_texts(corpus, texts, start)
 
     def make(n: int) -> tuple[bytes, int]:
         batch = texts_of(n)

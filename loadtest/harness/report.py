@@ -183,7 +183,6 @@ class Column:
     attr: str
 
     def cell(self, row: Row) -> str:
-        """The row's attribute ``attr``, or else its ``extra`` entry of that name."""
         return cell(getattr(row, self.attr, row.extra.get(self.attr)), self.fmt, self.width)
 
 
