@@ -7,6 +7,7 @@ The locustfile reads it too, in the stock Locust image: only the standard librar
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -65,3 +66,8 @@ def unique_texts(corpus: list[str], start: int, count: int) -> list[str]:
     """Texts ``start`` … ``start + count - 1`` of an endless sequence of distinct texts: corpus sentences
     with their number in front, so that neither de-duplication nor a cache can serve one from another."""
     return [f"{n:07d} {corpus[n % len(corpus)]}" for n in range(start, start + count)]
+
+
+def distinct_texts(corpus: list[str], texts: int, start: int) -> Callable[[int], list[str]]:
+    """The n-th request's texts: ``start + n·texts`` … of :func:`unique_texts`, never one twice."""
+    return lambda n: unique_texts(corpus, start + n * texts, texts)

@@ -1,5 +1,5 @@
 """The load generator of every benchmark: closed-loop clients (:func:`closed_loop`), over raw HTTP/1.1 on
-keep-alive asyncio streams (:func:`run_cell`) or any other protocol a client's call speaks (gRPC).
+keep-alive asyncio streams (:func:`run_cell`) or over gRPC on one ``grpc.aio`` channel (:func:`run_grpc_cell`).
 
 Not httpx: the client shares the CPU with the server, and httpx spends ~150 µs of Python a request; this
 client a fraction of that, and its own CPU time is reported.
@@ -11,7 +11,7 @@ import asyncio
 import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -274,3 +274,35 @@ async def run_cell(
             conn.close()
 
     return await closed_loop(client, concurrency, duration_s, warmup_s, drain_s, answered)
+
+
+async def run_grpc_cell(
+    host: str,
+    port: int,
+    texts_of: Callable[[int], list[str]],
+    concurrency: int,
+    duration_s: float,
+    warmup_s: float,
+    tei: bool = False,
+) -> CellResult:
+    """:func:`closed_loop` over gRPC, every client on one channel: the n-th call embeds ``texts_of(n)`` with
+    ``zhembed.v1``'s Embed, or (``tei``) with TEI's EmbedStream, one text a message."""
+    import grpc
+
+    from app.api.rpc.proto import tei_pb2, tei_pb2_grpc, zhembed_pb2, zhembed_pb2_grpc
+
+    async with grpc.aio.insecure_channel(f"{host}:{port}") as channel:
+        ours, theirs = zhembed_pb2_grpc.ZhembedStub(channel), tei_pb2_grpc.EmbedStub(channel)
+
+        async def call(n: int) -> Answer:
+            batch = texts_of(n)
+            try:
+                if tei:
+                    messages = iter([tei_pb2.EmbedRequest(inputs=t, normalize=True) for t in batch])
+                    return Answer(None, len([a async for a in theirs.EmbedStream(messages) if a.embeddings]))
+                answer = await ours.Embed(zhembed_pb2.EmbedRequest(inputs=batch))
+            except grpc.RpcError as exc:
+                return Answer(None, 0, f"{type(exc).__name__}: {exc}")
+            return Answer(None, len(answer.vectors))
+
+        return await closed_loop(lambda: nullcontext(call), concurrency, duration_s, warmup_s)

@@ -31,7 +31,8 @@ from loadtest import loadgen
 from loadtest.corpus import load_corpus, unique_texts
 from loadtest.harness import TWIN, parser
 from loadtest.harness.cell import STRIDE, Cell, closed_loops, parse_cells
-from loadtest.harness.report import cpu_model, target, write_json
+from loadtest.harness.measure import Measured
+from loadtest.harness.report import NAN, Column, Goal, Row, Table, cpu_model, target, write_json
 from loadtest.harness.service import service_env
 from loadtest.quick_model import exported, tiny_model
 from loadtest.server import HOST, ServiceProcess
@@ -44,8 +45,11 @@ MIXED = [
     Cell(4, 8, route="/rerank", model="rerank"),
     Cell(2, 1, route="/token-classification", model="ner"),
 ]
-COLUMNS = "{:<32} {:<28} {:>7} {:>8} {:>8} {:>8} {:>7}"
-Rows = dict[str, dict[str, Any]]  # an arrangement's rows of the JSON report, by route (and urgency)
+CLIENTS, RATE = Column("clients", 7, "d", "clients"), Column("req/s", 8, ".1f", "requests_per_s")
+ERRORS = Column("errors", 7, "d", "errors")
+# The label is the arrangement, then the route.
+TABLE = Table(f"{'arrangement':<32} route", 61, CLIENTS, RATE, "p50 ms", "p99 ms", ERRORS, tail="")
+Rows = dict[str, Row]  # an arrangement's rows, by route (and urgency)
 # Issue 33's targets.
 PSS_RATIO = 0.8
 BACKGROUND_P99_RATIO = 1.5
@@ -77,18 +81,9 @@ def run(label: str, ports: dict[str | None, int], cells: list[Cell], args: argpa
     rows: Rows = {}
     for c, r in zip(cells, uvloop.run(closed_loops(loads, args.duration, args.warmup)), strict=True):
         route = c.route + ("" if c.urgency is None else f" (u={c.urgency})")
-        rows[route] = {
-            "arrangement": label,
-            "route": route,
-            "clients": c.clients,
-            "requests_per_s": r.requests_per_s,
-            "p50_ms": r.percentile(50),
-            "p99_ms": r.percentile(99),
-            "errors": r.errors,
-            "first_error": r.first_error,
-        }
-        figures = (f"{rows[route][k]:.1f}" for k in ("requests_per_s", "p50_ms", "p99_ms"))
-        print(COLUMNS.format(label, route, c.clients, *figures, r.errors), flush=True)
+        row = rows[route] = Row.of(Measured(c, r, NAN, NAN, {}, {}), label=f"{label:<32} {route}")
+        row.extra.update(arrangement=label, route=route)
+        print(TABLE.row(row, ""), flush=True)
     return rows
 
 
@@ -151,39 +146,25 @@ def pss_mb(services: list[ServiceProcess]) -> float:
     return sum(s.processes().memory.pss for s in services) / 2**20
 
 
-def targets(
-    differ: list[str], alone: Rows, beside: Rows, apart: Rows, pss: dict[str, float]
-) -> list[tuple[str, bool, str]]:
-    """Issue 33's targets as (name, met, detail), from each arrangement's rows by route and its PSS."""
-    total_one, total_three = (sum(row["requests_per_s"] for row in rows.values()) for rows in (alone, apart))
-    p99 = {route: (alone[route]["p99_ms"], apart[route]["p99_ms"]) for route in alone}
+def targets(differ: list[str], alone: Rows, beside: Rows, apart: Rows, pss: dict[str, float]) -> list[str]:
+    """Issue 33's targets, from each arrangement's rows by route and its PSS."""
+    total_one, total_three = (sum(r.requests_per_s or 0.0 for r in rows.values()) for rows in (alone, apart))
     same = f"{len(PROBES) - len(differ)} of {len(PROBES)} the same"
-    rerank = beside["/rerank"]["p99_ms"] / alone["/rerank"]["p99_ms"]
+    differing = f" (differ: {', '.join(differ)})" if differ else ""
+    p99, pss_ratio = "{raw:.1f} vs {per:.1f} ms (<= 1.0x)", pss["one"] / pss["three"]
+    each = [
+        Goal(f"{r} p99, one process vs three", r, "p99_ms", "<=", 1.0, p99, apart[r].p99_ms) for r in alone
+    ]
+    name = "/rerank p99 beside the u=7 background vs without"
+    bound = "{:.2f}x (<= {bound})"
+    rerank = Goal(name, "/rerank", "p99_ms", "<=", BACKGROUND_P99_RATIO, bound, alone["/rerank"].p99_ms)
+    total = f"{total_one:.1f} vs {total_three:.1f} (>= 1.0x)"
     return [
-        (
-            "every probe's answer, one process vs three",
-            not differ,
-            same + (f" (differ: {', '.join(differ)})" if differ else ""),
-        ),
-        (
-            "total requests/s, one process vs three",
-            total_one >= total_three,
-            f"{total_one:.1f} vs {total_three:.1f} (>= 1.0x)",
-        ),
-        *(
-            (f"{route} p99, one process vs three", one <= three, f"{one:.1f} vs {three:.1f} ms (<= 1.0x)")
-            for route, (one, three) in p99.items()
-        ),
-        (
-            "PSS, one process vs three",
-            pss["one"] <= PSS_RATIO * pss["three"],
-            f"{pss['one'] / pss['three']:.2f}x (<= {PSS_RATIO})",
-        ),
-        (
-            "/rerank p99 beside the u=7 background vs without",
-            rerank <= BACKGROUND_P99_RATIO,
-            f"{rerank:.2f}x (<= {BACKGROUND_P99_RATIO})",
-        ),
+        target("every probe's answer, one process vs three", not differ, f"{same}{differing}"),
+        target("total requests/s, one process vs three", total_one >= total_three, total),
+        *(goal.line(alone) for goal in each),
+        target("PSS, one process vs three", pss_ratio <= PSS_RATIO, f"{pss_ratio:.2f}x (<= {PSS_RATIO})"),
+        rerank.line(beside),
     ]
 
 
@@ -225,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{len(os.sched_getaffinity(0))} cores ({cpu_model()}) shared by clients and servers",
             flush=True,
         )
-        print(COLUMNS.format("arrangement", "route", "clients", "req/s", "p50 ms", "p99 ms", "errors"))
+        print(TABLE.header)
         one_env = service_env(embedder, args.variant, room + 1024, models=entries, **quick)
         with serve("one", one_env) as one:
             ports: dict[str | None, int] = dict.fromkeys(NAMES, one.port)
@@ -245,21 +226,19 @@ def main(argv: list[str] | None = None) -> int:
             f"three {pss['three']:.0f} MB"
         )
         lines = targets(differ, alone, beside, apart, pss)
-        print("targets (issue 33):")
-        for what, ok, detail in lines:
-            print(target(what, ok, detail))
+        print("targets (issue 33):", *lines, sep="\n")
         rows = [*alone.values(), *beside.values(), *apart.values()]
         report = {
             "args": {k: str(v) for k, v in vars(args).items()},
-            "rows": rows,
+            "rows": [r.as_json() for r in rows],
             "pss_mb": pss,
-            "targets": [{"target": n, "pass": ok, "detail": d} for n, ok, d in lines],
+            "targets": lines,
         }
         write_json(report, args.out, "models")
     # Every interactive cell must be answered; a background (u=7) one may get nothing in a short cell:
     # interactive work comes first, and it is served only as it ages.
-    interactive = [r for r in rows if "(u=" not in r["route"]]
-    return 1 if any(r["errors"] for r in rows) or not all(r["requests_per_s"] for r in interactive) else 0
+    interactive = [r for r in rows if "(u=" not in r.extra["route"]]
+    return 1 if any(r.errors for r in rows) or not all(r.requests_per_s for r in interactive) else 0
 
 
 if __name__ == "__main__":

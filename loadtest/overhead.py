@@ -3,6 +3,7 @@
     python -m loadtest.overhead [--model DIR] [--duration 12] [--warmup 4] [--workers N] [--quick]
                                 [--gpu-like] [--cells 8x32,64x32,256x32,32x1,256x1] [--out PATH]
     python -m loadtest.overhead --in-process [--model DIR] [--cells 8x32,64x32,32x1] [--duration 12] [--gpu-like]
+    python -m loadtest.overhead --protocols http,grpc,tei [--cells 256x32] [--rounds 2] [--duration 12] [--quick]
 
 On a tiny BERT (fp32, exported into a temp dir or ``--model DIR``), per cell of clients × texts: sent/s,
 p50/p99, errors, mean batch, and server CPU µs per sentence split into ``Session.run``, outside it, the
@@ -14,12 +15,18 @@ a cell had errors or answered nothing. docs/performance.md says how each figure 
 off, one intra-op thread) under closed-loop clients (:func:`loadtest.loadgen.closed_loop`) sending distinct
 texts. Columns: cell, sent/s, batch, us/sent (the whole process's CPU), in run (the inference thread
 inside ``Session.run``), outside, and µs per sentence by thread.
+
+``--protocols http,grpc,tei``: one service on HTTP and gRPC; each round (``--rounds``) runs each cell
+(default 256x32) over HTTP ``POST /embed``, ``zhembed.v1`` Embed and TEI's EmbedStream in turn. Columns:
+protocol, sentences/s, p50, server µs per sentence, client cores, errors; then each protocol's
+sentences/s and server CPU per sentence over HTTP's.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import multiprocessing
 import os
@@ -29,7 +36,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -42,17 +50,17 @@ from app.settings import Settings
 from app.tasks.options import EmbedOptions
 from app.tasks.service import Service
 from app.telemetry.metrics import Metrics
-from loadtest import procs
-from loadtest.corpus import load_corpus, tokenizer_of, unique_texts
+from loadtest import loadgen, procs
+from loadtest.corpus import distinct_texts, load_corpus, tokenizer_of, unique_texts
 from loadtest.harness import parser
 from loadtest.harness.cell import STRIDE, Cell, distinct_bodies, parse_cells
 from loadtest.harness.measure import Measured, measure
-from loadtest.harness.report import RESULTS, Column, Goal, Row, Table, cpu_model, target, write_json
+from loadtest.harness.report import NAN, RESULTS, Column, Goal, Row, Table, cpu_model, target, write_json
 from loadtest.harness.service import GPU_LIKE, PREFIX, fields, in_process, service_env
 from loadtest.loadgen import Answer, closed_loop
 from loadtest.quick_model import tiny_model
 from loadtest.raw_onnx import ceiling
-from loadtest.server import ServiceProcess, parse_exposition
+from loadtest.server import HOST, ServiceProcess, free_port, parse_exposition
 
 CELLS = "8x32,64x32,256x32,32x1,256x1"
 QUICK_CELLS = "8x32,32x1"
@@ -69,6 +77,13 @@ ROW = ("sent/s", "req/s", "p50 ms", "p99 ms", "err", "batch", "srv cpu", "cli cp
 TABLE = Table("clients x texts", 16, *ROW, "outside", FLOOR, MACHINERY)
 RATE = Column("sent/s", 9, ".0f", "sentences_per_s")
 IN_PROCESS = Table("cell", 14, RATE, "batch", "us/sent", "in run", "outside", tail="us/sent by thread")
+# --protocols: the name each protocol has on the command line, and its Cell.protocol (the rows' label).
+PROTOCOLS = {"http": "http", "grpc": "grpc", "tei": "grpc tei"}
+PROTOCOL_CELLS, QUICK_PROTOCOL_CELLS = "256x32", "8x4"
+SENT, ERRORS = Column("sentences/s", 12, ".0f", "sentences_per_s"), Column("errors", 7, "d", "errors")
+SERVER_US = Column("server µs/sentence", 19, ".0f", "cpu_us")
+CLIENT = Column("client cores", 13, ".2f", "client_cores")
+BY_PROTOCOL = Table("protocol", 10, SENT, "p50 ms", SERVER_US, CLIENT, ERRORS, tail="")
 
 
 # Texts per tokeniser call: what the issue's floor was measured with (the service batches across requests).
@@ -266,10 +281,10 @@ async def in_process_cell(
 ) -> str:
     """``c``'s closed-loop clients calling ``Service.embed`` for ``--duration`` after ``--warmup`` (queues as
     deep as they get); each thread's CPU and the metrics read at the window's edges."""
-    corpus = load_corpus()
+    texts = distinct_texts(load_corpus(), c.texts, start)
 
     async def call(n: int) -> Answer:
-        batch = unique_texts(corpus, start + n * c.texts, c.texts)
+        batch = texts(n)
         await service.embeddings.embed(batch[0] if c.texts == 1 else batch, EmbedOptions())
         return Answer(None, c.texts)
 
@@ -303,6 +318,39 @@ async def run_in_process(args: argparse.Namespace, model: Path) -> None:
         engine.stop()
 
 
+def run_protocols(args: argparse.Namespace, model: Path) -> list[Row]:
+    """``--protocols``: each cell over each protocol in turn, ``--rounds`` times, on one service; a row each,
+    then each protocol against HTTP."""
+    corpus, cells, grpc_port = load_corpus(), parse_cells(args.cells), free_port()
+    admit, room = 2 * max(c.inputs for c in cells) * args.workers, max(64, *(c.texts for c in cells))
+    more = {"grpc_port": grpc_port, "max_inputs_per_request": room, **(GPU_LIKE if args.gpu_like else {})}
+    print(
+        f"zhembed gRPC vs HTTP: {model}; cells {args.cells}, {args.duration:g} s (+{args.warmup:g} s warm-up), "
+        f"{args.rounds} round(s); {len(os.sched_getaffinity(0))} cores shared by client and server"
+    )
+    print(BY_PROTOCOL.header)
+    rows: list[Row] = []
+    log = RESULTS / "logs" / "overhead-protocols.log"
+    env = service_env(model, args.variant, admit, intra_op_threads=1, workers=args.workers, **more)
+    with ServiceProcess("app", env, log) as svc:
+        for k, (c, name) in enumerate(itertools.product(cells * args.rounds, args.protocols)):
+            c, start = replace(c, protocol=PROTOCOLS[name]), k * STRIDE
+            bodies, texts = distinct_bodies(corpus, c.texts, start), distinct_texts(corpus, c.texts, start)
+            grpc = partial(loadgen.run_grpc_cell, HOST, grpc_port, texts, c.clients, tei=name == "tei")
+            m = measure(
+                svc, c, bodies, args.duration, args.warmup, None, drive=None if name == "http" else grpc
+            )
+            rows.append(Row.of(m, label=c.protocol))
+            print(BY_PROTOCOL.row(rows[-1], ""), flush=True)
+    http = [r for r in rows if r.label == "http"]
+    for protocol in (PROTOCOLS[name] for name in args.protocols if name != "http"):
+        pairs = list(zip([r for r in rows if r.label == protocol], http, strict=True))
+        ratio = np.mean([(o.sentences_per_s or NAN) / (h.sentences_per_s or NAN) for o, h in pairs])
+        cpu = np.mean([o.cpu_us / h.cpu_us for o, h in pairs])
+        print(f"{protocol} / http: sentences/s {ratio:.2f}x, server CPU per sentence {cpu:.2f}x")
+    return rows
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     quick = f"cells {QUICK_CELLS}, 1.5 s each (CI)"
     p = parser("loadtest.overhead", __doc__, quick, model=None, duration=12.0, warmup=4.0, out=None)
@@ -314,11 +362,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gpu-like", action="store_true", help=f"the batch settings a GPU gets: {GPU_LIKE}")
     in_process = f"the service and engine alone in this process, no HTTP (default cells {IN_PROCESS_CELLS})"
     p.add_argument("--in-process", action="store_true", help=in_process)
+    names = f"comma-separated, of {', '.join(PROTOCOLS)} (default cells {PROTOCOL_CELLS}; --quick {QUICK_PROTOCOL_CELLS})"
+    p.add_argument("--protocols", type=lambda text: text.split(","), default=None, help=names)
+    p.add_argument("--rounds", type=int, default=2, help="--protocols: rounds of every cell and protocol")
     args = p.parse_args(argv)
+    if args.protocols and not set(args.protocols) <= set(PROTOCOLS):
+        p.error(f"--protocols: {args.protocols} are not all of {list(PROTOCOLS)}")
     if args.in_process:
         args.cells = args.cells or IN_PROCESS_CELLS
+    if args.protocols:
+        args.cells = args.cells or (QUICK_PROTOCOL_CELLS if args.quick else PROTOCOL_CELLS)
     if args.quick:
-        args.cells = args.cells or QUICK_CELLS
+        args.cells, args.rounds = args.cells or QUICK_CELLS, 1
         args.duration, args.warmup, args.raw_seconds, args.max_cell_s = 1.5, 0.5, 0.3, 4.0
     args.cells = args.cells or CELLS
     return args
@@ -331,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.in_process:
             uvloop.run(run_in_process(args, model))
             return 0
+        if args.protocols:
+            return 1 if any(r.errors or not r.sentences_per_s for r in run_protocols(args, model)) else 0
         report = run(args, model)
     bad = [c["label"] for c in report["cells"] if c["errors"] or not c["requests"]]
     if bad:

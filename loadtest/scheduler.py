@@ -32,7 +32,8 @@ from loadtest import loadgen
 from loadtest.corpus import load_corpus, unique_texts
 from loadtest.harness import TWIN, parser
 from loadtest.harness.cell import STRIDE, Cell, closed_loops, distinct_bodies, parse_cells
-from loadtest.harness.report import RESULTS, Row, mark, write_json
+from loadtest.harness.measure import Measured
+from loadtest.harness.report import NAN, RESULTS, Column, Row, Table, mark, write_json
 from loadtest.harness.service import service_env
 from loadtest.quick_model import tiny_model
 from loadtest.raw_onnx import ceiling
@@ -41,6 +42,13 @@ from loadtest.server import HOST, ServiceProcess, scrape
 QUEUED = "zhembed_queue_duration_seconds_count"
 # A cell whose engine ran the model at under this share of the run's median speed is reported as disturbed.
 DISTURBED = 0.8
+# sent/s is counted by the server (inputs it queued in the window), client/s by the client.
+CLIENT, ANSWERS = (
+    Column("client/s", 9, ".1f", "client_sentences_per_s"),
+    Column("answers", 8, "d", "requests"),
+)
+ENGINE = Column("engine tok/s", 13, ".0f", "engine_tokens_per_s")
+TABLE = Table("cell", 34, "sent/s", CLIENT, "p50 ms", "p99 ms", ANSWERS, "err", "batch", ENGINE, tail="")
 
 
 def raw_ceiling(opts: argparse.Namespace, texts: list[str], when: str) -> dict[int, float]:
@@ -95,29 +103,16 @@ def run_cells(
     results, first, last = uvloop.run(main())
     after = svc.engine_stats()
     moved = {k: v - before.get(k, 0) for k, v in after.items() if type(v) in (int, float)}
-    mean_batch = moved["batched_items"] / moved["batches"] if moved.get("batches") else float("nan")
+    mean_batch = moved["batched_items"] / moved["batches"] if moved.get("batches") else NAN
     rows = {}
     for (name, c), result in zip(cells.items(), results, strict=True):
         key = str(c.urgency or 3) if str(c.urgency or 3) in last else "all"
-        rate = (last.get(key, 0.0) - first.get(key, 0.0)) / opts.duration  # counted by the server
-        row = rows[name] = Row(
-            name,
-            clients=c.clients,
-            texts=c.texts,
-            sentences_per_s=rate,
-            p50_ms=result.percentile(50),
-            p99_ms=result.percentile(99),
-            requests=result.requests,
-            errors=result.errors,
-            status_counts={str(k): v for k, v in result.status_counts.items()},
-            extra={"client_sentences_per_s": result.sentences_per_s, "engine": moved},
-        )
-        print(
-            f"  {name:<34} {rate:7.1f} sentences/s (client {result.sentences_per_s:.1f})"
-            f"  p50 {row.p50_ms:7.0f} ms  p99 {row.p99_ms:7.0f} ms  {row.requests} answers, "
-            f"{row.errors} errors; mean batch {mean_batch:.1f}; engine {engine_speed(row):.0f} tokens/s",
-            flush=True,
-        )
+        row = rows[name] = Row.of(Measured(c, result, NAN, NAN, {}, {}), label=name)
+        row.sentences_per_s = (last.get(key, 0.0) - first.get(key, 0.0)) / opts.duration
+        row.mean_batch = mean_batch
+        row.extra.update(client_sentences_per_s=result.sentences_per_s, engine=moved)
+        row.extra["engine_tokens_per_s"] = engine_speed(row)
+        print(TABLE.row(row, ""), flush=True)
     return rows
 
 
@@ -178,7 +173,7 @@ def run(opts: argparse.Namespace) -> dict[str, Any]:
         ours, today = servers(opts, bg.inputs + 64, stack)
         today_all = today if opts.today_all else None
         out["cost_model"] = cost_model(ours, "cost model at start")
-        print("cells", flush=True)
+        print(TABLE.header, flush=True)
         for svc, named in (
             (ours, {"ours 8x1 (1)": interactive}),
             (today, {"today 8x1 (1)": interactive}),

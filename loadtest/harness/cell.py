@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from loadtest.corpus import unique_texts
+from loadtest.corpus import distinct_texts
 from loadtest.loadgen import BodyFactory, CellResult, run_cell
 from loadtest.server import HOST
 
@@ -56,12 +56,12 @@ def parse_cells(text: str) -> list[Cell]:
 
 
 def distinct_bodies(corpus: list[str], texts: int, start: int, encoding: str = "float") -> BodyFactory:
-    """The n-th request carries texts ``start + n·texts`` … of :func:`unique_texts`: never one twice. One
-    text goes as a string, more as a list."""
+    """The bodies of :func:`distinct_texts`: one text goes as a string, more as a list."""
     extra = {} if encoding == "float" else {"encoding": encoding}
+    texts_of = distinct_texts(corpus, texts, start)
 
     def make(n: int) -> tuple[bytes, int]:
-        batch = unique_texts(corpus, start + n * texts, texts)
+        batch = texts_of(n)
         return orjson.dumps({"inputs": batch[0] if texts == 1 else batch, **extra}), texts
 
     return make

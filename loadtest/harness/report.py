@@ -174,8 +174,8 @@ def cell(value: float | None, fmt: str, width: int) -> str:
 
 @dataclass(frozen=True)
 class Column:
-    """A column of a printed table: its title, width and format, and the row attribute it shows (None or
-    NaN prints as a dash)."""
+    """A column of a printed table: its title, width and format, and the row attribute (or ``extra`` entry)
+    it shows (None or NaN prints as a dash)."""
 
     title: str
     width: int
@@ -183,7 +183,7 @@ class Column:
     attr: str
 
     def cell(self, row: Row) -> str:
-        return cell(getattr(row, self.attr), self.fmt, self.width)
+        return cell(getattr(row, self.attr, row.extra.get(self.attr)), self.fmt, self.width)
 
 
 # The columns that more than one table shows, by title.

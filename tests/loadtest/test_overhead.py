@@ -1,5 +1,6 @@
 """``python -m loadtest.overhead --quick`` runs end to end on the tiny model, and its numbers hang together;
-``--in-process`` runs the service and engine in-process, no HTTP.
+``--in-process`` runs the service and engine in-process, no HTTP; ``--protocols`` the same load over each
+protocol, each cell measured.
 No timing thresholds: the targets live in the benchmark's PASS/MISS lines, not here."""
 
 from __future__ import annotations
@@ -89,3 +90,12 @@ def test_in_process_each_cell_splits_the_cpu_into_the_model_and_the_rest(tmp_pat
         assert rate > 0 and batch >= 1 and in_run > 0
         assert total == pytest.approx(in_run + outside, abs=1.5)  # each rounded on its own
         assert "zhembed-inference:" in row[6]  # the inference thread's CPU, by name
+
+
+def test_protocols_are_measured_side_by_side() -> None:
+    stdout = run_module("loadtest.overhead", "--protocols", "http,grpc,tei", "--quick")
+    for protocol in ("http", "grpc", "grpc tei"):
+        row = re.search(rf"^{re.escape(protocol)}\s+(\d+)\s+([\d.]+)\s+(\d+)\s+[\d.]+\s+0$", stdout, re.M)
+        assert row is not None, stdout
+        assert int(row[1]) > 0 and int(row[3]) > 0
+    assert re.search(r"^grpc / http: sentences/s [\d.]+x, server CPU per sentence [\d.]+x$", stdout, re.M)
