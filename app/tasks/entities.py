@@ -133,7 +133,7 @@ def entities(
             for t in tagged
             if t.entity not in ignored
         ]
-    return [group for group in _groups(tagged, vocab) if group["entity_group"] not in ignored]
+    return _groups(tagged, vocab, ignored)
 
 
 def _tokens(
@@ -194,6 +194,8 @@ def _word(
     if strategy == "max":
         # max() keeps the first of equal maxima, as the pipeline's does.
         return _tag(max(tokens, key=lambda t: t.scores.max()).scores, id2label, word, start, end)
+    if len(tokens) == 1:  # (the mean of one row is that row: each Chinese character is a word)
+        return _tag(tokens[0].scores, id2label, word, start, end)
     return _tag(np.nanmean(np.stack([t.scores for t in tokens]), axis=0), id2label, word, start, end)
 
 
@@ -206,8 +208,9 @@ def _tag_parts(label: str) -> tuple[str, str]:
     return "I", label
 
 
-def _groups(tagged: list[_Tagged], vocab: Vocabulary) -> list[dict[str, Any]]:
-    """The pipeline's ``group_entities``: adjacent tokens (or words) of one type, each B- starting anew."""
+def _groups(tagged: list[_Tagged], vocab: Vocabulary, ignored: set[str]) -> list[dict[str, Any]]:
+    """The pipeline's ``group_entities``: adjacent tokens (or words) of one type, each B- starting anew;
+    the groups whose name is in ``ignored`` are left out (after grouping, so they still split groups)."""
     groups: list[list[_Tagged]] = []
     for t in tagged:
         if groups:
@@ -217,14 +220,22 @@ def _groups(tagged: list[_Tagged], vocab: Vocabulary) -> list[dict[str, Any]]:
                 groups[-1].append(t)
                 continue
         groups.append([t])
-    return [_group(group, vocab) for group in groups]
+    named = ((_group_name(group), group) for group in groups)
+    return [_group(name, group, vocab) for name, group in named if name not in ignored]
 
 
-def _group(group: list[_Tagged], vocab: Vocabulary) -> dict[str, Any]:
-    """The pipeline's ``group_sub_entities``: named after the first label's text past its first "-"."""
+def _group_name(group: list[_Tagged]) -> str:
+    """The pipeline's name of a group: the first label's text past its first "-"."""
+    return group[0].entity.split("-", 1)[-1]
+
+
+def _group(name: str, group: list[_Tagged], vocab: Vocabulary) -> dict[str, Any]:
+    """The pipeline's ``group_sub_entities``."""
+    # The mean of one score is that score (numpy's float32 mean of one value gives it back unchanged).
+    score = group[0].score if len(group) == 1 else np.mean(np.nanmean([t.score for t in group]))
     return {
-        "entity_group": group[0].entity.split("-", 1)[-1],
-        "score": float(np.mean(np.nanmean([t.score for t in group]))),
+        "entity_group": name,
+        "score": float(score),
         "word": vocab.tokens_to_string([t.word for t in group]),
         "start": group[0].start,
         "end": group[-1].end,
