@@ -6,9 +6,11 @@ request then gets its encodings in one of two ways: :meth:`Tokenization.encode` 
 with them (for answers built from the tokens: /embed_all, fill-mask, /tokenize), :meth:`Tokenization.then`
 hands them to a callback right here on this thread, which queues the request's sequences for batching
 (/embed and the routes like it): the loop is not woken between tokenisation and batching, so a request
-wakes it once, when its answer is ready. Every text goes through this thread, however few a request
-sends: requests on their way here are the company the batch assembler waits for
-(:attr:`Tokenization.pending_texts`); docs/performance.md has the measurements behind it.
+wakes it once, when its answer is ready. Every text of those routes goes through this thread, however few
+a request sends: requests on their way here are the company the batch assembler waits for
+(:attr:`Tokenization.pending_texts`); docs/performance.md has the measurements behind it. ``encode``
+encodes a short request (:data:`INLINE_CHARS`) on the event loop instead, holding the GIL: it would wake
+the loop anyway, and the two hops cost more than the encoding.
 """
 
 from __future__ import annotations
