@@ -14,7 +14,6 @@ arithmetic on these shapes, not what a trained SPLADE model retrieves.
 
 from __future__ import annotations
 
-import asyncio
 import sys
 import tempfile
 from pathlib import Path
@@ -30,8 +29,7 @@ from export.validate import sparse_agreement, sparse_metrics
 from loadtest.corpus import load_corpus
 from loadtest.harness import parser
 from loadtest.harness.service import service_env
-from loadtest.loadgen import request
-from loadtest.server import HOST, ServiceProcess
+from loadtest.server import ServiceProcess, post
 
 # Texts per /embed_sparse request: under the service's default max_inputs_per_request (64).
 PER_REQUEST = 16
@@ -95,10 +93,10 @@ def served(model: Path, variant: str, texts: list[str], vocab: int, logs: Path) 
     with ServiceProcess("app", env, logs / f"sparse-twin-{variant}.log") as svc:
         for i in range(0, len(texts), PER_REQUEST):
             body = orjson.dumps({"inputs": texts[i : i + PER_REQUEST], "truncate": True})
-            status, answer = asyncio.run(request(HOST, svc.port, "POST", "/embed_sparse", body))
-            if status != 200:
-                raise RuntimeError(f"/embed_sparse answered {status}: {answer[:300]!r}")
-            rows.extend(orjson.loads(answer))
+            answer = post(svc.port, "/embed_sparse", body)
+            if answer.status_code != 200:
+                raise RuntimeError(f"/embed_sparse answered {answer.status_code}: {answer.content[:300]!r}")
+            rows.extend(orjson.loads(answer.content))
     vectors = np.zeros((len(rows), vocab), np.float32)
     for row, entries in enumerate(rows):
         for entry in entries:
