@@ -1,8 +1,7 @@
 """A sentence-transformers ``SparseEncoder`` folder from the bert-base-chinese twin's weights, exported, and
 its ``POST /embed_sparse`` against ``SparseEncoder.encode`` on 50 Chinese texts of mixed lengths.
 
-    python -m loadtest.sparse_twin [--out build/sparse-twin] [--texts 50] [--pooling max] [--tiny] \
-        [--skip-export]
+    python -m loadtest.sparse_twin [--out build/sparse-twin] [--texts 50] [--pooling max] [--tiny]
 
 Writes ``OUT/sparse-encoder`` (``MLMTransformer`` → ``SpladePooling``, the random weights of
 ``python -m loadtest.make_twin``'s twin, or with ``--tiny`` the tests' tiny BERT), exports it to
@@ -157,11 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pooling", choices=("max", "sum"), default="max", help="SpladePooling's strategy")
     p.add_argument("--variants", default="fp32,int8", help="exported and compared")
     p.add_argument("--tiny", action="store_true", help="the tests' tiny BERT instead of the twin")
-    p.add_argument("--skip-export", action="store_true", help="OUT/model is already exported")
     args = p.parse_args(argv)
     folder = args.out / "sparse-encoder"
-    if not args.skip_export:
-        build(args.out, args.pooling, args.variants, args.tiny)
+    build(args.out, args.pooling, args.variants, args.tiny)
     texts = mixed_lengths(load_corpus(), args.texts)
     print(f"{len(texts)} texts of {min(map(len, texts))} to {max(map(len, texts))} characters", flush=True)
     want = reference(folder, texts, float64=False)
