@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 import orjson
-import uvloop
 
 from app.settings import Settings
 from loadtest import loadgen, raw_onnx
@@ -37,7 +36,7 @@ from loadtest.harness.report import NAN, RESULTS, Column, Goal, Row, Table, join
 from loadtest.harness.service import service_env
 from loadtest.quick_model import tiny_model
 from loadtest.raw_onnx import BertShape, CeilingResult, ceiling, gemm_peak, shape_of, variants_in
-from loadtest.server import HOST, ServiceProcess
+from loadtest.server import ServiceProcess, post
 
 # The service's batch size (its default max_batch_size): the sparse head's cost is timed at it.
 SERVICE_BATCH = int(Settings.model_fields["max_batch_size"].default)
@@ -144,7 +143,7 @@ def naive_rows(opts: argparse.Namespace) -> list[Row]:
     rows: list[Row] = []
     with ServiceProcess("loadtest.baselines.naive_service", env, opts.logs / "naive.log") as svc:
         for body in request_bodies(opts.corpus[:8], 1):  # PyTorch's first calls pay one-off set-up
-            uvloop.run(loadgen.request(HOST, svc.port, "POST", "/embed", body))
+            post(svc.port, "/embed", body)
         for per_request in opts.texts:
             make = loadgen.cycle(request_bodies(opts.corpus, per_request), per_request)
             for c in (c for c in opts.concurrency if c <= opts.naive_max_concurrency):
@@ -159,12 +158,9 @@ def cache_rows(opts: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
     labels = (f"cache 100% hit c={c} x1", f"cache 0% hit c={c} x1")
     facts: dict[str, Any] = {"cache_bytes": opts.cache_bytes}
     with _service(opts, opts.cache_bytes, "service-cache.log") as svc:
-        if not any(name.startswith("zhembed_cache_hits") for name in svc.metrics() or {}):
-            why = "n/a (no cache): /metrics has no zhembed_cache_* counters"
-            return [Row(label, "cache", note=why) for label in labels], facts
         hot = request_bodies(opts.corpus[:HIT_SET], 1)
         for body in hot:
-            uvloop.run(loadgen.request(HOST, svc.port, "POST", "/embed", body))
+            post(svc.port, "/embed", body)
         shuffled = random.Random(1).sample(opts.corpus, len(opts.corpus))
         rows: list[Row] = []
         for label, make in ((labels[0], loadgen.cycle(hot, 1)), (labels[1], distinct_bodies(shuffled, 1, 0))):

@@ -15,7 +15,6 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcon
 from dataclasses import dataclass, field
 
 import numpy as np
-import orjson
 
 # Makes the n-th request body and says how many texts it carries.
 BodyFactory = Callable[[int], tuple[bytes, int]]
@@ -148,24 +147,6 @@ class _Connection:
         if b"close" in fields.get(b"connection", b""):
             self.close()
         return status, payload
-
-
-async def request(host: str, port: int, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
-    """One request on a fresh connection; (status, raw answer)."""
-    conn = _Connection(host, port)
-    try:
-        return await conn.request(method, path, body)
-    finally:
-        conn.close()
-
-
-async def get_json(host: str, port: int, path: str) -> tuple[int, object]:
-    """One GET on a fresh connection; (status, parsed JSON or raw text)."""
-    status, payload = await request(host, port, "GET", path)
-    try:
-        return status, orjson.loads(payload)
-    except orjson.JSONDecodeError:
-        return status, payload.decode("utf-8", "replace")
 
 
 @dataclass(frozen=True)

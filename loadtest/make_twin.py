@@ -18,11 +18,10 @@ from loadtest.harness import parser
 def main(argv: list[str] | None = None) -> int:
     p = parser("loadtest.make_twin", __doc__)
     p.add_argument("--out", type=Path, default=Path("models/bert-base-chinese-twin"))
-    p.add_argument("--source", type=Path, default=None, help="where to write the source folder")
     p.add_argument("--variants", default="fp32,fp16,int8")
     p.add_argument("--force", action="store_true")
     args = p.parse_args(argv)
-    source = args.source or args.out.with_name(args.out.name + "-source")
+    source = args.out.with_name(args.out.name + "-source")
     write_bert_base_chinese_twin_source(source)
     export_args = ["--model", str(source), "--out", str(args.out), "--twin", "--variants", args.variants]
     return export_main([*export_args, *(["--force"] if args.force else [])])

@@ -7,7 +7,8 @@ Each variant (``default``, ``trim-off``, ``mmap-only``, ``trim-only``, ``mmap-en
 ``arena-shrink``: docs/performance.md says what each is) runs the engine as a worker builds it, with
 closed-loop clients sending 1 to ``--max-texts`` numbered corpus texts (``--max-chars``: each repeated or
 cut to a random length). The table: USS once warmed up (the worker's warm-up included), after the first
-``--step`` requests, at the middle and at the end, the most seen, the growth, and requests/s.
+``--step`` requests, at the middle and at the end, the most seen, the growth, and requests/s; every
+reading as JSON in loadtest/results/memory-<time>.json (or ``--out``).
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ import random
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import psutil
 
 from loadtest.harness import TWIN, parser
+from loadtest.harness.report import write_json
 
 OFF = {"ZHEMBED_MEMORY_TRIM_BATCHES": "0", "ZHEMBED_MMAP_THRESHOLD_KB": "0"}
 VARIANTS: dict[str, dict[str, str]] = {
@@ -93,7 +94,7 @@ async def child(args: argparse.Namespace) -> dict[str, Any]:
     await service.warmup()  # as a worker does before it accepts
     ready = procs.memory(os.getpid()).uss / procs.MB
     corpus = load_corpus()
-    rng = random.Random(args.seed)
+    rng = random.Random(0)
     counter = iter(range(10_000_000))
     sent = 0
     readings: list[tuple[int, float]] = []
@@ -142,7 +143,7 @@ def summary(name: str, result: dict[str, Any], requests: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser("loadtest.memory", __doc__, model=TWIN)
+    p = parser("loadtest.memory", __doc__, model=TWIN, out=None)
     p.add_argument("--variant", default="int8")
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--requests", type=int, default=3000)
@@ -152,8 +153,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-chars", type=int, default=0, help="1 to N characters a text (0: as in the corpus)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--parallel", type=int, default=2, help="variants run at once")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", type=Path, default=None)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     argv = sys.argv[1:] if argv is None else argv
     args = p.parse_args(argv)
@@ -186,9 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             results[n] = json.loads(out.strip().splitlines()[-1])
             print(summary(n, results[n], args.requests), flush=True)
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    write_json(results, args.out, "memory")
     return 0
 
 

@@ -17,7 +17,6 @@ docs/performance.md says what each arrangement and target is.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import os
 import tempfile
@@ -35,7 +34,7 @@ from loadtest.harness.measure import Measured
 from loadtest.harness.report import NAN, Column, Goal, Row, Table, cpu_model, target, write_json
 from loadtest.harness.service import service_env
 from loadtest.quick_model import exported, tiny_model
-from loadtest.server import HOST, ServiceProcess
+from loadtest.server import ServiceProcess, post
 
 NAMES = ("embed", "rerank", "ner")
 ENTITY_LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG", "I-ORG"]
@@ -119,13 +118,8 @@ PROBES: list[tuple[str, str, dict[str, Any]]] = [
 def probe(ports: dict[str | None, int]) -> list[tuple[int, Any]]:
     """Each probe's status and answer, from the server of its model."""
 
-    async def ask() -> list[tuple[int, bytes]]:
-        return [
-            await loadgen.request(HOST, ports[m], "POST", path, orjson.dumps({**body, "model": m}))
-            for m, path, body in PROBES
-        ]
-
-    return [(status, orjson.loads(payload)) for status, payload in asyncio.run(ask())]
+    answers = [post(ports[m], path, orjson.dumps({**body, "model": m})) for m, path, body in PROBES]
+    return [(a.status_code, orjson.loads(a.content)) for a in answers]
 
 
 def same_answers(got: list[tuple[int, Any]], want: list[tuple[int, Any]]) -> list[str]:

@@ -37,7 +37,7 @@ from loadtest.harness.report import NAN, RESULTS, Column, Row, Table, mark, writ
 from loadtest.harness.service import service_env
 from loadtest.quick_model import tiny_model
 from loadtest.raw_onnx import ceiling
-from loadtest.server import HOST, ServiceProcess, scrape
+from loadtest.server import ServiceProcess, get
 
 QUEUED = "zhembed_queue_duration_seconds_count"
 # A cell whose engine ran the model at under this share of the run's median speed is reported as disturbed.
@@ -96,9 +96,9 @@ def run_cells(
     async def main() -> tuple[list[loadgen.CellResult], dict[str, float], dict[str, float]]:
         load = asyncio.ensure_future(closed_loops(loads, opts.duration, opts.warmup))
         await asyncio.sleep(opts.warmup)
-        first = _queued_by_urgency(await scrape(svc.port))
+        first = _queued_by_urgency(await asyncio.to_thread(svc.metrics))
         await asyncio.sleep(opts.duration)
-        return await load, first, _queued_by_urgency(await scrape(svc.port))
+        return await load, first, _queued_by_urgency(await asyncio.to_thread(svc.metrics))
 
     results, first, last = uvloop.run(main())
     after = svc.engine_stats()
@@ -144,9 +144,10 @@ def servers(
 
 def cost_model(svc: ServiceProcess, title: str) -> dict[str, Any] | None:
     """The service's batching settings and cost model (``/info``'s ``batching``), printed; None where none."""
-    status, info = asyncio.run(loadgen.get_json(HOST, svc.port, "/info"))
-    if status != 200 or not isinstance(info, dict):
+    answer = get(svc.port, "/info")
+    if answer.status_code != 200:
         return None
+    info = answer.json()
     batching: dict[str, Any] = info["batching"]
     m = batching["cost_model"]
     print(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
@@ -14,8 +13,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import httpx
+
 from loadtest import procs
-from loadtest.loadgen import get_json
 
 HOST = "127.0.0.1"
 
@@ -31,11 +31,15 @@ def parse_exposition(text: str) -> dict[str, float]:
     return series
 
 
-async def scrape(port: int) -> dict[str, float]:
-    """``/metrics`` of the service on ``port`` now: empty when it does not answer 200 with text, OSError
-    when nothing listens."""
-    status, payload = await get_json(HOST, port, "/metrics")
-    return parse_exposition(payload) if status == 200 and isinstance(payload, str) else {}
+def get(port: int, path: str) -> httpx.Response:
+    """One GET of the service on ``port`` (httpx.TransportError when nothing listens)."""
+    return httpx.get(f"http://{HOST}:{port}{path}")
+
+
+def post(port: int, path: str, body: bytes) -> httpx.Response:
+    """One JSON POST to the service on ``port``, however long it takes."""
+    headers = {"Content-Type": "application/json"}
+    return httpx.post(f"http://{HOST}:{port}{path}", content=body, headers=headers, timeout=None)
 
 
 class NotReady(RuntimeError):
@@ -81,8 +85,8 @@ class ServiceProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise self._failed(f"{self.module} exited with {self.proc.returncode}")
-            with contextlib.suppress(OSError):  # not listening yet
-                if asyncio.run(get_json(HOST, self.port, "/ready"))[0] == 200:
+            with contextlib.suppress(httpx.TransportError):  # not listening yet
+                if get(self.port, "/ready").status_code == 200:
                     return
             time.sleep(0.2)
         raise self._failed(f"{self.module} not ready after {timeout_s:.0f} s")
@@ -111,15 +115,17 @@ class ServiceProcess:
     def engine_stats(self) -> dict[str, Any]:
         """The engine's counters (``/info``'s ``stats``: batches, tokens, …); RuntimeError when /info does not
         answer 200 with a JSON object."""
-        status, info = asyncio.run(get_json(HOST, self.port, "/info"))
-        if status != 200 or not isinstance(info, dict):
-            raise RuntimeError(f"/info answered {status}")
+        answer = get(self.port, "/info")
+        info = answer.json() if answer.status_code == 200 else None
+        if not isinstance(info, dict):
+            raise RuntimeError(f"/info answered {answer.status_code}")
         stats = info.get("stats", {})
         return stats if isinstance(stats, dict) else {}
 
-    def metrics(self) -> dict[str, float] | None:
-        """``/metrics`` as ``{"name{labels}": value}``; None when it does not answer 200 with text."""
-        return asyncio.run(scrape(self.port)) or None
+    def metrics(self) -> dict[str, float]:
+        """``/metrics`` as ``{"name{labels}": value}``; empty when it does not answer 200."""
+        answer = get(self.port, "/metrics")
+        return parse_exposition(answer.text) if answer.status_code == 200 else {}
 
     def __enter__(self) -> ServiceProcess:
         try:

@@ -1,8 +1,7 @@
 """A sentence-transformers ``SparseEncoder`` folder from the bert-base-chinese twin's weights, exported, and
 its ``POST /embed_sparse`` against ``SparseEncoder.encode`` on 50 Chinese texts of mixed lengths.
 
-    python -m loadtest.sparse_twin [--out build/sparse-twin] [--texts 50] [--pooling max] [--tiny] \
-        [--skip-export]
+    python -m loadtest.sparse_twin [--out build/sparse-twin] [--texts 50] [--pooling max] [--tiny]
 
 Writes ``OUT/sparse-encoder`` (``MLMTransformer`` → ``SpladePooling``, the random weights of
 ``python -m loadtest.make_twin``'s twin, or with ``--tiny`` the tests' tiny BERT), exports it to
@@ -14,7 +13,6 @@ arithmetic on these shapes, not what a trained SPLADE model retrieves.
 
 from __future__ import annotations
 
-import asyncio
 import sys
 import tempfile
 from pathlib import Path
@@ -30,8 +28,7 @@ from export.validate import sparse_agreement, sparse_metrics
 from loadtest.corpus import load_corpus
 from loadtest.harness import parser
 from loadtest.harness.service import service_env
-from loadtest.loadgen import request
-from loadtest.server import HOST, ServiceProcess
+from loadtest.server import ServiceProcess, post
 
 # Texts per /embed_sparse request: under the service's default max_inputs_per_request (64).
 PER_REQUEST = 16
@@ -95,10 +92,10 @@ def served(model: Path, variant: str, texts: list[str], vocab: int, logs: Path) 
     with ServiceProcess("app", env, logs / f"sparse-twin-{variant}.log") as svc:
         for i in range(0, len(texts), PER_REQUEST):
             body = orjson.dumps({"inputs": texts[i : i + PER_REQUEST], "truncate": True})
-            status, answer = asyncio.run(request(HOST, svc.port, "POST", "/embed_sparse", body))
-            if status != 200:
-                raise RuntimeError(f"/embed_sparse answered {status}: {answer[:300]!r}")
-            rows.extend(orjson.loads(answer))
+            answer = post(svc.port, "/embed_sparse", body)
+            if answer.status_code != 200:
+                raise RuntimeError(f"/embed_sparse answered {answer.status_code}: {answer.content[:300]!r}")
+            rows.extend(orjson.loads(answer.content))
     vectors = np.zeros((len(rows), vocab), np.float32)
     for row, entries in enumerate(rows):
         for entry in entries:
@@ -159,11 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pooling", choices=("max", "sum"), default="max", help="SpladePooling's strategy")
     p.add_argument("--variants", default="fp32,int8", help="exported and compared")
     p.add_argument("--tiny", action="store_true", help="the tests' tiny BERT instead of the twin")
-    p.add_argument("--skip-export", action="store_true", help="OUT/model is already exported")
     args = p.parse_args(argv)
     folder = args.out / "sparse-encoder"
-    if not args.skip_export:
-        build(args.out, args.pooling, args.variants, args.tiny)
+    build(args.out, args.pooling, args.variants, args.tiny)
     texts = mixed_lengths(load_corpus(), args.texts)
     print(f"{len(texts)} texts of {min(map(len, texts))} to {max(map(len, texts))} characters", flush=True)
     want = reference(folder, texts, float64=False)

@@ -62,7 +62,7 @@ def scrape(svc: ServiceProcess) -> dict[str, float]:
         RuntimeError: it has no inference duration or batch size.
     """
     series = svc.metrics()
-    if series is None or INFERENCE_SUM not in series or BATCH_SUM not in series:
+    if INFERENCE_SUM not in series or BATCH_SUM not in series:
         raise RuntimeError(f"/metrics has no {INFERENCE_SUM} / {BATCH_SUM}")
     return series
 

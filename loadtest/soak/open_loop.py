@@ -15,12 +15,13 @@ from argparse import Namespace
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 
+import httpx
 import numpy as np
 import psutil
 
 from loadtest import loadgen, procs
 from loadtest.loadgen import BodyFactory
-from loadtest.server import HOST, ServiceProcess
+from loadtest.server import HOST, ServiceProcess, get
 from loadtest.soak import faults
 from loadtest.soak.faults import Fault, FaultEvent, RedisServer, Request, Slots
 from loadtest.soak.report import REPLACEMENTS, Seen, Window
@@ -197,8 +198,8 @@ class OpenLoop:
             if slot in self.slot_event:  # no new pid in it yet
                 continue
             try:
-                status, _ = await loadgen.get_json(HOST, self.svc.port, "/ready")
-            except OSError:
+                status = (await asyncio.to_thread(get, self.svc.port, "/ready")).status_code
+            except httpx.TransportError:
                 continue
             if status == 200:
                 event.end_s = self.now_s()
