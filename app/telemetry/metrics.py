@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import bisect
 import copy
-import glob
-import os
 from collections import Counter as Counter_
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -24,7 +22,8 @@ from typing import Any
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from prometheus_client.multiprocess import MultiProcessCollector
+
+from app.telemetry.scrape import WrittenFiles
 
 PREFIX = "zhembed_"
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -360,29 +359,8 @@ class Metrics:
         if self.multiprocess_dir is None:
             return generate_latest(self.registry)
         registry = CollectorRegistry()
-        _WrittenFiles(registry, path=self.multiprocess_dir)
+        WrittenFiles(registry, path=self.multiprocess_dir)
         return generate_latest(registry)
-
-
-class _WrittenFiles(MultiProcessCollector):
-    """prometheus-client's collector, less the files a worker has created but not yet sized.
-
-    A worker's file exists at 0 bytes for a moment before it is sized (``MmapedDict.__init__``); read
-    then, it fails the whole scrape with ``struct.error``, and a worker killed in that moment leaves it
-    so for good (prometheus/client_python#1199, unfixed in 0.26). A file once sized is never empty
-    again, so one that is empty when listed holds nothing yet and is left out.
-    """
-
-    def collect(self) -> Any:
-        files = [f for f in glob.glob(os.path.join(self._path, "*.db")) if _sized(f)]
-        return self.merge(files, accumulate=True)
-
-
-def _sized(path: str) -> bool:
-    try:
-        return os.path.getsize(path) > 0
-    except FileNotFoundError:  # (a dead worker's live gauge, removed since the listing)
-        return False
 
 
 def observe_many(histogram: Histogram, amounts: np.ndarray) -> None:
