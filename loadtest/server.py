@@ -32,8 +32,9 @@ def parse_exposition(text: str) -> dict[str, float]:
 
 
 def get(port: int, path: str) -> httpx.Response:
-    """One GET of the service on ``port`` (httpx.TransportError when nothing listens)."""
-    return httpx.get(f"http://{HOST}:{port}{path}")
+    """One GET of the service on ``port`` (httpx.TransportError when nothing listens), given 30 s: a scrape
+    under a heavy load waits for the event loop."""
+    return httpx.get(f"http://{HOST}:{port}{path}", timeout=30)
 
 
 def post(port: int, path: str, body: bytes) -> httpx.Response:
