@@ -218,6 +218,7 @@ class Engine:
             "dropped_cancelled": b.dropped_cancelled + i.dropped_cancelled,
             "inference_busy_s": round(i.busy_s, 3),
             "tokenizer_calls": self.tokenization.calls,
+            "requests_tokenized_on_the_event_loop": self.tokenization.inline_calls,
             "batches_holding_an_overdue_input": b.overdue,
             "inputs_filled_into_more_urgent_batches": b.filled,
             "batches_capped_for_more_urgent_work": b.capped,

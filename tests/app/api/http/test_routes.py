@@ -200,6 +200,18 @@ def test_tokenize_gives_ids_tokens_and_character_offsets(
     assert [text[t["start"] : t["stop"]] for t in tokens[1:-1]] == ["你", "好", "world"]
 
 
+def test_a_short_request_is_tokenized_on_the_event_loop_and_a_long_one_is_not(client: httpx.Client) -> None:
+    def on_the_loop() -> int:
+        return int(client.get("/info").json()["stats"]["requests_tokenized_on_the_event_loop"])
+
+    before = on_the_loop()
+    short = client.post("/tokenize", json={"inputs": "你好"})
+    long = client.post("/tokenize", json={"inputs": "你好" * 200})  # 400 characters, past the bound
+    assert short.status_code == long.status_code == 200
+    assert on_the_loop() == before + 1
+    assert len(short.json()[0]) == 4 and len(long.json()[0]) == 402
+
+
 def test_health_ready_info_docs(client: httpx.Client) -> None:
     assert client.get("/health").json() == {"status": "ok"}
     assert client.get("/ready").json() == {"ready": True}
