@@ -31,9 +31,10 @@ def test_requests_share_calls_and_get_their_own_encodings(tiny_model: Any) -> No
 
 
 def test_short_requests_are_encoded_on_the_loop_as_the_thread_would(tiny_model: Any) -> None:
-    stage = Tokenization(tiny_model.tokenizer, capacity=100)  # not started: a hop would never return
+    stage = Tokenization(tiny_model.tokenizer, capacity=100)
     short: list[TextInput] = ["你好", ("北京是哪里？", "北京是中国的首都。")]
     at_bound: list[TextInput] = ["好" * (INLINE_CHARS - 1), "中"]
+    past_bound: list[TextInput] = ["好" * INLINE_CHARS, "中"]
 
     async def main() -> list[Any]:
         return [
@@ -42,8 +43,14 @@ def test_short_requests_are_encoded_on_the_loop_as_the_thread_would(tiny_model: 
             await stage.encode(short, offsets=False),
         ]
 
-    results = asyncio.run(main())
-    assert stage.inline_calls == 3 and stage.calls == 0 and stage.pending_texts == 0
+    stage.start()
+    try:
+        results = asyncio.run(main())
+        assert stage.inline_calls == 3 and stage.calls == 0 and stage.pending_texts == 0
+        asyncio.run(stage.encode(past_bound))  # one character more: through the thread
+        assert stage.inline_calls == 3 and stage.calls == 1 and stage.pending_texts == 0
+    finally:
+        stage.stop()
     for got, (texts, offsets) in zip(results, [(short, True), (at_bound, True), (short, False)], strict=True):
         want = tiny_model.tokenizer.encode_batch(texts, offsets=offsets)
         assert [e.ids for e in got] == [e.ids for e in want]
