@@ -3,6 +3,7 @@ worker killed mid-job is retried by Ray with every id written once."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -23,27 +24,46 @@ def local_ray(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Small: two CPUs (an actor and the read and write tasks beside it), no dashboard, a small object
     store; its sessions in a temp dir of this run, not the machine's shared /tmp/ray (`make test` runs two
     test processes, and each may start its own). Now and then (once in some dozens of starts beside the
-    other test process) Ray's GCS never comes up: no log, no port file, however long Ray waits for it
-    (120 s in one CI run). So each start waits 60 s, and a start that fails is made again, up to three
-    times, each in a fresh session dir."""
+    other test process) a start fails: the GCS never writes its port (RuntimeError after
+    ``RAY_gcs_server_port_wait_time_s``), or the raylet never registers with it (a bare Exception after
+    Ray's fixed 30 s). So a start that fails is made again, up to three times, each in a fresh session
+    dir, after the processes it left are killed and its logs' tails printed (pytest shows them if the
+    last start fails too)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("RAY_gcs_server_port_wait_time_s", "60")
         for attempt in range(3):
+            session = tmp_path_factory.mktemp("ray")
+            before = {p.pid for p in psutil.Process().children(recursive=True)}
             try:
                 ray.init(
                     num_cpus=2,
                     include_dashboard=False,
                     object_store_memory=150 * 2**20,
                     log_to_driver=False,
-                    _temp_dir=str(tmp_path_factory.mktemp("ray")),
+                    _temp_dir=str(session),
                 )
                 break
-            except RuntimeError:
+            except Exception:  # Ray raises both RuntimeError and a bare Exception here
                 ray.shutdown()
+                left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+                for p in left:
+                    with contextlib.suppress(psutil.Error):
+                        p.kill()
+                psutil.wait_procs(left, timeout=10)
+                print_log_tails(session, attempt)
                 if attempt == 2:
                     raise
         yield
         ray.shutdown()
+
+
+def print_log_tails(session: Path, attempt: int) -> None:
+    """The last lines of the GCS's and raylet's logs of a failed start."""
+    for log in sorted(session.glob("session_*/logs/*")):
+        if log.name.startswith(("gcs_server", "raylet")) and log.is_file():
+            lines = log.read_text(errors="replace").splitlines()
+            tail = [line for line in lines if not line.startswith("[state-dump]")][-15:]
+            print(f"--- Ray start {attempt + 1} failed; {log.name}:", *tail, sep="\n")
 
 
 def sorted_errors(out: Path) -> list[dict[str, str]]:
