@@ -293,13 +293,13 @@ def export_mlm_head(loaded: LoadedModel, path: Path, opset: int) -> None:
 
 
 def log1p(x: torch.Tensor) -> torch.Tensor:
-    """log(1 + x) to float32's precision for small x too, in operators every ONNX runtime has (Kahan's
-    form: ``log(u) · x / (u − 1)`` with u = 1 + x, or x where u rounds to 1). ONNX has no Log1p, and
-    ``log(1 + x)`` alone loses the low digits of a small weight (x = 1e-4: 6e-4 of it)."""
+    """log(1 + x) to float32's precision for small x too, in operators every ONNX runtime has: u = 1 + x
+    rounds by δ = x − (u − 1) (exact for x ≥ 0), and log(1 + x) = log(u) + δ / u to first order in δ, so
+    x itself where u rounds to 1. ONNX has no Log1p, and ``log(1 + x)`` alone loses the low digits of a
+    small weight (x = 1e-4: 6e-4 of it). Six elementwise passes and no Where (whose ONNX Runtime kernel
+    took 12% of the int8 sparse graph, [batch, vocab] being its widest tensor)."""
     u = 1.0 + x
-    shifted = u - 1.0
-    exact = torch.log(u) * x / torch.where(shifted == 0, torch.ones_like(shifted), shifted)
-    return torch.where(shifted == 0, x, exact)
+    return torch.log(u) - ((u - 1.0) - x) / u
 
 
 class _Splade(torch.nn.Module):
