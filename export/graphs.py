@@ -307,10 +307,10 @@ class _Splade(torch.nn.Module):
     ``pooling`` over the real tokens of log1p(relu(MLM logits × mask)) (log1p twice for ``log1p_relu``).
 
     With max pooling the only elementwise pass over the [batch, seq, vocab] logits is the ReduceMax (the
-    int8 rewrite adds its per-token scales' Mul): relu and log1p are monotonic, so they act on the pooled
-    [batch, vocab] logits; so does the projection's bias (the max of x + b is the max of x, plus b, to the
-    last bit); and a padded position takes the hidden state of its row's first real token, whose logits
-    are in the max already, instead of a mask over the logits."""
+    int8 rewrite scales each sequence after it: ``export/quantize.py``): relu and log1p are monotonic, so
+    they act on the pooled [batch, vocab] logits; so does the projection's bias (the max of x + b is the
+    max of x, plus b, to the last bit); and a padded position takes the hidden state of its row's first
+    real token, whose logits are in the max already, instead of a mask over the logits."""
 
     def __init__(self, mlm_head: torch.nn.Module, sparse: Sparse) -> None:
         super().__init__()

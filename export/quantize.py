@@ -14,6 +14,12 @@ the way out) on the CPU's integer units (VNNI/AMX where present), which also tak
 its scalar a_zero_point, or per row by ``_zero_point_rows``): after it, one Mul by the row scales. A
 token's result depends on that token alone. The word-embedding table is stored int8 with one scale per row.
 
+A GEMM whose output is only max-pooled over the sequence (the sparse graph's vocabulary projection, whose
+[batch, seq, vocab] output is the largest tensor of any graph here) quantises each sequence with one scale
+instead: a positive scale commutes with the max, so the scales' Mul runs on the pooled [batch, vocab]
+rows rather than on every token's (the same bits as scaling first). A sequence's result still depends on
+that sequence alone (its padded positions repeat a real token's state: ``export/graphs.py`` ``_Splade``).
+
 Per-token scales still suffer from BERT's few outlier channels, so first each MatMul's input channels are
 smoothed (:mod:`export.smoothquant`, from a calibration set).
 """
@@ -94,12 +100,25 @@ class _Rewriter:
         self.new_inits: list[onnx.TensorProto] = []
         self.count = 0
         # Input tensor -> its quantised rows, so readers of one tensor (Q, K, V) quantise it once.
-        self.quantized: dict[str, _Rows] = {}
+        self.quantized: dict[tuple[str, bool], _Rows] = {}
         self.weights = {
             n.output[0]: _per_channel(numpy_helper.to_array(self.inits[n.input[1]]))
             for n in self.graph.node
             if n.op_type == "MatMul" and self._quantizable(n.input[1])
         }
+        # GEMM outputs read only by a max over the sequence: quantised per sequence; their row scales,
+        # by output, for the rewrite of that max.
+        readers: dict[str, list[onnx.NodeProto]] = {}
+        for n in self.graph.node:
+            for i in n.input:
+                readers.setdefault(i, []).append(n)
+        outputs = {o.name for o in self.graph.output}
+        self.pooled = {
+            out
+            for out in self.weights
+            if out not in outputs and [self._pools_sequence(r) for r in readers.get(out, [])] == [True]
+        }
+        self.pooled_scale: dict[str, str] = {}
         # 256 levels: one zero point for all rows, the middle level (``_rows_shared_zero_point``); 128: each
         # row its own, taken out by pieces appended to the rows, enough for the largest column sum of any
         # weight reading that input.
@@ -124,8 +143,20 @@ class _Rewriter:
             self._const("zq.levels", np.array(levels - 1, dtype=np.float32))
         self._const("zq.one", np.array(1.0, dtype=np.float32))
         self._const("zq.flat", np.array([-1], dtype=np.int64))
+        self._const("zq.column", np.array([-1, 1], dtype=np.int64))
         if self.axes_as_input:
             self._const("zq.axes", np.array([-1], dtype=np.int64))
+            self._const("zq.seq_axes", np.array([1, 2], dtype=np.int64))
+
+    def _pools_sequence(self, node: onnx.NodeProto) -> bool:
+        """Whether ``node`` is a ReduceMax over axis 1 (the sequence of [batch, seq, width]) alone."""
+        if node.op_type != "ReduceMax":
+            return False
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        axes = attrs.get("axes")
+        if len(node.input) > 1 and node.input[1] in self.inits:
+            axes = numpy_helper.to_array(self.inits[node.input[1]]).tolist()
+        return axes == [1] and attrs.get("keepdims", 1) == 0
 
     def _quantizable(self, name: str) -> bool:
         weight = self.inits.get(name)
@@ -136,18 +167,27 @@ class _Rewriter:
         return name
 
     def _row_extremes(
-        self, x: str, n: Callable[..., onnx.NodeProto]
+        self, x: str, n: Callable[..., onnx.NodeProto], per_sequence: bool
     ) -> tuple[onnx.NodeProto, onnx.NodeProto]:
-        """The ReduceMax and ReduceMin over the last axis of ``x`` (axes as an input from opset 18 on)."""
+        """The ReduceMax and ReduceMin over the last axis of ``x``, or over a sequence's tokens and width
+        (axes as an input from opset 18 on)."""
         if self.axes_as_input:
-            return n("ReduceMax", [x, "zq.axes"], "max", keepdims=1), n(
-                "ReduceMin", [x, "zq.axes"], "min", keepdims=1
-            )
-        return n("ReduceMax", [x], "max", axes=[-1], keepdims=1), n(
-            "ReduceMin", [x], "min", axes=[-1], keepdims=1
+            axes = "zq.seq_axes" if per_sequence else "zq.axes"
+            return n("ReduceMax", [x, axes], "max", keepdims=1), n("ReduceMin", [x, axes], "min", keepdims=1)
+        over = [1, 2] if per_sequence else [-1]
+        return n("ReduceMax", [x], "max", axes=over, keepdims=1), n(
+            "ReduceMin", [x], "min", axes=over, keepdims=1
         )
 
-    def _rows_shared_zero_point(self, x: str, prefix: str, width: int) -> tuple[list[onnx.NodeProto], _Rows]:
+    def _rows_shape(self, p: Callable[[str], str], width: int, per_sequence: bool) -> str:
+        """The shape that makes ``x`` rows of one scale each: its tokens, or its sequences."""
+        return self._const(
+            p("rows_shape"), np.array([0, -1] if per_sequence else [-1, width], dtype=np.int64)
+        )
+
+    def _rows_shared_zero_point(
+        self, x: str, prefix: str, width: int, per_sequence: bool = False
+    ) -> tuple[list[onnx.NodeProto], _Rows]:
         """Nodes that turn float ``x`` [..., width] into uint8 rows, each with its own scale and all with one
         zero point, the middle level: the 256-level (VNNI) graph.
 
@@ -159,8 +199,8 @@ class _Rewriter:
         0.9969), hence only with 256.
         """
         n, p = _namer(prefix)
-        reduce_max, reduce_min = self._row_extremes(x, n)
-        rows_shape = self._const(p("rows_shape"), np.array([-1, width], dtype=np.int64))
+        reduce_max, reduce_min = self._row_extremes(x, n, per_sequence)
+        rows_shape = self._rows_shape(p, width, per_sequence)
         nodes = [
             reduce_max,
             reduce_min,
@@ -179,7 +219,9 @@ class _Rewriter:
         ]
         return nodes, _Rows(p("q"), p("scale"), 0)
 
-    def _rows_own_zero_point(self, x: str, prefix: str, width: int) -> tuple[list[onnx.NodeProto], _Rows]:
+    def _rows_own_zero_point(
+        self, x: str, prefix: str, width: int, per_sequence: bool = False
+    ) -> tuple[list[onnx.NodeProto], _Rows]:
         """Nodes that turn float ``x`` [..., width] into uint8 rows, each with its own scale and zero point,
         followed by ``pieces`` copies of that zero point (``_zero_point_rows`` says why): the 128-level graph.
 
@@ -190,10 +232,8 @@ class _Rewriter:
         """
         pieces = self.pieces[x]
         n, p = _namer(prefix)
-        reduce_max, reduce_min = self._row_extremes(x, n)
-        rows_shape = self._const(p("rows_shape"), np.array([-1, width], dtype=np.int64))
-        wide = self._const(p("wide"), np.array([width + pieces], dtype=np.int64))
-        repeat = self._const(p("repeat"), np.array([1, pieces], dtype=np.int64))
+        reduce_max, reduce_min = self._row_extremes(x, n, per_sequence)
+        rows_shape = self._rows_shape(p, width, per_sequence)
         nodes = [
             reduce_max,
             reduce_min,
@@ -211,6 +251,21 @@ class _Rewriter:
             n("Reshape", [p("zp_u8"), "zq.flat"], "zp_rows"),
             n("Reshape", [x, rows_shape], "x_rows"),
             n("QuantizeLinear", [p("x_rows"), p("scale_rows"), p("zp_rows")], "q_rows", axis=0),
+        ]
+        if per_sequence:  # each token followed by its sequence's zero point
+            rep_shape = self._const(p("pieces"), np.array([pieces], np.int64))
+            nodes += [
+                n("Shape", [x], "x_shape"),
+                n("Reshape", [p("q_rows"), p("x_shape")], "q_tokens"),
+                n("Shape", [x], "lead", end=-1),
+                n("Concat", [p("lead"), rep_shape], "rep_shape", axis=0),
+                n("Expand", [p("zp_u8"), p("rep_shape")], "zp_rep"),
+                n("Concat", [p("q_tokens"), p("zp_rep")], "q", axis=-1),
+            ]
+            return nodes, _Rows(p("q"), p("scale"), pieces)
+        wide = self._const(p("wide"), np.array([width + pieces], dtype=np.int64))
+        repeat = self._const(p("repeat"), np.array([1, pieces], dtype=np.int64))
+        nodes += [
             n("Reshape", [p("zp_u8"), self._const(p("col"), np.array([-1, 1], dtype=np.int64))], "zp_col"),
             n("Expand", [p("zp_col"), repeat], "zp_rep"),
             n("Concat", [p("q_rows"), p("zp_rep")], "q_wide", axis=1),
@@ -227,12 +282,14 @@ class _Rewriter:
         prefix = f"zq{self.count}"
         self.count += 1
         nodes: list[onnx.NodeProto] = []
-        if node.input[0] in self.quantized:
-            rows = self.quantized[node.input[0]]
+        per_sequence = node.output[0] in self.pooled
+        key = (node.input[0], per_sequence)
+        if key in self.quantized:
+            rows = self.quantized[key]
         else:
             quantize = self._rows_shared_zero_point if self.shared_zero_point else self._rows_own_zero_point
-            nodes, rows = quantize(node.input[0], prefix, q.shape[0])
-            self.quantized[node.input[0]] = rows
+            nodes, rows = quantize(node.input[0], prefix, q.shape[0], per_sequence)
+            self.quantized[key] = rows
         # y = scale·(Σ_k (x_q - zp)·w): MatMulIntegerToFloat takes the zero point out inside the GEMM (as its
         # scalar a_zero_point, or by the rows appended to both sides) and applies the weight scales in its
         # output stage; the row scale is one Mul. The bias Add after it stays, for ONNX Runtime to fuse into
@@ -242,9 +299,26 @@ class _Rewriter:
         inputs = [rows.q, self._const(f"{prefix}.w", q), "zq.one", self._const(f"{prefix}.wscale", w_scale)]
         if not rows.pieces:
             inputs.append("zq.zp")
+        if per_sequence:  # unscaled: the max over the sequence is scaled after it (``pooled_max``)
+            self.pooled_scale[node.output[0]] = rows.scale
+            gemm = helper.make_node("MatMulIntegerToFloat", inputs, [node.output[0]], domain="com.microsoft")
+            return [*nodes, gemm]
         product = f"{prefix}.product"
         gemm = helper.make_node("MatMulIntegerToFloat", inputs, [product], domain="com.microsoft")
         return [*nodes, gemm, helper.make_node("Mul", [product, rows.scale], [node.output[0]])]
+
+    def pooled_max(self, node: onnx.NodeProto) -> list[onnx.NodeProto]:
+        """The max over the sequence of an unscaled per-sequence GEMM, then its sequences' scales."""
+        scale = self.pooled_scale[node.input[0]]
+        unscaled, column = f"{scale}.pooled", f"{scale}.column"
+        pool = onnx.NodeProto()
+        pool.CopyFrom(node)
+        pool.output[0] = unscaled
+        return [
+            pool,
+            helper.make_node("Reshape", [scale, "zq.column"], [column]),  # [batch, 1, 1] -> [batch, 1]
+            helper.make_node("Mul", [unscaled, column], [node.output[0]]),
+        ]
 
     def gather(self, node: onnx.NodeProto) -> list[onnx.NodeProto] | None:
         table = self.inits.get(node.input[0])
@@ -275,6 +349,8 @@ class _Rewriter:
                 node.op_type == "Gather" and node.input[0] in self.inits and self._is_big_table(node.input[0])
             ):
                 new = self.gather(node)
+            elif node.op_type == "ReduceMax" and node.input and node.input[0] in self.pooled_scale:
+                new = self.pooled_max(node)
             if new is None:
                 nodes.append(node)
                 continue

@@ -19,13 +19,16 @@ from export.spec import Int8Recipe
 K, N = 48, 24
 
 
-def _reference(x: np.ndarray, weight: np.ndarray, top: int = LEVELS_ANY_CPU - 1) -> np.ndarray:
-    """Per-row activations, per-column symmetric int8 weights, exact integer product. 128 levels: each row its
-    own zero point (asymmetric); 256: each row its own scale around one zero point, the middle level."""
+def _reference(
+    x: np.ndarray, weight: np.ndarray, top: int = LEVELS_ANY_CPU - 1, rows: tuple[int, ...] = (-1,)
+) -> np.ndarray:
+    """Per-row activations (a row: the last axis, or ``rows``' axes), per-column symmetric int8 weights,
+    exact integer product. 128 levels: each row its own zero point (asymmetric); 256: each row its own
+    scale around one zero point, the middle level."""
     w_scale = np.maximum(np.abs(weight).max(axis=0), 1e-12) / 127
     wq = np.clip(np.rint(weight / w_scale), -127, 127)
-    hi = np.maximum(x.max(axis=-1, keepdims=True), 0)
-    lo = np.minimum(x.min(axis=-1, keepdims=True), 0)
+    hi = np.maximum(x.max(axis=rows, keepdims=True), 0)
+    lo = np.minimum(x.min(axis=rows, keepdims=True), 0)
     if top == LEVELS_VNNI - 1:
         zp = (top + 1) // 2
         scale = np.maximum(np.maximum(hi / (top - zp), lo / -zp), 1e-12)
@@ -36,12 +39,20 @@ def _reference(x: np.ndarray, weight: np.ndarray, top: int = LEVELS_ANY_CPU - 1)
     return ((xq - zp) @ wq) * scale * w_scale
 
 
-def _one_matmul(weight: np.ndarray) -> onnx.ModelProto:
+def _one_matmul(weight: np.ndarray, pooled: bool = False) -> onnx.ModelProto:
+    """x @ weight; ``pooled``: then its max over the sequence, as the sparse graph's projection."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["xw" if pooled else "y"])]
+    if pooled:
+        nodes.append(helper.make_node("ReduceMax", ["xw"], ["y"], axes=[1], keepdims=0))
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        nodes,
         "one_matmul",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", K])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", N])],
+        [
+            helper.make_tensor_value_info(
+                "y", TensorProto.FLOAT, ["batch", N] if pooled else ["batch", "seq", N]
+            )
+        ],
         [numpy_helper.from_array(weight, "w")],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -124,3 +135,29 @@ def test_256_levels_are_exact_on_vnni(tmp_path: Path) -> None:
     np.testing.assert_array_equal(y[0, 1], 0)
     expected = _reference(x.astype(np.float64), weight, LEVELS_VNNI - 1)
     np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("levels", [LEVELS_ANY_CPU, LEVELS_VNNI])
+def test_a_gemm_pooled_by_max_over_the_sequence_is_quantised_per_sequence(
+    tmp_path: Path, levels: int
+) -> None:
+    """One scale a sequence, applied after the max: the max reads the GEMM's output directly; the result is
+    the per-sequence reference, and a sequence's result does not depend on its batch."""
+    if levels == LEVELS_VNNI and not cpu_has_vnni():
+        pytest.skip("256 levels are only exact on CPUs with VNNI")
+    weight = np.random.default_rng(1).standard_normal((K, N)).astype(np.float32)
+    src, dst = tmp_path / "fp32.onnx", tmp_path / "int8.onnx"
+    save(_one_matmul(weight, pooled=True), str(src))
+    assert quantize_per_token(src, dst, levels=levels) == 1
+    nodes = onnx.load(str(dst)).graph.node
+    (gemm,) = (n for n in nodes if n.op_type == "MatMulIntegerToFloat")
+    assert [n.op_type for n in nodes if gemm.output[0] in n.input] == ["ReduceMax"]
+    sess = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(2).standard_normal((3, 5, K)).astype(np.float32) * 4
+    x[1] = np.abs(x[1])  # a one-sided sequence
+    (y,) = sess.run(["y"], {"x": x})
+    expected = _reference(x.astype(np.float64), weight, levels - 1, rows=(1, 2)).max(axis=1)
+    np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)
+    loud = x[:1] * 100  # would set a per-tensor scale
+    (y_batched,) = sess.run(["y"], {"x": np.concatenate([x[2:], loud])})
+    np.testing.assert_array_equal(y[2], y_batched[0])
