@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -48,6 +49,23 @@ class CellResult:
     def client_cores(self) -> float:
         """CPU cores the client itself used during the measured window (1.0 = one full core)."""
         return self.client_cpu_s / self.wall_s if self.wall_s else 0.0
+
+    @classmethod
+    def pooled(cls, results: list[CellResult]) -> CellResult:
+        """Several windows of one load as one: their counts over their summed windows, every latency."""
+        statuses: Counter[int] = Counter()
+        for r in results:
+            statuses.update(r.status_counts)
+        return cls(
+            wall_s=sum(r.wall_s for r in results),
+            requests=sum(r.requests for r in results),
+            sentences=sum(r.sentences for r in results),
+            errors=sum(r.errors for r in results),
+            latencies_ms=[ms for r in results for ms in r.latencies_ms],
+            client_cpu_s=sum(r.client_cpu_s for r in results),
+            status_counts=dict(statuses),
+            first_error=next((r.first_error for r in results if r.first_error), None),
+        )
 
 
 def cycle(bodies: list[bytes], texts: int) -> BodyFactory:

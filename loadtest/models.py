@@ -1,22 +1,24 @@
 """Several models in one process against one process per model, on the same cores.
 
-    python -m loadtest.models [--embedder DIR] [--variant int8] [--duration 60] [--warmup 5] \
+    python -m loadtest.models [--embedder DIR] [--variant int8] [--duration 60] [--rounds 2] [--warmup 5] \
         [--background 64x32] [--quick]
 
 The embedder (default the bert-base-chinese twin, ``models/bert-base-chinese-twin``) and the tests' tiny
 cross-encoder and token classifier (exported here; ``--heads DIR`` keeps them), served by one process
 (``ZHEMBED_MODELS``) and by three side by side, each under the same mixed load of closed-loop clients
 (``/embed`` 8 × 1 text, ``/rerank`` 4 × (1 query, 8 documents), ``/token-classification`` 2 × 1 text);
-then the one process under it beside a u=7 ``--background`` client on the embedder. A few probes (each
-route of each model) are asked of both first. Prints a row per arrangement and route (requests/s, p50 /
-p99 ms, errors), the PSS of each arrangement's process tree after its load, and issue 33's targets as
-PASS / MISS lines; JSON in loadtest/results/. ``--quick``: tiny models, 2 s cells (CI).
+and the one process under it beside a u=7 ``--background`` client on the embedder. ``--duration`` is
+each arrangement's, in ``--rounds`` cells taken in turns (one, three; three, one; ...), each on servers
+started for it alone, so that a machine whose speed drifts favours neither; a row pools its rounds (the
+requests over the summed windows, p99 over every latency). A few probes (each route of each model) are
+asked of both first. Prints a row per arrangement and route (requests/s, p50 / p99 ms, errors), the PSS
+of each arrangement's process tree after its load (the largest of its rounds), and issue 33's targets as
+PASS / MISS lines; JSON in loadtest/results/. ``--quick``: tiny models, one 2 s round (CI).
 docs/performance.md says what each arrangement and target is.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import tempfile
@@ -33,6 +35,7 @@ from loadtest.harness.cell import STRIDE, Cell, closed_loops, parse_cells
 from loadtest.harness.measure import Measured
 from loadtest.harness.report import NAN, Column, Goal, Row, Table, cpu_model, target, write_json
 from loadtest.harness.service import service_env
+from loadtest.loadgen import CellResult
 from loadtest.quick_model import exported, tiny_model
 from loadtest.server import ServiceProcess, post
 
@@ -72,18 +75,26 @@ def bodies(corpus: list[str], cell: Cell, start: int) -> loadgen.BodyFactory:
     return make
 
 
-def run(label: str, ports: dict[str | None, int], cells: list[Cell], args: argparse.Namespace) -> Rows:
-    """Every cell's clients at once, each against the port of its model; each cell's row of the arrangement
-    ``label``, printed, by its route (and urgency, where it has one)."""
+def load(
+    ports: dict[str | None, int], cells: list[Cell], start: int, seconds: float, warmup: float
+) -> list[CellResult]:
+    """Every cell's clients at once, each against the port of its model, its texts from ``start`` on."""
     corpus = load_corpus()
-    loads = [(ports[c.model], c, bodies(corpus, c, (k + 1) * STRIDE)) for k, c in enumerate(cells)]
-    rows: Rows = {}
-    for c, r in zip(cells, uvloop.run(closed_loops(loads, args.duration, args.warmup)), strict=True):
+    loads = [(ports[c.model], c, bodies(corpus, c, start + k * STRIDE)) for k, c in enumerate(cells)]
+    return uvloop.run(closed_loops(loads, seconds, warmup))
+
+
+def rows(label: str, cells: list[Cell], rounds: list[list[CellResult]]) -> Rows:
+    """Each cell's row of the arrangement ``label``, its ``rounds`` pooled, printed, by route (and urgency,
+    where it has one)."""
+    out: Rows = {}
+    for k, c in enumerate(cells):
         route = c.route + ("" if c.urgency is None else f" (u={c.urgency})")
-        row = rows[route] = Row.of(Measured(c, r, NAN, NAN, {}, {}), label=f"{label:<32} {route}")
-        row.extra.update(arrangement=label, route=route)
+        pooled = CellResult.pooled([results[k] for results in rounds])
+        row = out[route] = Row.of(Measured(c, pooled, NAN, NAN, {}, {}), label=f"{label:<32} {route}")
+        row.extra.update(arrangement=label, route=route, rounds=len(rounds))
         print(TABLE.row(row, ""), flush=True)
-    return rows
+    return out
 
 
 def _export_heads(folder: Path, variant: str) -> None:
@@ -163,19 +174,21 @@ def targets(differ: list[str], alone: Rows, beside: Rows, apart: Rows, pss: dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    quick_help = "tiny models (fp32), 2 s cells, 8x4 background (CI)"
+    quick_help = "tiny models (fp32), one 2 s round, 8x4 background (CI)"
     p = parser("loadtest.models", __doc__, quick_help, duration=60.0, warmup=5.0, out=None)
     p.add_argument("--embedder", type=Path, default=TWIN, help="the embedder's exported folder")
     p.add_argument("--heads", type=Path, default=None, help="where the tiny heads are (exported once)")
     p.add_argument("--variant", default="int8", help="every model's graph variant")
     p.add_argument("--background", default="64x32", help="clients x texts of the u=7 embedder client")
+    p.add_argument("--rounds", type=int, default=2, help="cells per arrangement, taken in turns")
     args = p.parse_args(argv)
     if args.quick:
-        args.duration, args.warmup, args.background, args.variant = 2.0, 0.5, "8x4", "fp32"
+        args.duration, args.rounds, args.warmup, args.background, args.variant = 2.0, 1, 0.5, "8x4", "fp32"
     elif not (args.embedder / "manifest.json").is_file():
         p.error(f"{args.embedder} holds no exported model: `make twin` exports the bert-base-chinese twin")
     (bg,) = parse_cells(args.background)
     background = Cell(bg.clients, bg.texts, route="/embed", urgency=7, model="embed")
+    seconds = args.duration / args.rounds
 
     def serve(name: str, env: dict[str, str]) -> ServiceProcess:
         return ServiceProcess("app", env, Path(tempfile.gettempdir()) / f"zhembed-models-{name}.log")
@@ -194,45 +207,56 @@ def main(argv: list[str] | None = None) -> int:
             f"{n}={folders[n]}" + (f";max_concurrent_inputs={room}" if n == "embed" else "") for n in NAMES
         )
         quick = {"measure_batch_cost": False} if args.quick else {}
+        envs = {
+            "one": {"one": service_env(embedder, args.variant, room + 1024, models=entries, **quick)},
+            "three": {n: service_env(folders[n], args.variant, 1024, **quick) for n in NAMES},
+        }
         print(
             f"zhembed several models: {args.variant}; embedder {embedder}, reranker {folders['rerank']}, "
-            f"tagger {folders['ner']}; {args.duration:g} s cells (+{args.warmup:g} s warm-up); "
-            f"{len(os.sched_getaffinity(0))} cores ({cpu_model()}) shared by clients and servers",
+            f"tagger {folders['ner']}; {args.rounds} round(s) of {seconds:g} s cells (+{args.warmup:g} s "
+            f"warm-up) per arrangement; {len(os.sched_getaffinity(0))} cores ({cpu_model()}) shared by "
+            "clients and servers",
             flush=True,
         )
+        answers: dict[str, list[tuple[int, Any]]] = {}
+        got: dict[str, list[list[CellResult]]] = {"one": [], "three": [], "beside": []}
+        pss: dict[str, float] = {"one": 0.0, "three": 0.0}
+        for k in range(args.rounds):
+            for name in ("one", "three") if k % 2 == 0 else ("three", "one"):
+                with contextlib.ExitStack() as stack:
+                    services = [stack.enter_context(serve(n, env)) for n, env in envs[name].items()]
+                    ports: dict[str | None, int] = {
+                        n: services[0 if name == "one" else i].port for i, n in enumerate(NAMES)
+                    }
+                    if name not in answers:
+                        answers[name] = probe(ports)
+                    got[name].append(load(ports, MIXED, (2 * k + 1) * 8 * STRIDE, seconds, args.warmup))
+                    pss[name] = max(pss[name], pss_mb(services))
+                    if name == "one":
+                        cells, start = [*MIXED, background], (2 * k + 2) * 8 * STRIDE
+                        got["beside"].append(load(ports, cells, start, seconds, args.warmup))
         print(TABLE.header)
-        one_env = service_env(embedder, args.variant, room + 1024, models=entries, **quick)
-        with serve("one", one_env) as one:
-            ports: dict[str | None, int] = dict.fromkeys(NAMES, one.port)
-            answered_one = probe(ports)
-            alone = run("one process, three models", ports, MIXED, args)
-            pss = {"one": pss_mb([one])}
-            beside = run("one process, with background", ports, [*MIXED, background], args)
-        with contextlib.ExitStack() as stack:
-            envs = {n: service_env(folders[n], args.variant, 1024, **quick) for n in NAMES}
-            three = [stack.enter_context(serve(n, env)) for n, env in envs.items()]
-            ports = {n: s.port for n, s in zip(NAMES, three, strict=True)}
-            differ = same_answers(answered_one, probe(ports))
-            apart = run("three processes", ports, MIXED, args)
-            pss["three"] = pss_mb(three)
+        alone = rows("one process, three models", MIXED, got["one"])
+        beside = rows("one process, with background", [*MIXED, background], got["beside"])
+        apart = rows("three processes", MIXED, got["three"])
         print(
             f"memory (PSS of the process trees, after their load): one process {pss['one']:.0f} MB, "
             f"three {pss['three']:.0f} MB"
         )
-        lines = targets(differ, alone, beside, apart, pss)
+        lines = targets(same_answers(answers["one"], answers["three"]), alone, beside, apart, pss)
         print("targets (issue 33):", *lines, sep="\n")
-        rows = [*alone.values(), *beside.values(), *apart.values()]
+        everything = [*alone.values(), *beside.values(), *apart.values()]
         report = {
             "args": {k: str(v) for k, v in vars(args).items()},
-            "rows": [r.as_json() for r in rows],
+            "rows": [r.as_json() for r in everything],
             "pss_mb": pss,
             "targets": lines,
         }
         write_json(report, args.out, "models")
     # Every interactive cell must be answered; a background (u=7) one may get nothing in a short cell:
     # interactive work comes first, and it is served only as it ages.
-    interactive = [r for r in rows if "(u=" not in r.extra["route"]]
-    return 1 if any(r.errors for r in rows) or not all(r.requests_per_s for r in interactive) else 0
+    interactive = [r for r in everything if "(u=" not in r.extra["route"]]
+    return 1 if any(r.errors for r in everything) or not all(r.requests_per_s for r in interactive) else 0
 
 
 if __name__ == "__main__":

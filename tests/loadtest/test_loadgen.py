@@ -1,5 +1,6 @@
 """loadtest.loadgen's keep-alive connection: Connection: close, a connection the server closed while idle,
-and one closed under a request before any answer (sent again once, on a new connection; counted)."""
+and one closed under a request before any answer (sent again once, on a new connection; counted); and
+cells pooled into one."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from loadtest.loadgen import _Connection
+from loadtest.loadgen import CellResult, _Connection
 
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n%s\r\nok"
 
@@ -113,3 +114,13 @@ def test_a_fresh_connection_or_a_second_drop_is_not_sent_again(script: list[str]
             conn.close()
 
     asyncio.run(main())
+
+
+def test_cells_pooled_count_over_their_summed_windows_and_keep_every_latency() -> None:
+    first = CellResult(10.0, 100, 100, 0, [5.0] * 99 + [50.0], 1.0, {200: 100})
+    second = CellResult(30.0, 100, 800, 2, [1.0] * 100, 2.0, {200: 98, 503: 2}, first_error="503")
+    pooled = CellResult.pooled([first, second])
+    assert (pooled.requests_per_s, pooled.sentences_per_s) == (200 / 40, 900 / 40)
+    assert pooled.errors == 2 and pooled.status_counts == {200: 198, 503: 2} and pooled.first_error == "503"
+    assert sorted(pooled.latencies_ms) == sorted(first.latencies_ms + second.latencies_ms)
+    assert pooled.client_cores == 3.0 / 40
