@@ -11,7 +11,6 @@ A sequence's ``enqueued_at`` must be read from the same clock (the engine reads 
 
 from __future__ import annotations
 
-import resource
 import threading
 import time
 
@@ -26,22 +25,3 @@ class Clock:
     def wait(self, cond: threading.Condition, timeout: float | None) -> None:
         """Wait on ``cond`` (held by the caller) until notified, or ``timeout`` seconds (None: no limit)."""
         cond.wait(timeout)
-
-
-_THREAD = getattr(resource, "RUSAGE_THREAD", None)  # Linux
-
-
-def thread_cpu_seconds() -> float:
-    """This thread's CPU seconds (user + system), read with ``getrusage``, not ``time.thread_time``.
-
-    ``thread_time``'s ``clock_gettime(CLOCK_THREAD_CPUTIME_ID)`` first brings the scheduler's count of the
-    running thread up to date, and an EEVDF scheduler (Linux 6.6 on) that then finds the thread's slice
-    spent deschedules it right there, on its way out of the call. Read right after a model run (which
-    spends the slice), that happens with the interpreter lock held, and every other Python thread waits
-    for it: 40-100 stalls of 1-6 ms in 20,000 reads by a busy thread beside a running session, none with
-    ``getrusage``, whose figure is the count as of the thread's last tick or switch (within 0.3% of
-    ``thread_time``'s over a few hundred runs). Elsewhere, ``thread_time``."""
-    if _THREAD is None:
-        return time.thread_time()
-    usage = resource.getrusage(_THREAD)
-    return usage.ru_utime + usage.ru_stime

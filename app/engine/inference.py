@@ -24,7 +24,6 @@ import numpy as np
 
 from app.engine import pooling
 from app.engine.batching import Batcher
-from app.engine.clock import thread_cpu_seconds
 from app.engine.postprocess import FinishedBatch, split_batch
 from app.engine.work import Job, Seq
 from app.errors import InternalError
@@ -194,7 +193,7 @@ class Inference:
             if need.head:
                 wanted[HEAD_OUTPUT] = None
 
-        started, cpu = time.perf_counter(), thread_cpu_seconds()
+        started, cpu = time.perf_counter(), time.thread_time()
         names = list(wanted)
         outputs = dict(
             zip(names, self.model.encode(input_ids, attention_mask, names, token_types), strict=True)
@@ -209,7 +208,7 @@ class Inference:
             sparse = self.model.sparse_vectors(
                 outputs[last][sparse_rows, :width], attention_mask[sparse_rows, :width]
             )
-        finished, cpu = time.perf_counter(), thread_cpu_seconds() - cpu
+        finished, cpu = time.perf_counter(), time.thread_time() - cpu
 
         self.stats.batches += 1
         self.stats.items += len(items)
