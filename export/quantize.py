@@ -356,11 +356,11 @@ class _Rewriter:
                 continue
             nodes.extend(new)
         still_used = {i for n in nodes for i in n.input} | {o.name for o in self.graph.output}
-        kept = [i for i in self.graph.initializer if i.name in still_used]
+        kept = [i for i in [*self.graph.initializer, *self.new_inits] if i.name in still_used]
         del self.graph.node[:]
         self.graph.node.extend(nodes)
         del self.graph.initializer[:]
-        self.graph.initializer.extend(kept + self.new_inits)
+        self.graph.initializer.extend(kept)
         return self.count
 
     def _is_big_table(self, name: str) -> bool:
