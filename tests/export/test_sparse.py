@@ -135,7 +135,8 @@ def test_a_texts_sparse_vector_does_not_depend_on_its_batch(sparse_export: Path,
     """The sparse graph on a text's states padded beside a longer text whose states are 100 times larger
     (they would set a shared scale), its padding 100 times larger too, gives the weights it gives the same
     states alone (int8: one scale a sequence, its padded positions a real token's state), but for
-    float32's last bit: ONNX Runtime's kernels for 4 rows and for 18 differ there, in fp32 as in int8."""
+    float32's last bits: ONNX Runtime's kernels for 4 rows and for 18 sum in other orders, in fp32 as in
+    int8 (3e-8 apart here; a shared scale or a padded state in the max moves weights by orders more)."""
     manifest = load_manifest(sparse_export)
     splade = ort.InferenceSession(str(sparse_export / manifest.graphs["sparse"][variant].file))
     rng = np.random.default_rng(0)
@@ -149,7 +150,7 @@ def test_a_texts_sparse_vector_does_not_depend_on_its_batch(sparse_export: Path,
         return np.asarray(splade.run([SPARSE_OUTPUT], {LAST_HIDDEN_STATE: hidden, "attention_mask": m})[0])
 
     alone = run(states[1:, :4], mask[1:, :4])
-    np.testing.assert_allclose(run(states, mask)[1], alone[0], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(run(states, mask)[1], alone[0], rtol=1e-5, atol=1e-6)
 
 
 def test_the_export_equals_sentence_transformers_sparse_encoder(
