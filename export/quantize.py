@@ -186,7 +186,7 @@ class _Rewriter:
         )
 
     def _rows_shared_zero_point(
-        self, x: str, prefix: str, width: int, per_sequence: bool = False
+        self, x: str, prefix: str, width: int, per_sequence: bool
     ) -> tuple[list[onnx.NodeProto], _Rows]:
         """Nodes that turn float ``x`` [..., width] into uint8 rows, each with its own scale and all with one
         zero point, the middle level: the 256-level (VNNI) graph.
@@ -220,7 +220,7 @@ class _Rewriter:
         return nodes, _Rows(p("q"), p("scale"), 0)
 
     def _rows_own_zero_point(
-        self, x: str, prefix: str, width: int, per_sequence: bool = False
+        self, x: str, prefix: str, width: int, per_sequence: bool
     ) -> tuple[list[onnx.NodeProto], _Rows]:
         """Nodes that turn float ``x`` [..., width] into uint8 rows, each with its own scale and zero point,
         followed by ``pieces`` copies of that zero point (``_zero_point_rows`` says why): the 128-level graph.

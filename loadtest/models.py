@@ -52,6 +52,8 @@ ERRORS = Column("errors", 7, "d", "errors")
 # The label is the arrangement, then the route.
 TABLE = Table(f"{'arrangement':<32} route", 61, CLIENTS, RATE, "p50 ms", "p99 ms", ERRORS, tail="")
 Rows = dict[str, Row]  # an arrangement's rows, by route (and urgency)
+# Strides of texts one load's cells may take (one each: at most 4).
+LOAD_STRIDES = 8
 # Issue 33's targets.
 PSS_RATIO = 0.8
 BACKGROUND_P99_RATIO = 1.5
@@ -76,10 +78,15 @@ def bodies(corpus: list[str], cell: Cell, start: int) -> loadgen.BodyFactory:
 
 
 def load(
-    ports: dict[str | None, int], cells: list[Cell], start: int, seconds: float, warmup: float
+    ports: dict[str | None, int],
+    cells: list[Cell],
+    texts: tuple[list[str], int],
+    seconds: float,
+    warmup: float,
 ) -> list[CellResult]:
-    """Every cell's clients at once, each against the port of its model, its texts from ``start`` on."""
-    corpus = load_corpus()
+    """Every cell's clients at once, each against the port of its model; ``texts``: the corpus and where
+    this load's texts start in it (each cell a ``STRIDE`` further)."""
+    corpus, start = texts
     loads = [(ports[c.model], c, bodies(corpus, c, start + k * STRIDE)) for k, c in enumerate(cells)]
     return uvloop.run(closed_loops(loads, seconds, warmup))
 
@@ -220,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         answers: dict[str, list[tuple[int, Any]]] = {}
         got: dict[str, list[list[CellResult]]] = {"one": [], "three": [], "beside": []}
+        corpus = load_corpus()
         pss: dict[str, float] = {"one": 0.0, "three": 0.0}
         for k in range(args.rounds):
             for name in ("one", "three") if k % 2 == 0 else ("three", "one"):
@@ -230,11 +238,13 @@ def main(argv: list[str] | None = None) -> int:
                     }
                     if name not in answers:
                         answers[name] = probe(ports)
-                    got[name].append(load(ports, MIXED, (2 * k + 1) * 8 * STRIDE, seconds, args.warmup))
+                    # Both arrangements of a round get the same texts, new to each server.
+                    texts = (corpus, (2 * k + 1) * LOAD_STRIDES * STRIDE)
+                    got[name].append(load(ports, MIXED, texts, seconds, args.warmup))
                     pss[name] = max(pss[name], pss_mb(services))
                     if name == "one":
-                        cells, start = [*MIXED, background], (2 * k + 2) * 8 * STRIDE
-                        got["beside"].append(load(ports, cells, start, seconds, args.warmup))
+                        texts = (corpus, (2 * k + 2) * LOAD_STRIDES * STRIDE)
+                        got["beside"].append(load(ports, [*MIXED, background], texts, seconds, args.warmup))
         print(TABLE.header)
         alone = rows("one process, three models", MIXED, got["one"])
         beside = rows("one process, with background", [*MIXED, background], got["beside"])
