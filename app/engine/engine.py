@@ -125,7 +125,7 @@ class Engine:
                     max_size=s.max_batch_size,
                     max_tokens=s.max_batch_tokens,
                     max_attention=self.limits.attention,
-                    intra_op_threads=s.intra_op_threads,
+                    intra_op_threads=self.model.threads,
                     cache_dir=s.cache_path,
                 )
                 self.batcher.set_costs(model)

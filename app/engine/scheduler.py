@@ -3,10 +3,11 @@
 A service of several models (``ZHEMBED_MODELS``) has one :class:`~app.engine.engine.Engine` per model (its
 own admission budget, tokeniser, batch queue and measured cost model) and, per device, ONE inference
 thread that serves every queue, its sessions on ONNX Runtime's one shared thread pool
-(:mod:`app.model.pool`): one batch at a time on every core, never a pool per model fighting the others
-for the same cores (but for the express threads' short batches, below). Before each batch the thread asks
-every model's queue what it would run next (:meth:`~app.engine.batching.Batcher.offer`, the same plan a
-queue of its own makes) and runs, of the offers:
+(:mod:`app.model.pool`, every physical core but one unless set): one batch at a time, never a pool per
+model fighting the others for the same cores (but for the express threads' short batches, below). Before
+each batch the thread asks every model's queue what it would run next
+(:meth:`~app.engine.batching.Batcher.offer`, the same plan a queue of its own makes) and runs, of the
+offers:
 
 1. **the most urgent**: the lowest level after aging (the request's RFC 9218 urgency, aged so background
    work never starves), as within one queue;

@@ -174,8 +174,10 @@ class OnnxModel:
         sparse = graphs.get("sparse", {}).get(choice.variant) if manifest.sparse is not None else None
         sessions = 1 + (head is not None) + (sparse is not None)
         options = session_options(choice.providers[0], intra_op_threads, sessions)
+        # The intra-op threads its runs get (0: every physical core, ONNX Runtime's count).
+        self.threads = intra_op_threads
         if shared_pool or pool.made():  # (once made, ONNX Runtime refuses a session a pool of its own)
-            pool.share(options, intra_op_threads)
+            self.threads = pool.share(options, intra_op_threads)
         encoder = manifest.graphs["encoder"][choice.variant]
         self._encoder = ort.InferenceSession(str(folder / encoder.file), options, providers=choice.providers)
         self.providers: list[str] = self._encoder.get_providers()

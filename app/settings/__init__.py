@@ -73,7 +73,9 @@ class Settings(BaseSettings):
     intra_op_threads: int = Field(
         default=0,
         ge=0,
-        description="ONNX Runtime intra-op threads; 0 lets ONNX Runtime use every physical core.",
+        description="ONNX Runtime intra-op threads; 0 lets ONNX Runtime use every physical core, and with "
+        "several models their one shared pool every physical core but one (the other models' short batches, "
+        "the event loop and tokenisation run beside a long batch).",
     )
     warmup: bool = Field(
         default=True, description="Run a few batches of typical shapes before /ready turns true."

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from app.model import pool
 from app.model.manifest import ManifestError, load_manifest
 from app.model.runtime import CPU, CUDA, MLM_ROWS, OnnxModel, choose, load_model, session_options
 from app.settings import Settings
@@ -125,30 +128,65 @@ def threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 before = threads()
-settings = Settings(model=sys.argv[1], variant="fp32", intra_op_threads=3)
+settings = Settings(model=sys.argv[1], variant="fp32", intra_op_threads=int(sys.argv[3]))
 models = [load_model(settings, shared_pool=sys.argv[2] == "1") for _ in range(3)]  # kept: their pools live
-print(threads() - before)
+print(threads() - before, *{model.threads for model in models})
 """
+
+
+def started(folder: Path, shared: bool, intra_op_threads: int) -> tuple[int, int]:
+    """The threads three models of ``folder`` started, loaded in a process of their own (ONNX Runtime makes
+    the shared pool once per process), and the intra-op threads each says its runs get."""
+    done = subprocess.run(
+        [sys.executable, "-c", SHARED_POOL_PROBE, str(folder), str(int(shared)), str(intra_op_threads)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    count, threads = done.stdout.split()[-2:]
+    return int(count), int(threads)
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc (Linux)")
 def test_several_models_share_one_thread_pool(tiny_model_dir: Path) -> None:
     """Three models of two sessions each (encoder, masked-LM head), 3 intra-op threads: a pool per session
-    starts 2 threads each (12), the shared pool 2 in all. In a process of its own: ONNX Runtime makes the
-    shared pool once per process."""
+    starts 2 threads each (12), the shared pool 2 in all."""
+    assert started(tiny_model_dir, shared=False, intra_op_threads=3) == (12, 3)
+    assert started(tiny_model_dir, shared=True, intra_op_threads=3) == (2, 3)
 
-    def started(shared: bool) -> int:
-        done = subprocess.run(
-            [sys.executable, "-c", SHARED_POOL_PROBE, str(tiny_model_dir), str(int(shared))],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=True,
-        )
-        return int(done.stdout.split()[-1])
 
-    assert started(shared=False) == 12
-    assert started(shared=True) == 2
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc (Linux)")
+def test_the_shared_pool_leaves_a_core_unless_told_its_size(tiny_model_dir: Path) -> None:
+    """With ``intra_op_threads`` 0 the shared pool has every physical core but one (at least one): it
+    starts that many threads but the caller's, and each model says its runs get that many."""
+    size = pool.threads(0)
+    assert size == max(1, pool.physical_cores() - 1)
+    assert started(tiny_model_dir, shared=True, intra_op_threads=0) == (size - 1, size)
+
+
+def test_the_pool_size_is_the_setting_or_every_physical_core_but_one() -> None:
+    assert [pool.threads(0, cores) for cores in (1, 2, 8)] == [1, 1, 7]
+    assert pool.threads(3, cores=8) == 3 and pool.threads(12, cores=2) == 12
+
+
+def test_physical_cores_count_hyperthreads_of_one_core_once(tmp_path: Path) -> None:
+    """Read from each allowed CPU's topology: two CPUs of one core are one core; without the topology,
+    the CPUs themselves count."""
+    allowed = sorted(os.sched_getaffinity(0))
+
+    def topology(core_of: Callable[[int], int]) -> Path:
+        root = tmp_path / f"cpus-{len(list(tmp_path.iterdir()))}"
+        for cpu in allowed:
+            folder = root / f"cpu{cpu}" / "topology"
+            folder.mkdir(parents=True)
+            (folder / "physical_package_id").write_text("0\n")
+            (folder / "core_id").write_text(f"{core_of(cpu)}\n")
+        return root
+
+    assert pool.physical_cores(topology(lambda cpu: cpu)) == len(allowed)
+    assert pool.physical_cores(topology(lambda cpu: cpu // 2)) == len({cpu // 2 for cpu in allowed})
+    assert pool.physical_cores(tmp_path / "none") == len(allowed)
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])  # load_models in one process; check_models before workers
