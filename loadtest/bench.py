@@ -27,7 +27,7 @@ import numpy as np
 import orjson
 
 from app.settings import Settings
-from loadtest import loadgen, raw_onnx
+from loadtest import loadgen, procs, raw_onnx
 from loadtest.corpus import HIT_SET, encode, load_corpus, request_bodies, tokenizer_of
 from loadtest.harness import TWIN, parser
 from loadtest.harness.cell import Cell, distinct_bodies
@@ -102,7 +102,7 @@ def service_rows(
     rows: list[Row] = []
     facts: dict[str, Any] = {}
     with _service(opts, 0, "service.log") as svc:
-        facts["memory_after_start"] = svc.processes().as_json()
+        facts["memory_after_start"] = procs.tree(svc.pid).as_json()
         for per_request, c, route in itertools.product(opts.texts, opts.concurrency, opts.routes):
             label = f"service c={c} x{per_request}" + ("" if route == "/embed" else f" {route}")
             bodies = request_bodies(opts.corpus, per_request)
@@ -132,7 +132,7 @@ def service_rows(
                 raw = sum(adjacent) / 2 if adjacent else raw_best.sentences_per_s
                 row.vs_raw = (row.sentences_per_s or 0.0) / raw
             rows += shown([row])
-        facts["memory_steady"] = svc.processes().as_json()
+        facts["memory_steady"] = procs.tree(svc.pid).as_json()
     return rows, facts
 
 
@@ -170,7 +170,7 @@ def cache_rows(opts: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
             ratio = hits / (hits + misses) if hits + misses else NAN
             row.note = joined(f"measured hit ratio {ratio:.1%}", row.note)
             rows += shown([row])
-        facts["memory_steady"] = svc.processes().as_json()
+        facts["memory_steady"] = procs.tree(svc.pid).as_json()
     return rows, facts
 
 

@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 import uvloop
 
-from loadtest import loadgen
+from loadtest import loadgen, procs
 from loadtest.corpus import load_corpus, unique_texts
 from loadtest.harness import TWIN, parser
 from loadtest.harness.cell import STRIDE, Cell, closed_loops, parse_cells
@@ -155,7 +155,7 @@ def same_answers(got: list[tuple[int, Any]], want: list[tuple[int, Any]]) -> lis
 
 
 def pss_mb(services: list[ServiceProcess]) -> float:
-    return sum(s.processes().memory.pss for s in services) / 2**20
+    return sum(procs.tree(s.pid).memory.pss for s in services) / 2**20
 
 
 def targets(differ: list[str], alone: Rows, beside: Rows, apart: Rows, pss: dict[str, float]) -> list[str]:
