@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import json
 import multiprocessing
 import os
 import sys
@@ -60,7 +59,7 @@ from loadtest.harness.report import NAN, RESULTS, Column, Goal, Row, Table, cpu_
 from loadtest.harness.service import GPU_LIKE, PREFIX, fields, in_process, service_env
 from loadtest.loadgen import Answer, closed_loop
 from loadtest.quick_model import tiny_model
-from loadtest.raw_onnx import ceiling
+from loadtest.raw_onnx import ceiling, manifest, shape_of
 from loadtest.server import HOST, ServiceProcess, free_port, parse_exposition
 
 CELLS = "8x32,64x32,256x32,32x1,256x1"
@@ -85,8 +84,6 @@ SENT, ERRORS = Column("sentences/s", 12, ".0f", "sentences_per_s"), Column("erro
 SERVER_US = Column("server µs/sentence", 19, ".0f", "cpu_us")
 CLIENT = Column("client cores", 13, ".2f", "client_cores")
 BY_PROTOCOL = Table("protocol", 10, SENT, "p50 ms", SERVER_US, CLIENT, ERRORS, tail="")
-
-
 # Texts per tokeniser call: what the issue's floor was measured with (the service batches across requests).
 TOKENIZE_BATCH = 32
 # Repeats of each measurement: the fastest is kept (the least disturbed by the other processes).
@@ -109,9 +106,7 @@ class Floor:
 
 def floor_here(model: Path, texts_per_request: int, start: int, count: int) -> Floor:
     """The floor on ``count`` of the cell's texts, in this process."""
-    config = json.loads((model / "manifest.json").read_text())
-    hidden = int(config["config"]["hidden_size"])
-    max_length = int(config["tokenizer"]["max_length"])
+    hidden, max_length = shape_of(model).hidden, int(manifest(model)["tokenizer"]["max_length"])
     # On the calling thread, as the service encodes (app/model/tokenizer.py says why).
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     tokenizer = tokenizer_of(model, max_length)
@@ -199,10 +194,8 @@ def run(args: argparse.Namespace, model: Path) -> dict[str, Any]:
     batch = GPU_LIKE if args.gpu_like else {}
     batch_size = int(batch.get("max_batch_size", Settings.model_fields["max_batch_size"].default))
     cores = len(os.sched_getaffinity(0))
-    peak = max(c.inputs for c in cells)
-    env = service_env(
-        model, args.variant, 2 * peak * args.workers, intra_op_threads=1, workers=args.workers, **batch
-    )
+    admit = 2 * max(c.inputs for c in cells) * args.workers
+    env = service_env(model, args.variant, admit, intra_op_threads=1, workers=args.workers, **batch)
     gpu = ", ".join(f"{PREFIX}{k.upper()}={v}" for k, v in batch.items())
     print(
         f"zhembed overhead: {model} ({LAYERS} layers, hidden 64, {args.variant}); {cores} cores "
@@ -301,9 +294,8 @@ async def in_process_cell(
 async def run_in_process(args: argparse.Namespace, model: Path) -> None:
     """``--in-process``: each cell on the service and engine built in this process, no HTTP."""
     batch = GPU_LIKE if args.gpu_like else {}
-    service, engine = await in_process(
-        Settings(**fields(model, "fp32", 100_000, intra_op_threads=1, **batch))
-    )
+    settings = Settings(**fields(model, "fp32", 100_000, intra_op_threads=1, **batch))
+    service, engine = await in_process(settings)
     print(f"engine path: {model}, {'GPU-like' if args.gpu_like else 'CPU default'} batches, cache off")
     print(IN_PROCESS.header)
     try:
