@@ -43,10 +43,8 @@ QUEUED = "zhembed_queue_duration_seconds_count"
 # A cell whose engine ran the model at under this share of the run's median speed is reported as disturbed.
 DISTURBED = 0.8
 # sent/s is counted by the server (inputs it queued in the window), client/s by the client.
-CLIENT, ANSWERS = (
-    Column("client/s", 9, ".1f", "client_sentences_per_s"),
-    Column("answers", 8, "d", "requests"),
-)
+CLIENT = Column("client/s", 9, ".1f", "client_sentences_per_s")
+ANSWERS = Column("answers", 8, "d", "requests")
 ENGINE = Column("engine tok/s", 13, ".0f", "engine_tokens_per_s")
 TABLE = Table("cell", 34, "sent/s", CLIENT, "p50 ms", "p99 ms", ANSWERS, "err", "batch", ENGINE, tail="")
 
@@ -205,17 +203,16 @@ def engine_speed(cell: Row) -> float:
     machine ran the model then. A cell far below the run's others had the cores shared with other work."""
     engine = cell.extra.get("engine", {})
     busy = engine.get("inference_busy_s", 0.0)
-    return engine.get("padded_tokens", 0) / busy if busy else float("nan")
+    return engine.get("padded_tokens", 0) / busy if busy else NAN
 
 
 def summarise(
     cells: dict[str, Row], raw_start: dict[int, float], raw_end: dict[int, float], have_today: bool
 ) -> list[dict[str, Any]]:
     """The issue's targets, each as (measured, ratio, target, PASS/MISS)."""
-    nan = float("nan")
     rate = {k: c.sentences_per_s or 0.0 for k, c in cells.items()}
-    spread = {k: (c.p99_ms or nan) / (c.p50_ms or nan) for k, c in cells.items()}
-    p99 = {k: c.p99_ms or nan for k, c in cells.items()}
+    spread = {k: (c.p99_ms or NAN) / (c.p50_ms or NAN) for k, c in cells.items()}
+    p99 = {k: c.p99_ms or NAN for k, c in cells.items()}
     best = max(raw_start, key=lambda b: raw_start[b] + raw_end[b])
     raw = (raw_start[best] + raw_end[best]) / 2
     rows: list[dict[str, Any]] = []
@@ -225,7 +222,7 @@ def summarise(
 
     def row(what: str, ours: float, against: float | None, goal: str = "") -> None:
         """``ours`` over ``against`` (None: ``ours`` is the ratio), held to ``goal`` ("": for reference)."""
-        ratio = ours if against is None else (ours / against if against else nan)
+        ratio = ours if against is None else (ours / against if against else NAN)
         ok = {">=": operator.ge, "<=": operator.le}[goal[:2]](ratio, float(goal[3:])) if goal else None
         rows.append(
             {"what": what, "ours": ours, "against": against, "ratio": ratio, "target": goal, "ok": ok}
