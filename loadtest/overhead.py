@@ -36,7 +36,7 @@ import timeit
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -90,21 +90,7 @@ TOKENIZE_BATCH = 32
 ROUNDS = 5
 
 
-@dataclass(frozen=True)
-class Floor:
-    """µs of CPU per sentence: tokenising it and writing its vector."""
-
-    tokenize_us: float
-    write_us: float
-    hidden: int
-    texts: int
-
-    @property
-    def us(self) -> float:
-        return self.tokenize_us + self.write_us
-
-
-def floor_here(model: Path, texts_per_request: int, start: int, count: int) -> Floor:
+def floor_here(model: Path, texts_per_request: int, start: int, count: int) -> tuple[float, float]:
     """The floor on ``count`` of the cell's texts, in this process."""
     hidden, max_length = shape_of(model).hidden, int(manifest(model)["tokenizer"]["max_length"])
     # On the calling thread, as the service encodes (app/model/tokenizer.py says why).
@@ -132,18 +118,14 @@ def floor_here(model: Path, texts_per_request: int, start: int, count: int) -> F
     def fastest(work: Callable[[], None]) -> float:  # CPU seconds, the garbage collector on as in the service
         return min(timeit.repeat(work, "gc.enable()", time.process_time, ROUNDS, 1))
 
-    return Floor(
-        tokenize_us=1e6 * fastest(tokenize) / len(texts),
-        write_us=1e6 * fastest(write) / (requests * texts_per_request),
-        hidden=hidden,
-        texts=len(texts),
-    )
+    return 1e6 * fastest(tokenize) / len(texts), 1e6 * fastest(write) / (requests * texts_per_request)
 
 
-def floor(model: Path, texts_per_request: int, start: int, count: int = 4096) -> Floor:
-    """The floor of a cell, the work per sentence that no design of the service can skip: CPU time, in a
-    spawned process (nothing of the caller's state counts or helps), of tokenising the cell's own texts as
-    the service does for /embed and writing their vectors into the JSON answer (orjson)."""
+def floor(model: Path, texts_per_request: int, start: int, count: int = 4096) -> tuple[float, float]:
+    """The floor of a cell, the work per sentence that no design of the service can skip: µs of CPU per
+    sentence, in a spawned process (nothing of the caller's state counts or helps), of tokenising the
+    cell's own texts as the service does for /embed, and of writing their vectors into the JSON answer
+    (orjson)."""
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         return pool.submit(floor_here, model, texts_per_request, start, count).result()
 
@@ -217,8 +199,8 @@ def run(args: argparse.Namespace, model: Path) -> dict[str, Any]:
     with ServiceProcess("app", env, RESULTS / "logs" / "overhead-service.log") as svc:
         for k, c in enumerate(cells):
             row = measure_cell(svc, corpus, c, 2 * k * STRIDE, args)
-            f = floor(model, c.texts, 2 * k * STRIDE)  # on the cell's texts, in its own process
-            row.tokenize_us, row.write_us = f.tokenize_us, f.write_us
+            # On the cell's texts, in its own process.
+            row.tokenize_us, row.write_us = floor(model, c.texts, 2 * k * STRIDE)
             measured.append(row)
             print(TABLE.row(row), flush=True)
     raw.append(raw_rate())  # and after it
