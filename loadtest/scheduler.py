@@ -102,6 +102,9 @@ def run_cells(
     after = svc.engine_stats()
     moved = {k: v - before.get(k, 0) for k, v in after.items() if type(v) in (int, float)}
     mean_batch = moved["batched_items"] / moved["batches"] if moved.get("batches") else NAN
+    # Tokens computed (padding included) per second inside Session.run: how fast the machine ran the model.
+    busy = moved.get("inference_busy_s", 0.0)
+    speed = moved.get("padded_tokens", 0) / busy if busy else NAN
     rows = {}
     for (name, c), result in zip(cells.items(), results, strict=True):
         key = str(c.urgency or 3) if str(c.urgency or 3) in last else "all"
@@ -109,7 +112,7 @@ def run_cells(
         row.sentences_per_s = (last.get(key, 0.0) - first.get(key, 0.0)) / opts.duration
         row.mean_batch = mean_batch
         row.extra.update(client_sentences_per_s=result.sentences_per_s, engine=moved)
-        row.extra["engine_tokens_per_s"] = engine_speed(row)
+        row.extra["engine_tokens_per_s"] = speed
         print(TABLE.row(row, ""), flush=True)
     return rows
 
@@ -192,18 +195,10 @@ def run(opts: argparse.Namespace) -> dict[str, Any]:
     out["raw_end"] = raw_ceiling(opts, raw_texts, "end")
     out["cells"] = {k: c.as_json() for k, c in cells.items()}
     out["summary"] = summarise(cells, out["raw_start"], out["raw_end"], today is not None)
-    speeds = {k: engine_speed(c) for k, c in cells.items()}
+    speeds = {k: c.extra["engine_tokens_per_s"] for k, c in cells.items()}
     median = float(np.nanmedian(list(speeds.values())))
     out["disturbed"] = [k for k, v in speeds.items() if v < DISTURBED * median]
     return out
-
-
-def engine_speed(cell: Row) -> float:
-    """Tokens computed (padding included) per second inside ``Session.run`` over the cell: how fast the
-    machine ran the model then. A cell far below the run's others had the cores shared with other work."""
-    engine = cell.extra.get("engine", {})
-    busy = engine.get("inference_busy_s", 0.0)
-    return engine.get("padded_tokens", 0) / busy if busy else NAN
 
 
 def summarise(
@@ -244,8 +239,7 @@ def summarise(
 
 
 def print_summary(rows: list[dict[str, Any]]) -> None:
-    print()
-    print(f"| {'target':<52} | {'this branch':>11} | {'against':>9} | {'ratio':>6} | {'goal':>7} | |")
+    print(f"\n| {'target':<52} | {'this branch':>11} | {'against':>9} | {'ratio':>6} | {'goal':>7} | |")
     print(f"|{'-' * 54}|{'-' * 13}|{'-' * 11}|{'-' * 8}|{'-' * 9}|---|")
     for r in rows:
         against = f"{r['against']:.1f}" if r["against"] is not None else ""
