@@ -223,8 +223,7 @@ class StepLoadShape(LoadTestShape):
         step = int(self.get_run_time() // options.step_seconds)
         if step >= options.steps:
             return None
-        users = options.step_users * (step + 1)
-        return users, float(options.step_users)
+        return options.step_users * (step + 1), float(options.step_users)
 
 
 class SpikeLoadShape(LoadTestShape):
