@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import random
 import sys
 import time
@@ -27,7 +26,7 @@ import numpy as np
 import orjson
 
 from app.settings import Settings
-from loadtest import loadgen, raw_onnx
+from loadtest import loadgen, procs, raw_onnx
 from loadtest.corpus import HIT_SET, encode, load_corpus, request_bodies, tokenizer_of
 from loadtest.harness import TWIN, parser
 from loadtest.harness.cell import Cell, distinct_bodies
@@ -102,7 +101,7 @@ def service_rows(
     rows: list[Row] = []
     facts: dict[str, Any] = {}
     with _service(opts, 0, "service.log") as svc:
-        facts["memory_after_start"] = svc.processes().as_json()
+        facts["memory_after_start"] = procs.tree(svc.pid).as_json()
         for per_request, c, route in itertools.product(opts.texts, opts.concurrency, opts.routes):
             label = f"service c={c} x{per_request}" + ("" if route == "/embed" else f" {route}")
             bodies = request_bodies(opts.corpus, per_request)
@@ -132,7 +131,7 @@ def service_rows(
                 raw = sum(adjacent) / 2 if adjacent else raw_best.sentences_per_s
                 row.vs_raw = (row.sentences_per_s or 0.0) / raw
             rows += shown([row])
-        facts["memory_steady"] = svc.processes().as_json()
+        facts["memory_steady"] = procs.tree(svc.pid).as_json()
     return rows, facts
 
 
@@ -170,7 +169,7 @@ def cache_rows(opts: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
             ratio = hits / (hits + misses) if hits + misses else NAN
             row.note = joined(f"measured hit ratio {ratio:.1%}", row.note)
             rows += shown([row])
-        facts["memory_steady"] = svc.processes().as_json()
+        facts["memory_steady"] = procs.tree(svc.pid).as_json()
     return rows, facts
 
 
@@ -243,8 +242,10 @@ def summary(
     cache_bytes: int,
     seconds: float,
 ) -> list[str]:
-    """The closing block: every row again, the GEMM peaks, the FLOP formula, memory, and the targets."""
+    """The closing block: every row again, the GEMM peaks, the FLOP formula, memory, and the targets (issue
+    34's and where the sparse route's time goes, when it was measured)."""
     start, steady = facts["memory_after_start"], facts["memory_steady"]
+    sparse, cost = sparse_targets(rows), facts.get("sparse_cost")
     cached = facts.get("cache", {}).get("memory_steady")
     budget = ""
     if cached:
@@ -270,14 +271,8 @@ def summary(
         ),
         "Targets (issue 5):",
         *targets(rows, facts, service_variant),
-        *sparse_summary(rows, facts),
+        *(["Targets (issue 34):", *sparse, *([cost["line"]] if cost else [])] if sparse or cost else []),
     ]
-
-
-def sparse_summary(rows: list[Row], facts: dict[str, Any]) -> list[str]:
-    """Issue 34's targets and where the sparse route's time goes, when it was measured."""
-    sparse, cost = sparse_targets(rows), facts.get("sparse_cost")
-    return ["Targets (issue 34):", *sparse, *([cost["line"]] if cost else [])] if sparse or cost else []
 
 
 def ints(text: str) -> list[int]:
@@ -314,7 +309,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def run(opts: argparse.Namespace, model: Path) -> dict[str, Any]:
     """Every row on ``model``; the naive service runs on the export's source folder, where it has one (a
     twin's, with no weights, on the twin's random weights)."""
-    manifest = json.loads((model / "manifest.json").read_text())
+    manifest = raw_onnx.manifest(model)
     source = Path(manifest["source"]["model"])
     weights = any((source / f).is_file() for f in ("model.safetensors", "pytorch_model.bin"))
     opts.naive_source = source if source.is_dir() else None

@@ -147,12 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-speed", action="store_true")
     p.add_argument("--memory-rows", default=None, help="row counts (default 10000,1000000); empty: none")
     p.add_argument("--memory-model", type=Path, default=None, help="the memory rows' model (default: tiny)")
-    p.add_argument(
-        "--memory-text",
-        choices=("numbered", "char"),
-        default="numbered",
-        help="numbered: distinct short texts; char: one character a row (3 tokens)",
-    )
+    text = "numbered: distinct short texts; char: one character a row (3 tokens)"
+    p.add_argument("--memory-text", choices=("numbered", "char"), default="numbered", help=text)
     args = p.parse_args(argv)
     cores = len(os.sched_getaffinity(0))
     rows = "2000,20000" if args.quick else "10000,1000000"

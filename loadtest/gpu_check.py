@@ -151,9 +151,8 @@ def service_cells(args: argparse.Namespace) -> tuple[list[Row], list[int]]:
                 print(f"-- ZHEMBED_WORKERS={workers}, ready in {time.perf_counter() - t0:.1f} s", flush=True)
                 for spec in main_cells if workers == args.main_workers else [many]:
                     bodies = distinct_bodies(corpus, spec.texts, len(cells) * STRIDE, spec.encoding)
-                    cells.append(
-                        Row.of(measure(svc, spec, bodies, args.seconds, args.warmup), workers=workers)
-                    )
+                    m = measure(svc, spec, bodies, args.seconds, args.warmup)
+                    cells.append(Row.of(m, workers=workers))
                     print(format_cell(cells[-1]), flush=True)
         except NotReady as exc:
             print(f"-- ZHEMBED_WORKERS={workers}: did not start: {exc}", flush=True)
@@ -231,12 +230,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--raw-seconds", type=float, default=2.0, help="least seconds of each raw row")
     # The CPU run wants fewer: with 256 a request outlasts a short window on 2 busy cores (bench.py).
     p.add_argument("--clients", type=int, default=256, help="concurrent clients of the many-client cells")
-    p.add_argument(
-        "--main-workers",
-        type=int,
-        default=None,
-        help=f"ZHEMBED_WORKERS of the main cells (default: {AUTO_CUDA_WORKERS} on CUDA, 1 otherwise)",
-    )
+    main = f"ZHEMBED_WORKERS of the main cells (default: {AUTO_CUDA_WORKERS} on CUDA, 1 otherwise)"
+    p.add_argument("--main-workers", type=int, help=main)
     p.add_argument("--workers", default="1,2,4", help="worker counts of the CLIENTSx32 cell (%(default)s)")
     args = p.parse_args(argv)
     args.workers = [int(w) for w in args.workers.split(",")]

@@ -43,38 +43,30 @@ FILL_MASK_MAX_CHARS = 100
 SENTENCES = load_corpus(Path(os.environ.get("LOADTEST_CORPUS") or CORPUS))
 
 
+# The options this file adds, each also read from its environment variable (LOADTEST_ and its name):
+# name -> (type, default, help).
+OPTIONS: dict[str, tuple[type, object, str]] = {
+    "repeat-ratio": (float, 0.9, "CacheHeavyUser: share of texts drawn from the hot set (0..1)"),
+    "hot-set-size": (int, 32, "CacheHeavyUser: how many distinct texts the hot set holds"),
+    "api-key": (str, "", "sent as 'Authorization: Bearer KEY' when set"),
+    "step-users": (int, 8, "step shape: users added at each step"),
+    "step-seconds": (int, 30, "step shape: seconds between steps"),
+    "steps": (int, 5, "step shape: steps before it stops"),
+    "base-users": (int, 4, "spike shape: users before and after the spike"),
+    "spike-users": (int, 64, "spike shape: users during the spike"),
+    "spike-after": (int, 30, "spike shape: seconds before the spike"),
+    "spike-seconds": (int, 20, "spike shape: how long the spike lasts"),
+    "spike-tail": (int, 30, "spike shape: seconds of base users after the spike"),
+}
+
+
 @events.init_command_line_parser.add_listener
 def _add_arguments(parser: LocustArgumentParser) -> None:
     # On the parser itself, not a group: only LocustArgumentParser knows is_secret and the web UI fields.
-    parser.add_argument(
-        "--repeat-ratio",
-        type=float,
-        env_var="LOADTEST_REPEAT_RATIO",
-        default=0.9,
-        help="CacheHeavyUser: share of texts drawn from the hot set (0..1)",
-    )
-    parser.add_argument(
-        "--hot-set-size",
-        type=int,
-        env_var="LOADTEST_HOT_SET_SIZE",
-        default=32,
-        help="CacheHeavyUser: how many distinct texts the hot set holds",
-    )
-    parser.add_argument(
-        "--api-key",
-        env_var="LOADTEST_API_KEY",
-        default="",
-        is_secret=True,
-        help="sent as 'Authorization: Bearer KEY' when set",
-    )
-    parser.add_argument("--step-users", type=int, env_var="LOADTEST_STEP_USERS", default=8)
-    parser.add_argument("--step-seconds", type=int, env_var="LOADTEST_STEP_SECONDS", default=30)
-    parser.add_argument("--steps", type=int, env_var="LOADTEST_STEPS", default=5)
-    parser.add_argument("--base-users", type=int, env_var="LOADTEST_BASE_USERS", default=4)
-    parser.add_argument("--spike-users", type=int, env_var="LOADTEST_SPIKE_USERS", default=64)
-    parser.add_argument("--spike-after", type=int, env_var="LOADTEST_SPIKE_AFTER", default=30)
-    parser.add_argument("--spike-seconds", type=int, env_var="LOADTEST_SPIKE_SECONDS", default=20)
-    parser.add_argument("--spike-tail", type=int, env_var="LOADTEST_SPIKE_TAIL", default=30)
+    for name, (kind, default, what) in OPTIONS.items():
+        env = "LOADTEST_" + name.upper().replace("-", "_")
+        secret = name == "api-key"
+        parser.add_argument(f"--{name}", type=kind, env_var=env, default=default, help=what, is_secret=secret)
 
 
 def _options(environment: Environment) -> Any:
@@ -231,8 +223,7 @@ class StepLoadShape(LoadTestShape):
         step = int(self.get_run_time() // options.step_seconds)
         if step >= options.steps:
             return None
-        users = options.step_users * (step + 1)
-        return users, float(options.step_users)
+        return options.step_users * (step + 1), float(options.step_users)
 
 
 class SpikeLoadShape(LoadTestShape):

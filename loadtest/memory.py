@@ -21,6 +21,7 @@ import random
 import subprocess
 import sys
 import time
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -95,7 +96,6 @@ async def child(args: argparse.Namespace) -> dict[str, Any]:
     ready = procs.memory(os.getpid()).uss / procs.MB
     corpus = load_corpus()
     rng = random.Random(0)
-    counter = iter(range(10_000_000))
     sent = 0
     readings: list[tuple[int, float]] = []
     kinds: list[dict[str, float]] = []
@@ -105,7 +105,7 @@ async def child(args: argparse.Namespace) -> dict[str, Any]:
         nonlocal sent
         while sent < args.requests:
             sent += 1
-            texts = unique_texts(corpus, next(counter) * args.max_texts, rng.randint(1, args.max_texts))
+            texts = unique_texts(corpus, (sent - 1) * args.max_texts, rng.randint(1, args.max_texts))
             # Any mix of lengths: each text repeated or cut to 1 to ``--max-chars`` characters.
             if most := args.max_chars:
                 texts = [(t * (most // len(t) + 1))[: rng.randint(1, most)] for t in texts]
@@ -169,15 +169,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.clients} clients, {args.threads} thread(s) each, {args.parallel} variant(s) at a time"
     )
     print(f"{'variant':<11}" + "".join(f"{c:>9}" for c in COLUMNS))
-    child_command = [sys.executable, "-m", "loadtest.memory", *argv, "--child"]
+    command = [sys.executable, "-m", "loadtest.memory", *argv, "--child"]
+    start = partial(subprocess.Popen, command, stdout=subprocess.PIPE, text=True)
     for i in range(0, len(names), args.parallel):
-        group = names[i : i + args.parallel]
-        running = {
-            n: subprocess.Popen(
-                child_command, env={**os.environ, **VARIANTS[n]}, stdout=subprocess.PIPE, text=True
-            )
-            for n in group
-        }
+        running = {n: start(env={**os.environ, **VARIANTS[n]}) for n in names[i : i + args.parallel]}
         for n, proc in running.items():
             out, _ = proc.communicate()
             if proc.returncode != 0:

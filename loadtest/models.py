@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 import uvloop
 
-from loadtest import loadgen
+from loadtest import loadgen, procs
 from loadtest.corpus import load_corpus, unique_texts
 from loadtest.harness import TWIN, parser
 from loadtest.harness.cell import STRIDE, Cell, closed_loops, parse_cells
@@ -52,6 +52,7 @@ ERRORS = Column("errors", 7, "d", "errors")
 # The label is the arrangement, then the route.
 TABLE = Table(f"{'arrangement':<32} route", 61, CLIENTS, RATE, "p50 ms", "p99 ms", ERRORS, tail="")
 Rows = dict[str, Row]  # an arrangement's rows, by route (and urgency)
+Ports = dict[str | None, int]  # the port of each model's server
 # Strides of texts one load's cells may take (one each: at most 4).
 LOAD_STRIDES = 8
 # Issue 33's targets.
@@ -78,11 +79,7 @@ def bodies(corpus: list[str], cell: Cell, start: int) -> loadgen.BodyFactory:
 
 
 def load(
-    ports: dict[str | None, int],
-    cells: list[Cell],
-    texts: tuple[list[str], int],
-    seconds: float,
-    warmup: float,
+    ports: Ports, cells: list[Cell], texts: tuple[list[str], int], seconds: float, warmup: float
 ) -> list[CellResult]:
     """Every cell's clients at once, each against the port of its model; ``texts``: the corpus and where
     this load's texts start in it (each cell a ``STRIDE`` further)."""
@@ -133,9 +130,8 @@ PROBES: list[tuple[str, str, dict[str, Any]]] = [
 ]
 
 
-def probe(ports: dict[str | None, int]) -> list[tuple[int, Any]]:
+def probe(ports: Ports) -> list[tuple[int, Any]]:
     """Each probe's status and answer, from the server of its model."""
-
     answers = [post(ports[m], path, orjson.dumps({**body, "model": m})) for m, path, body in PROBES]
     return [(a.status_code, orjson.loads(a.content)) for a in answers]
 
@@ -152,10 +148,6 @@ def same_answers(got: list[tuple[int, Any]], want: list[tuple[int, Any]]) -> lis
         except AssertionError:
             differ.append(f"{model} {path}")
     return differ
-
-
-def pss_mb(services: list[ServiceProcess]) -> float:
-    return sum(s.processes().memory.pss for s in services) / 2**20
 
 
 def targets(differ: list[str], alone: Rows, beside: Rows, apart: Rows, pss: dict[str, float]) -> list[str]:
@@ -233,15 +225,13 @@ def main(argv: list[str] | None = None) -> int:
             for name in ("one", "three") if k % 2 == 0 else ("three", "one"):
                 with contextlib.ExitStack() as stack:
                     services = [stack.enter_context(serve(n, env)) for n, env in envs[name].items()]
-                    ports: dict[str | None, int] = {
-                        n: services[0 if name == "one" else i].port for i, n in enumerate(NAMES)
-                    }
+                    ports: Ports = {n: services[0 if name == "one" else i].port for i, n in enumerate(NAMES)}
                     if name not in answers:
                         answers[name] = probe(ports)
                     # Both arrangements of a round get the same texts, new to each server.
                     texts = (corpus, (2 * k + 1) * LOAD_STRIDES * STRIDE)
                     got[name].append(load(ports, MIXED, texts, seconds, args.warmup))
-                    pss[name] = max(pss[name], pss_mb(services))
+                    pss[name] = max(pss[name], sum(procs.tree(s.pid).memory.pss for s in services) / 2**20)
                     if name == "one":
                         texts = (corpus, (2 * k + 2) * LOAD_STRIDES * STRIDE)
                         got["beside"].append(load(ports, [*MIXED, background], texts, seconds, args.warmup))

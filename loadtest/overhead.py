@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import json
 import multiprocessing
 import os
 import sys
@@ -37,7 +36,7 @@ import timeit
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -60,7 +59,7 @@ from loadtest.harness.report import NAN, RESULTS, Column, Goal, Row, Table, cpu_
 from loadtest.harness.service import GPU_LIKE, PREFIX, fields, in_process, service_env
 from loadtest.loadgen import Answer, closed_loop
 from loadtest.quick_model import tiny_model
-from loadtest.raw_onnx import ceiling
+from loadtest.raw_onnx import ceiling, manifest, shape_of
 from loadtest.server import HOST, ServiceProcess, free_port, parse_exposition
 
 CELLS = "8x32,64x32,256x32,32x1,256x1"
@@ -85,33 +84,15 @@ SENT, ERRORS = Column("sentences/s", 12, ".0f", "sentences_per_s"), Column("erro
 SERVER_US = Column("server µs/sentence", 19, ".0f", "cpu_us")
 CLIENT = Column("client cores", 13, ".2f", "client_cores")
 BY_PROTOCOL = Table("protocol", 10, SENT, "p50 ms", SERVER_US, CLIENT, ERRORS, tail="")
-
-
 # Texts per tokeniser call: what the issue's floor was measured with (the service batches across requests).
 TOKENIZE_BATCH = 32
 # Repeats of each measurement: the fastest is kept (the least disturbed by the other processes).
 ROUNDS = 5
 
 
-@dataclass(frozen=True)
-class Floor:
-    """µs of CPU per sentence: tokenising it and writing its vector."""
-
-    tokenize_us: float
-    write_us: float
-    hidden: int
-    texts: int
-
-    @property
-    def us(self) -> float:
-        return self.tokenize_us + self.write_us
-
-
-def floor_here(model: Path, texts_per_request: int, start: int, count: int) -> Floor:
+def floor_here(model: Path, texts_per_request: int, start: int, count: int) -> tuple[float, float]:
     """The floor on ``count`` of the cell's texts, in this process."""
-    config = json.loads((model / "manifest.json").read_text())
-    hidden = int(config["config"]["hidden_size"])
-    max_length = int(config["tokenizer"]["max_length"])
+    hidden, max_length = shape_of(model).hidden, int(manifest(model)["tokenizer"]["max_length"])
     # On the calling thread, as the service encodes (app/model/tokenizer.py says why).
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     tokenizer = tokenizer_of(model, max_length)
@@ -137,18 +118,14 @@ def floor_here(model: Path, texts_per_request: int, start: int, count: int) -> F
     def fastest(work: Callable[[], None]) -> float:  # CPU seconds, the garbage collector on as in the service
         return min(timeit.repeat(work, "gc.enable()", time.process_time, ROUNDS, 1))
 
-    return Floor(
-        tokenize_us=1e6 * fastest(tokenize) / len(texts),
-        write_us=1e6 * fastest(write) / (requests * texts_per_request),
-        hidden=hidden,
-        texts=len(texts),
-    )
+    return 1e6 * fastest(tokenize) / len(texts), 1e6 * fastest(write) / (requests * texts_per_request)
 
 
-def floor(model: Path, texts_per_request: int, start: int, count: int = 4096) -> Floor:
-    """The floor of a cell, the work per sentence that no design of the service can skip: CPU time, in a
-    spawned process (nothing of the caller's state counts or helps), of tokenising the cell's own texts as
-    the service does for /embed and writing their vectors into the JSON answer (orjson)."""
+def floor(model: Path, texts_per_request: int, start: int, count: int = 4096) -> tuple[float, float]:
+    """The floor of a cell, the work per sentence that no design of the service can skip: µs of CPU per
+    sentence, in a spawned process (nothing of the caller's state counts or helps), of tokenising the
+    cell's own texts as the service does for /embed, and of writing their vectors into the JSON answer
+    (orjson)."""
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         return pool.submit(floor_here, model, texts_per_request, start, count).result()
 
@@ -199,10 +176,8 @@ def run(args: argparse.Namespace, model: Path) -> dict[str, Any]:
     batch = GPU_LIKE if args.gpu_like else {}
     batch_size = int(batch.get("max_batch_size", Settings.model_fields["max_batch_size"].default))
     cores = len(os.sched_getaffinity(0))
-    peak = max(c.inputs for c in cells)
-    env = service_env(
-        model, args.variant, 2 * peak * args.workers, intra_op_threads=1, workers=args.workers, **batch
-    )
+    admit = 2 * max(c.inputs for c in cells) * args.workers
+    env = service_env(model, args.variant, admit, intra_op_threads=1, workers=args.workers, **batch)
     gpu = ", ".join(f"{PREFIX}{k.upper()}={v}" for k, v in batch.items())
     print(
         f"zhembed overhead: {model} ({LAYERS} layers, hidden 64, {args.variant}); {cores} cores "
@@ -224,8 +199,8 @@ def run(args: argparse.Namespace, model: Path) -> dict[str, Any]:
     with ServiceProcess("app", env, RESULTS / "logs" / "overhead-service.log") as svc:
         for k, c in enumerate(cells):
             row = measure_cell(svc, corpus, c, 2 * k * STRIDE, args)
-            f = floor(model, c.texts, 2 * k * STRIDE)  # on the cell's texts, in its own process
-            row.tokenize_us, row.write_us = f.tokenize_us, f.write_us
+            # On the cell's texts, in its own process.
+            row.tokenize_us, row.write_us = floor(model, c.texts, 2 * k * STRIDE)
             measured.append(row)
             print(TABLE.row(row), flush=True)
     raw.append(raw_rate())  # and after it
@@ -301,9 +276,8 @@ async def in_process_cell(
 async def run_in_process(args: argparse.Namespace, model: Path) -> None:
     """``--in-process``: each cell on the service and engine built in this process, no HTTP."""
     batch = GPU_LIKE if args.gpu_like else {}
-    service, engine = await in_process(
-        Settings(**fields(model, "fp32", 100_000, intra_op_threads=1, **batch))
-    )
+    settings = Settings(**fields(model, "fp32", 100_000, intra_op_threads=1, **batch))
+    service, engine = await in_process(settings)
     print(f"engine path: {model}, {'GPU-like' if args.gpu_like else 'CPU default'} batches, cache off")
     print(IN_PROCESS.header)
     try:

@@ -50,15 +50,12 @@ def simulate(
     budget_s: float,
     rtt_s: float,
     answers: int,
-    max_batch_size: int = 8,
-    max_batch_tokens: int = 4096,
-    seed: int = 0,
     policy: str = "planner",
 ) -> tuple[float, float, float]:
     """(sentences/s, p50 s, p99 s) of ``clients`` closed-loop clients of one text each under ``policy``
     (one of :data:`POLICIES`; the other two differ from the planner only where the queue is short)."""
-    rng = np.random.default_rng(seed)
-    plan = planning.Planner(model, max_batch_size, max_batch_tokens)
+    rng = np.random.default_rng(0)
+    plan = planning.Planner(model, max_batch_size=8, max_batch_tokens=4096)
     now = 0.0
     pending: list[tuple[float, int]] = []  # (arrival, length)
     coming = sorted((rtt_s * rng.random(), int(rng.choice(lengths))) for _ in range(clients))
@@ -72,10 +69,9 @@ def simulate(
         distinct = sorted({n for _, n in pending})
         counts = np.array([sum(1 for _, n in pending if n == d) for d in distinct], dtype=np.int64)
         oldest = min(pending)
-        at = distinct.index(oldest[1])
-        anchor = at if now - oldest[0] > budget_s else None
+        anchor = distinct.index(oldest[1]) if now - oldest[0] > budget_s else None
         sorted_lengths = np.array(distinct, dtype=np.int64)
-        short = len(pending) <= max_batch_size and len(pending) * distinct[-1] <= max_batch_tokens
+        short = len(pending) <= plan.max_batch_size and len(pending) * distinct[-1] <= plan.max_batch_tokens
         if policy == "everything at once" and short:
             window = planning.Window(len(distinct) - 1, len(pending), 0.0)
         elif policy == "least in all" and short and anchor is None:

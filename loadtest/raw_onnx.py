@@ -319,24 +319,18 @@ def head_flops(hidden: int, vocab: int, tokens: int) -> float:
     return 2.0 * tokens * (hidden * hidden + hidden * vocab)
 
 
-def open_sparse(model_dir: Path, variant: str, provider: str = CPU) -> ort.InferenceSession | None:
-    """The sparse graph's session of ``variant``, beside the encoder as the service runs it; None when the
-    export has none."""
-    spec = manifest(model_dir)["graphs"].get("sparse", {}).get(variant)
-    return None if spec is None else open_graph(model_dir / spec["file"], 0, provider, sessions=2)
-
-
 def sparse_cost(
     model_dir: Path, variant: str, ids: list[np.ndarray], batch_size: int, min_seconds: float
 ) -> SparseCost | None:
     """Where ``/embed_sparse``'s inference time goes: the encoder and the sparse graph (the masked-LM head on
     every real token, a GEMM as wide as the vocabulary, then SPLADE's pooling) timed apart, each batch
-    running the encoder, then the sparse graph on its last hidden state, as the engine does, on
-    :func:`whole_passes` over ``ids``
-    in length-sorted batches of ``batch_size``; None without a sparse graph."""
-    sparse = open_sparse(model_dir, variant)
-    if sparse is None:
+    running the encoder, then the sparse graph on its last hidden state, as the engine does (two sessions),
+    on :func:`whole_passes` over ``ids`` in length-sorted batches of ``batch_size``; None without a sparse
+    graph."""
+    spec = manifest(model_dir)["graphs"].get("sparse", {}).get(variant)
+    if spec is None:
         return None
+    sparse = open_graph(model_dir / spec["file"], sessions=2)
     encoder = open_encoder(model_dir, variant, sessions=2)
     shape = shape_of(model_dir)
     encoder_flops = sum(shape.flops(len(x)) for x in ids)
@@ -367,10 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         ids = encode(tokenizer_of(args.model), load_corpus())
         cost = sparse_cost(args.model, variant, ids, args.sparse, args.seconds)
         if cost is None:
-            print(
-                f"{args.model} has no {variant} sparse graph (python -m export --sparse max)", file=sys.stderr
-            )
-            return 1
+            raise SystemExit(f"{args.model} has no {variant} sparse graph (python -m export --sparse max)")
         print(cost.line())
         return 0
     present = variants_in(args.model)

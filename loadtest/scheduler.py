@@ -43,10 +43,8 @@ QUEUED = "zhembed_queue_duration_seconds_count"
 # A cell whose engine ran the model at under this share of the run's median speed is reported as disturbed.
 DISTURBED = 0.8
 # sent/s is counted by the server (inputs it queued in the window), client/s by the client.
-CLIENT, ANSWERS = (
-    Column("client/s", 9, ".1f", "client_sentences_per_s"),
-    Column("answers", 8, "d", "requests"),
-)
+CLIENT = Column("client/s", 9, ".1f", "client_sentences_per_s")
+ANSWERS = Column("answers", 8, "d", "requests")
 ENGINE = Column("engine tok/s", 13, ".0f", "engine_tokens_per_s")
 TABLE = Table("cell", 34, "sent/s", CLIENT, "p50 ms", "p99 ms", ANSWERS, "err", "batch", ENGINE, tail="")
 
@@ -104,6 +102,9 @@ def run_cells(
     after = svc.engine_stats()
     moved = {k: v - before.get(k, 0) for k, v in after.items() if type(v) in (int, float)}
     mean_batch = moved["batched_items"] / moved["batches"] if moved.get("batches") else NAN
+    # Tokens computed (padding included) per second inside Session.run: how fast the machine ran the model.
+    busy = moved.get("inference_busy_s", 0.0)
+    speed = moved.get("padded_tokens", 0) / busy if busy else NAN
     rows = {}
     for (name, c), result in zip(cells.items(), results, strict=True):
         key = str(c.urgency or 3) if str(c.urgency or 3) in last else "all"
@@ -111,7 +112,7 @@ def run_cells(
         row.sentences_per_s = (last.get(key, 0.0) - first.get(key, 0.0)) / opts.duration
         row.mean_batch = mean_batch
         row.extra.update(client_sentences_per_s=result.sentences_per_s, engine=moved)
-        row.extra["engine_tokens_per_s"] = engine_speed(row)
+        row.extra["engine_tokens_per_s"] = speed
         print(TABLE.row(row, ""), flush=True)
     return rows
 
@@ -194,28 +195,19 @@ def run(opts: argparse.Namespace) -> dict[str, Any]:
     out["raw_end"] = raw_ceiling(opts, raw_texts, "end")
     out["cells"] = {k: c.as_json() for k, c in cells.items()}
     out["summary"] = summarise(cells, out["raw_start"], out["raw_end"], today is not None)
-    speeds = {k: engine_speed(c) for k, c in cells.items()}
+    speeds = {k: c.extra["engine_tokens_per_s"] for k, c in cells.items()}
     median = float(np.nanmedian(list(speeds.values())))
     out["disturbed"] = [k for k, v in speeds.items() if v < DISTURBED * median]
     return out
-
-
-def engine_speed(cell: Row) -> float:
-    """Tokens computed (padding included) per second inside ``Session.run`` over the cell: how fast the
-    machine ran the model then. A cell far below the run's others had the cores shared with other work."""
-    engine = cell.extra.get("engine", {})
-    busy = engine.get("inference_busy_s", 0.0)
-    return engine.get("padded_tokens", 0) / busy if busy else float("nan")
 
 
 def summarise(
     cells: dict[str, Row], raw_start: dict[int, float], raw_end: dict[int, float], have_today: bool
 ) -> list[dict[str, Any]]:
     """The issue's targets, each as (measured, ratio, target, PASS/MISS)."""
-    nan = float("nan")
     rate = {k: c.sentences_per_s or 0.0 for k, c in cells.items()}
-    spread = {k: (c.p99_ms or nan) / (c.p50_ms or nan) for k, c in cells.items()}
-    p99 = {k: c.p99_ms or nan for k, c in cells.items()}
+    spread = {k: (c.p99_ms or NAN) / (c.p50_ms or NAN) for k, c in cells.items()}
+    p99 = {k: c.p99_ms or NAN for k, c in cells.items()}
     best = max(raw_start, key=lambda b: raw_start[b] + raw_end[b])
     raw = (raw_start[best] + raw_end[best]) / 2
     rows: list[dict[str, Any]] = []
@@ -225,7 +217,7 @@ def summarise(
 
     def row(what: str, ours: float, against: float | None, goal: str = "") -> None:
         """``ours`` over ``against`` (None: ``ours`` is the ratio), held to ``goal`` ("": for reference)."""
-        ratio = ours if against is None else (ours / against if against else nan)
+        ratio = ours if against is None else (ours / against if against else NAN)
         ok = {">=": operator.ge, "<=": operator.le}[goal[:2]](ratio, float(goal[3:])) if goal else None
         rows.append(
             {"what": what, "ours": ours, "against": against, "ratio": ratio, "target": goal, "ok": ok}
@@ -247,8 +239,7 @@ def summarise(
 
 
 def print_summary(rows: list[dict[str, Any]]) -> None:
-    print()
-    print(f"| {'target':<52} | {'this branch':>11} | {'against':>9} | {'ratio':>6} | {'goal':>7} | |")
+    print(f"\n| {'target':<52} | {'this branch':>11} | {'against':>9} | {'ratio':>6} | {'goal':>7} | |")
     print(f"|{'-' * 54}|{'-' * 13}|{'-' * 11}|{'-' * 8}|{'-' * 9}|---|")
     for r in rows:
         against = f"{r['against']:.1f}" if r["against"] is not None else ""

@@ -15,8 +15,6 @@ from typing import Any
 
 import httpx
 
-from loadtest import procs
-
 HOST = "127.0.0.1"
 
 
@@ -104,14 +102,6 @@ class ServiceProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-
-    def processes(self) -> procs.Tree:
-        """The server's process tree now: each process's memory and CPU time (:func:`loadtest.procs.tree`)."""
-        return procs.tree(self.pid)
-
-    def cpu_seconds(self) -> float:
-        """User + system CPU time of the server so far: all its threads and all its worker processes."""
-        return procs.tree_cpu_seconds(self.pid)
 
     def engine_stats(self) -> dict[str, Any]:
         """The engine's counters (``/info``'s ``stats``: batches, tokens, …); RuntimeError when /info does not

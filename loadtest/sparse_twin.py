@@ -157,8 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", default="fp32,int8", help="exported and compared")
     p.add_argument("--tiny", action="store_true", help="the tests' tiny BERT instead of the twin")
     args = p.parse_args(argv)
-    folder = args.out / "sparse-encoder"
-    build(args.out, args.pooling, args.variants, args.tiny)
+    folder = build(args.out, args.pooling, args.variants, args.tiny)
     texts = mixed_lengths(load_corpus(), args.texts)
     print(f"{len(texts)} texts of {min(map(len, texts))} to {max(map(len, texts))} characters", flush=True)
     want = reference(folder, texts, float64=False)

@@ -11,7 +11,7 @@ from typing import Any
 
 import uvloop
 
-from loadtest import loadgen
+from loadtest import loadgen, procs
 from loadtest.harness.cell import Cell, answered_vectors
 from loadtest.server import HOST, ServiceProcess
 
@@ -81,8 +81,8 @@ def measure(
     CPU time are read right before and right after it. ``drive(seconds, warmup)`` is a load over another
     protocol than HTTP (``bodies`` and ``check`` then go unused)."""
     before = scrape(svc) if metrics else {}
-    cpu0, t0 = svc.cpu_seconds(), time.perf_counter()
+    cpu0, t0 = procs.tree_cpu_seconds(svc.pid), time.perf_counter()
     http = partial(loadgen.run_cell, HOST, svc.port, cell.route, bodies, cell.clients, seconds, warmup)
     load = uvloop.run(drive(seconds, warmup) if drive else http(check=check, headers=cell.headers))
-    cpu1, t1 = svc.cpu_seconds(), time.perf_counter()
+    cpu1, t1 = procs.tree_cpu_seconds(svc.pid), time.perf_counter()
     return Measured(cell, load, cpu1 - cpu0, t1 - t0, before, scrape(svc) if metrics else {})

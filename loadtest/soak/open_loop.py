@@ -38,7 +38,7 @@ class OpenLoop:
     ) -> None:
         """``rps``: requests/s to send; ``args``: the command line's (``schedule``: its faults, parsed)."""
         self.svc, self.bodies, self.rate, self.redis, self.args = svc, bodies, rps, redis, args
-        self.first = first = svc.processes()
+        self.first = first = procs.tree(svc.pid)
         self.seconds, self.pool, self.window_s = args.minutes * 60, args.pool, args.window_s
         self.schedule: list[Fault] = args.schedule
         self.bound = any(f.kind == faults.BOUND for f in self.schedule)
@@ -158,7 +158,7 @@ class OpenLoop:
         while not self.stopped and self.now_s() < self.seconds:
             try:
                 # in a thread: reading page tables takes milliseconds the senders should not wait for
-                tree = await asyncio.to_thread(self.svc.processes)
+                tree = await asyncio.to_thread(procs.tree, self.svc.pid)
             except psutil.NoSuchProcess:  # the service itself is gone
                 self.stopped = True
                 assert self.svc.proc is not None
@@ -234,7 +234,7 @@ class OpenLoop:
             )
         if self.stopped:
             return
-        self.read(await asyncio.to_thread(self.svc.processes), self.seconds)
+        self.read(await asyncio.to_thread(procs.tree, self.svc.pid), self.seconds)
         series = await asyncio.to_thread(self.svc.metrics) or {}
         replaced = [v for k, v in series.items() if k.split("{")[0] == REPLACEMENTS]
         self.replacements = sum(replaced) if replaced else None

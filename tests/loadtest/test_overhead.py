@@ -57,10 +57,8 @@ def test_the_floor_is_tokenising_and_writing_in_a_process_of_its_own(tmp_path: P
     from loadtest.quick_model import export_tiny
 
     model = export_tiny(tmp_path / "source", tmp_path / "model", ("fp32",), 2)
-    got = floor(model, texts_per_request=32, start=0, count=256)
-    assert got.hidden == 64 and got.texts == 256
-    assert 0 < got.tokenize_us < 10_000 and 0 < got.write_us < 10_000
-    assert got.us == got.tokenize_us + got.write_us
+    tokenize_us, write_us = floor(model, texts_per_request=32, start=0, count=256)
+    assert 0 < tokenize_us < 10_000 and 0 < write_us < 10_000
 
 
 def test_gpu_like_targets_are_the_machinery_at_64_and_256_clients() -> None:
