@@ -81,6 +81,9 @@ def describe(service: Service) -> dict[str, Any]:
         "variant": service.model.variant,
         "provider": service.model.providers[0],
         "providers": service.model.providers,
+        # ONNX Runtime's intra-op threads for its runs (0: every physical core); with several models, the
+        # shared pool's (app/model/pool.py).
+        "intra_op_threads": service.model.threads,
         "choice": service.model.reason,
         "architecture": m.config.architecture,
         "num_layers": m.config.num_layers,

@@ -218,6 +218,7 @@ def test_health_ready_info_docs(client: httpx.Client) -> None:
     info = client.get("/info").json()
     assert info["weights"] in ("pretrained", "random")
     assert info["variant"] == "fp32" and info["provider"] == "CPUExecutionProvider"
+    assert info["intra_op_threads"] == 1  # the tests' setting
     assert info["max_input_length"] == 128 and info["batching"]["max_batch_size"] >= 1
     assert client.get("/docs").status_code == 200
 

@@ -14,6 +14,7 @@ import grpc
 import httpx
 import pytest
 
+from app.model import pool
 from app.settings import Settings
 from tests.app.api.rpc.grpc_process import Server, f32, post, rpc_error, start_grpc_server, stop_grpc_server
 from tests.app.conftest import serving
@@ -25,9 +26,17 @@ TEXTS = ["今天天气很好", "北京是中国的首都。"]
 @pytest.fixture(scope="module")
 def three(tiny_model_dir: Path, tiny_reranker_dir: Path, tiny_tagger_dir: Path) -> Iterator[Server]:
     models = f"embed={tiny_model_dir},rerank={tiny_reranker_dir},ner={tiny_tagger_dir}"
-    running = start_grpc_server(tiny_model_dir, ZHEMBED_MODELS=models, ZHEMBED_SHUTDOWN_DRAIN_S="0.2")
+    running = start_grpc_server(
+        tiny_model_dir, ZHEMBED_MODELS=models, ZHEMBED_SHUTDOWN_DRAIN_S="0.2", ZHEMBED_INTRA_OP_THREADS="0"
+    )
     yield running
     stop_grpc_server(running)
+
+
+def test_the_shared_pool_has_every_physical_core_but_one(three: Server) -> None:
+    """Unless the setting gives its size (here 0), and every model says so on /info."""
+    info = httpx.get(three.url + "/info", timeout=10).json()
+    assert [model["intra_op_threads"] for model in info["models"]] == [pool.threads(0)] * 3
 
 
 def test_the_metadata_model_names_the_model_that_answers(three: Server, stubs: dict[str, ModuleType]) -> None:
