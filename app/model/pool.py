@@ -49,9 +49,9 @@ def threads(intra_op_threads: int, cores: int | None = None) -> int:
 
     The core left over is for what runs beside a batch in a process of several models: the other models'
     short batches on the express threads, the event loop serving every model's requests, tokenisation.
-    With every core in the pool, a batch's operators are split across all of them and then wait for the
-    share of a thread the OS gave to that other work (docs/performance.md, "Several models in one
-    process", measures both)."""
+    With every core in the pool, each of a batch's operators is split across all of them, and (the likely
+    cause of what docs/performance.md, "Several models in one process", measures) waits for the share
+    of a thread the OS gave to that other work."""
     if intra_op_threads:
         return intra_op_threads
     return max(1, (cores if cores is not None else physical_cores()) - 1)
