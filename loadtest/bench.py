@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from app.model.manifest import load_manifest
 from app.settings import Settings
 from loadtest import loadgen, procs, raw_onnx
 from loadtest.corpus import HIT_SET, encode, load_corpus, request_bodies, tokenizer_of
@@ -34,7 +35,7 @@ from loadtest.harness.measure import measure
 from loadtest.harness.report import NAN, RESULTS, Column, Goal, Row, Table, joined, target, write_json
 from loadtest.harness.service import service_env
 from loadtest.quick_model import tiny_model
-from loadtest.raw_onnx import BertShape, CeilingResult, ceiling, gemm_peak, shape_of, variants_in
+from loadtest.raw_onnx import BertShape, CeilingResult, ceiling, gemm_peak, shape_of
 from loadtest.server import ServiceProcess, post
 
 # The service's batch size (its default max_batch_size): the sparse head's cost is timed at it.
@@ -309,19 +310,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def run(opts: argparse.Namespace, model: Path) -> dict[str, Any]:
     """Every row on ``model``; the naive service runs on the export's source folder, where it has one (a
     twin's, with no weights, on the twin's random weights)."""
-    manifest = raw_onnx.manifest(model)
-    source = Path(manifest["source"]["model"])
+    manifest = load_manifest(model)
+    source = Path(manifest.source.model)
     weights = any((source / f).is_file() for f in ("model.safetensors", "pytorch_model.bin"))
     opts.naive_source = source if source.is_dir() else None
-    opts.naive_twin = manifest["source"]["weights"] == "random" and not weights
-    present = variants_in(model)
-    wanted = opts.variants.split(",") if opts.variants else [v for v in ("fp32", "int8") if v in present]
-    opts.variants = [v for v in wanted if v in present and v != "fp16"]  # fp16 only pays on CUDA
+    opts.naive_twin = manifest.source.weights == "random" and not weights
+    wanted = opts.variants.split(",") if opts.variants else ["fp32", "int8"]
+    opts.variants = [v for v in wanted if v in manifest.variants and v != "fp16"]  # fp16 only pays on CUDA
     opts.model, opts.logs, opts.corpus = model, RESULTS / "logs", load_corpus()
     ids, shape = encode(tokenizer_of(model), opts.corpus), shape_of(model)
     mean_tokens = float(np.mean([len(x) for x in ids]))
     opts.flops_per_sentence = float(np.mean([shape.flops(len(x)) for x in ids]))
-    files = [g[opts.service_variant] for g in manifest["graphs"].values() if opts.service_variant in g]
+    files = [g[opts.service_variant] for g in manifest.graphs.values() if opts.service_variant in g]
     started = time.time()
     print(f"zhembed bench: {model} ({len(opts.corpus)} sentences, mean {mean_tokens:.1f} tokens)")
     print(TABLE.header, flush=True)
@@ -347,7 +347,7 @@ def run(opts: argparse.Namespace, model: Path) -> dict[str, Any]:
     rows = raw + svc + naive + cache
     link_naive(rows, peaks, opts.service_variant, opts.flops_per_sentence)
     facts.update(
-        model_bytes=sum(f["bytes"] for f in files),
+        model_bytes=sum(f.bytes for f in files),
         cache=cache_facts,
         gemm_peak_gflops={k: v / 1e9 for k, v in peaks.items()},
     )

@@ -30,7 +30,7 @@ from loadtest.harness.cell import STRIDE, Cell, distinct_bodies
 from loadtest.harness.measure import WORKERS_READY, measure
 from loadtest.harness.report import RESULTS, Column, Goal, Row, Table, write_json
 from loadtest.harness.service import GPU_LIKE, PREFIX, service_env
-from loadtest.server import NotReady, ServiceProcess
+from loadtest.server import DidNotStart, ServiceProcess
 
 CUDA = "CUDAExecutionProvider"
 # (sequence, batches) of the raw grid; CEILING is the (batch, sequence) the targets are ratios to.
@@ -154,7 +154,7 @@ def service_cells(args: argparse.Namespace) -> tuple[list[Row], list[int]]:
                     m = measure(svc, spec, bodies, args.seconds, args.warmup)
                     cells.append(Row.of(m, workers=workers))
                     print(format_cell(cells[-1]), flush=True)
-        except NotReady as exc:
+        except DidNotStart as exc:
             print(f"-- ZHEMBED_WORKERS={workers}: did not start: {exc}", flush=True)
             not_started.append(workers)
     return cells, not_started

@@ -168,7 +168,7 @@ class _Connection:
 
 
 @dataclass(frozen=True)
-class Answer:
+class Outcome:
     """How one request ended: its HTTP status (None: no answer, or not HTTP), the texts it answered, the
     error when it failed, and the answer's head (status line and headers)."""
 
@@ -179,7 +179,7 @@ class Answer:
 
 
 # A client's request: the n-th request of the cell (n counts across clients), sent and answered.
-Call = Callable[[int], Awaitable[Answer]]
+Call = Callable[[int], Awaitable[Outcome]]
 
 
 async def closed_loop(
@@ -254,18 +254,18 @@ async def run_cell(
     async def client() -> AsyncIterator[Call]:
         conn = _Connection(host, port)
 
-        async def call(n: int) -> Answer:
+        async def call(n: int) -> Outcome:
             body, texts = make_body(n)
             try:
                 status, payload = await conn.request("POST", path, body, extra)
             except FAILED as exc:
                 conn.close()
-                return Answer(None, 0, f"{type(exc).__name__}: {exc}")
+                return Outcome(None, 0, f"{type(exc).__name__}: {exc}")
             if status != 200:
-                return Answer(status, 0, f"HTTP {status}: {payload[:200]!r}")
+                return Outcome(status, 0, f"HTTP {status}: {payload[:200]!r}")
             if check is not None and not check(payload, texts):
-                return Answer(status, 0, f"bad answer: {payload[:200]!r}")
-            return Answer(status, texts, head=conn.head)
+                return Outcome(status, 0, f"bad answer: {payload[:200]!r}")
+            return Outcome(status, texts, head=conn.head)
 
         try:
             yield call
@@ -293,15 +293,15 @@ async def run_grpc_cell(
     async with grpc.aio.insecure_channel(f"{host}:{port}") as channel:
         ours, theirs = zhembed_pb2_grpc.ZhembedStub(channel), tei_pb2_grpc.EmbedStub(channel)
 
-        async def call(n: int) -> Answer:
+        async def call(n: int) -> Outcome:
             batch = texts_of(n)
             try:
                 if tei:
                     messages = iter([tei_pb2.EmbedRequest(inputs=t, normalize=True) for t in batch])
-                    return Answer(None, len([a async for a in theirs.EmbedStream(messages) if a.embeddings]))
+                    return Outcome(None, len([a async for a in theirs.EmbedStream(messages) if a.embeddings]))
                 answer = await ours.Embed(zhembed_pb2.EmbedRequest(inputs=batch))
             except grpc.RpcError as exc:
-                return Answer(None, 0, f"{type(exc).__name__}: {exc}")
-            return Answer(None, len(answer.vectors))
+                return Outcome(None, 0, f"{type(exc).__name__}: {exc}")
+            return Outcome(None, len(answer.vectors))
 
         return await closed_loop(lambda: nullcontext(call), concurrency, duration_s, warmup_s)

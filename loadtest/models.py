@@ -28,10 +28,10 @@ from typing import Any
 import orjson
 import uvloop
 
-from loadtest import loadgen, procs
-from loadtest.corpus import load_corpus, unique_texts
+from loadtest import procs
+from loadtest.corpus import load_corpus
 from loadtest.harness import TWIN, parser
-from loadtest.harness.cell import STRIDE, Cell, closed_loops, parse_cells
+from loadtest.harness.cell import STRIDE, Cell, closed_loops, distinct_bodies, parse_cells
 from loadtest.harness.measure import Measured
 from loadtest.harness.report import NAN, Column, Goal, Row, Table, cpu_model, target, write_json
 from loadtest.harness.service import service_env
@@ -60,31 +60,20 @@ PSS_RATIO = 0.8
 BACKGROUND_P99_RATIO = 1.5
 
 
-def bodies(corpus: list[str], cell: Cell, start: int) -> loadgen.BodyFactory:
-    """The n-th request of ``cell``: distinct texts (no cache or de-duplication serves one from another),
-    naming the model (which a service of one model ignores)."""
-
-    def make(n: int) -> tuple[bytes, int]:
-        texts = unique_texts(corpus, start + n * (cell.texts + 1), cell.texts + 1)
-        if cell.model == "rerank":
-            # A pair may pass a small model's length: cut, as a search would send it, not refused.
-            body: dict[str, Any] = {"query": texts[0], "texts": texts[1:], "truncate": True}
-        elif cell.model == "ner":
-            body = {"inputs": texts[0]}
-        else:
-            body = {"inputs": texts[0] if cell.texts == 1 else texts[1:]}
-        return orjson.dumps({**body, "model": cell.model}), max(cell.texts, 1)
-
-    return make
-
-
 def load(
     ports: Ports, cells: list[Cell], texts: tuple[list[str], int], seconds: float, warmup: float
 ) -> list[CellResult]:
     """Every cell's clients at once, each against the port of its model; ``texts``: the corpus and where
     this load's texts start in it (each cell a ``STRIDE`` further)."""
     corpus, start = texts
-    loads = [(ports[c.model], c, bodies(corpus, c, start + k * STRIDE)) for k, c in enumerate(cells)]
+    loads = [
+        (
+            ports[c.model],
+            c,
+            distinct_bodies(corpus, c.texts, start + k * STRIDE, route=c.route, model=c.model),
+        )
+        for k, c in enumerate(cells)
+    ]
     return uvloop.run(closed_loops(loads, seconds, warmup))
 
 

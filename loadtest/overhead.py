@@ -46,6 +46,7 @@ import orjson
 import uvloop
 from prometheus_client import generate_latest
 
+from app.model.manifest import load_manifest
 from app.settings import Settings
 from app.tasks.options import EmbedOptions
 from app.tasks.service import Service
@@ -57,9 +58,9 @@ from loadtest.harness.cell import STRIDE, Cell, distinct_bodies, parse_cells
 from loadtest.harness.measure import Measured, measure
 from loadtest.harness.report import NAN, RESULTS, Column, Goal, Row, Table, cpu_model, target, write_json
 from loadtest.harness.service import GPU_LIKE, PREFIX, fields, in_process, service_env
-from loadtest.loadgen import Answer, closed_loop
+from loadtest.loadgen import Outcome, closed_loop
 from loadtest.quick_model import tiny_model
-from loadtest.raw_onnx import ceiling, manifest, shape_of
+from loadtest.raw_onnx import ceiling, shape_of
 from loadtest.server import HOST, ServiceProcess, free_port, parse_exposition
 
 CELLS = "8x32,64x32,256x32,32x1,256x1"
@@ -92,7 +93,7 @@ ROUNDS = 5
 
 def floor_here(model: Path, texts_per_request: int, start: int, count: int) -> tuple[float, float]:
     """The floor on ``count`` of the cell's texts, in this process."""
-    hidden, max_length = shape_of(model).hidden, int(manifest(model)["tokenizer"]["max_length"])
+    hidden, max_length = shape_of(model).hidden, load_manifest(model).tokenizer.max_length
     # On the calling thread, as the service encodes (app/model/tokenizer.py says why).
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     tokenizer = tokenizer_of(model, max_length)
@@ -253,10 +254,10 @@ async def in_process_cell(
     deep as they get); each thread's CPU and the metrics read at the window's edges."""
     texts = distinct_texts(load_corpus(), c.texts, start)
 
-    async def call(n: int) -> Answer:
+    async def call(n: int) -> Outcome:
         batch = texts(n)
         await service.embeddings.embed(batch[0] if c.texts == 1 else batch, EmbedOptions())
-        return Answer(None, c.texts)
+        return Outcome(None, c.texts)
 
     async def edges() -> list[tuple[dict[str, float], dict[str, float]]]:
         readings = []

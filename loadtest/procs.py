@@ -85,7 +85,7 @@ def role(process: psutil.Process, root: int) -> str:
 
 
 @dataclass(frozen=True)
-class Process:
+class ProcessReading:
     pid: int
     role: str
     memory: Memory
@@ -96,7 +96,7 @@ class Process:
 class Tree:
     """One reading of a process tree: the root first, then its live descendants."""
 
-    processes: tuple[Process, ...]
+    processes: tuple[ProcessReading, ...]
 
     @property
     def memory(self) -> Memory:
@@ -108,7 +108,7 @@ class Tree:
         return sum(p.cpu_s for p in self.processes)
 
     @property
-    def workers(self) -> tuple[Process, ...]:
+    def workers(self) -> tuple[ProcessReading, ...]:
         return tuple(p for p in self.processes if p.role == "worker")
 
     def as_json(self) -> dict[str, Any]:
@@ -133,13 +133,13 @@ def tree(pid: int) -> Tree:
     """Memory and CPU of ``pid`` (psutil.Error: it is gone) and each of its live descendants now; the root
     is named ``supervisor`` when it has workers. A descendant that ends while it is read is left out."""
     root = psutil.Process(pid)
-    found: list[Process] = []
+    found: list[ProcessReading] = []
     for p in (root, *root.children(recursive=True)):
         try:
-            found.append(Process(p.pid, role(p, pid), memory(p.pid), cpu_seconds(p.pid)))
+            found.append(ProcessReading(p.pid, role(p, pid), memory(p.pid), cpu_seconds(p.pid)))
         except (psutil.Error, OSError):
             if p.pid == pid:
                 raise
     if any(p.role == "worker" for p in found):
-        found[0] = Process(pid, "supervisor", found[0].memory, found[0].cpu_s)
+        found[0] = ProcessReading(pid, "supervisor", found[0].memory, found[0].cpu_s)
     return Tree(tuple(found))

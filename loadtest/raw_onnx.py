@@ -31,7 +31,6 @@ GEMM of the same precision with the service's session options: fp32 ``MatMul`` a
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time
@@ -45,7 +44,7 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from app.model.manifest import SPARSE_INPUTS, SPARSE_OUTPUT
+from app.model.manifest import SPARSE_INPUTS, SPARSE_OUTPUT, Variant, load_manifest
 from app.model.runtime import CPU
 from app.model.runtime import session_options as service_session_options
 from loadtest.corpus import encode, load_corpus, tokenizer_of
@@ -112,11 +111,6 @@ def service_output(session: ort.InferenceSession) -> str:
     return f"{MEAN_PREFIX}{max(means)}" if means else LAST_HIDDEN_STATE
 
 
-def manifest(model_dir: Path) -> dict[str, Any]:
-    """``model_dir``'s manifest.json."""
-    return dict(json.loads((model_dir / "manifest.json").read_text()))
-
-
 def open_graph(file: Path, threads: int = 0, provider: str = CPU, sessions: int = 1) -> ort.InferenceSession:
     """A session of the graph in ``file`` with :func:`session_options`, on ``provider`` (SystemExit when ONNX
     Runtime falls back to another)."""
@@ -128,20 +122,16 @@ def open_graph(file: Path, threads: int = 0, provider: str = CPU, sessions: int 
 
 
 def open_encoder(
-    model: Path, variant: str, threads: int = 0, provider: str = CPU, sessions: int = 1
+    model: Path, variant: Variant, threads: int = 0, provider: str = CPU, sessions: int = 1
 ) -> ort.InferenceSession:
     """The encoder session of ``variant`` as listed in ``model``'s manifest (:func:`open_graph`)."""
-    file = model / manifest(model)["graphs"]["encoder"][variant]["file"]
+    file = model / load_manifest(model).graphs["encoder"][variant].file
     return open_graph(file, threads, provider, sessions)
 
 
 def shape_of(model_dir: Path) -> BertShape:
-    config = manifest(model_dir)["config"]
-    return BertShape(config["num_layers"], config["hidden_size"], config["intermediate_size"])
-
-
-def variants_in(model_dir: Path) -> list[str]:
-    return list(manifest(model_dir)["graphs"]["encoder"])
+    config = load_manifest(model_dir).config
+    return BertShape(config.num_layers, config.hidden_size, config.intermediate_size)
 
 
 def feed(ids: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
@@ -197,7 +187,7 @@ class CeilingResult:
 
 def ceiling(
     model: Path,
-    variant: str,
+    variant: Variant,
     texts: Sequence[Any],
     batch_size: int,
     min_seconds: float,
@@ -320,17 +310,17 @@ def head_flops(hidden: int, vocab: int, tokens: int) -> float:
 
 
 def sparse_cost(
-    model_dir: Path, variant: str, ids: list[np.ndarray], batch_size: int, min_seconds: float
+    model_dir: Path, variant: Variant, ids: list[np.ndarray], batch_size: int, min_seconds: float
 ) -> SparseCost | None:
     """Where ``/embed_sparse``'s inference time goes: the encoder and the sparse graph (the masked-LM head on
     every real token, a GEMM as wide as the vocabulary, then SPLADE's pooling) timed apart, each batch
     running the encoder, then the sparse graph on its last hidden state, as the engine does (two sessions),
     on :func:`whole_passes` over ``ids`` in length-sorted batches of ``batch_size``; None without a sparse
     graph."""
-    spec = manifest(model_dir)["graphs"].get("sparse", {}).get(variant)
+    spec = load_manifest(model_dir).graphs.get("sparse", {}).get(variant)
     if spec is None:
         return None
-    sparse = open_graph(model_dir / spec["file"], sessions=2)
+    sparse = open_graph(model_dir / spec.file, sessions=2)
     encoder = open_encoder(model_dir, variant, sessions=2)
     shape = shape_of(model_dir)
     encoder_flops = sum(shape.flops(len(x)) for x in ids)
@@ -351,21 +341,23 @@ def sparse_cost(
 
 def main(argv: list[str] | None = None) -> int:
     p = parser("loadtest.raw_onnx", __doc__, model=TWIN, seconds=2.0)
-    p.add_argument("--variants", default=None, help="comma-separated; default: fp32,int8 where present")
+    p.add_argument(
+        "--variants", type=lambda t: t.split(","), help="comma-separated; default: fp32,int8 where present"
+    )
     p.add_argument("--batches", default="1,8,32", help="batch sizes of the grid, comma-separated")
     p.add_argument("--lengths", default="16,32,128", help="sequence lengths of the grid, comma-separated")
     p.add_argument("--sparse", type=int, metavar="N", help="the sparse graph's cost in batches of N instead")
     args = p.parse_args(argv)
     if args.sparse:
-        variant = args.variants.split(",")[0] if args.variants else "int8"
+        variant: Variant = args.variants[0] if args.variants else "int8"
         ids = encode(tokenizer_of(args.model), load_corpus())
         cost = sparse_cost(args.model, variant, ids, args.sparse, args.seconds)
         if cost is None:
             raise SystemExit(f"{args.model} has no {variant} sparse graph (python -m export --sparse max)")
         print(cost.line())
         return 0
-    present = variants_in(args.model)
-    wanted = args.variants.split(",") if args.variants else [v for v in ("fp32", "int8") if v in present]
+    present = load_manifest(args.model).variants
+    wanted = args.variants or [v for v in ("fp32", "int8") if v in present]
     missing = [v for v in wanted if v not in present]
     if missing:
         print(f"raw_onnx: {args.model} has no {missing}; it has {present}", file=sys.stderr)

@@ -41,7 +41,7 @@ def post(port: int, path: str, body: bytes) -> httpx.Response:
     return httpx.post(f"http://{HOST}:{port}{path}", content=body, headers=headers, timeout=None)
 
 
-class NotReady(RuntimeError):
+class DidNotStart(RuntimeError):
     """The service exited, or did not answer ready in time; the message ends with its log's last lines."""
 
 
@@ -90,9 +90,9 @@ class ServiceProcess:
             time.sleep(0.2)
         raise self._failed(f"{self.module} not ready after {timeout_s:.0f} s")
 
-    def _failed(self, why: str) -> NotReady:
+    def _failed(self, why: str) -> DidNotStart:
         tail = self.log.read_text(errors="replace").splitlines()[-15:] if self.log.exists() else []
-        return NotReady("\n    ".join([f"{why}; see {self.log}", *tail]))
+        return DidNotStart("\n    ".join([f"{why}; see {self.log}", *tail]))
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -55,13 +55,25 @@ def parse_cells(text: str) -> list[Cell]:
     return cells
 
 
-def distinct_bodies(corpus: list[str], texts: int, start: int, encoding: str = "float") -> BodyFactory:
-    """The bodies of :func:`distinct_texts`: one text goes as a string, more as a list."""
-    extra = {} if encoding == "float" else {"encoding": encoding}
-    texts_of = distinct_texts(corpus, texts, start)
+def distinct_bodies(
+    corpus: list[str],
+    texts: int,
+    start: int,
+    encoding: str = "float",
+    route: str = "/embed",
+    model: str | None = None,
+) -> BodyFactory:
+    """The bodies of :func:`distinct_texts` as ``route`` takes them: one text as a string, more as a list; on
+    /rerank a query and ``texts`` documents, cut to the model's length (as a search sends them) rather than
+    refused. ``encoding`` and ``model`` (the model it names in a service of several) where given."""
+    extra = {k: v for k, v in (("encoding", encoding), ("model", model)) if v not in ("float", None)}
+    rerank = route == "/rerank"
+    texts_of = distinct_texts(corpus, texts + rerank, start)
 
     def make(n: int) -> tuple[bytes, int]:
         batch = texts_of(n)
+        if rerank:
+            return orjson.dumps({"query": batch[0], "texts": batch[1:], "truncate": True, **extra}), texts
         return orjson.dumps({"inputs": batch[0] if texts == 1 else batch, **extra}), texts
 
     return make

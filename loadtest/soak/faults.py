@@ -100,7 +100,7 @@ class FaultEvent:
 
 
 @dataclass(frozen=True)
-class Request:
+class SentRequest:
     id: int
     sent_s: float  # seconds into the soak it was written (its slot, or later when the pool was busy)
     ended_s: float  # when its fate was known
@@ -120,7 +120,7 @@ def fate_of(status: int | None, error: BaseException | None, received: bool, ret
     return text + (" + retried" if retried else "")
 
 
-def tag(request: Request, events: list[FaultEvent], settle_s: float) -> str:
+def tag(request: SentRequest, events: list[FaultEvent], settle_s: float) -> str:
     """The fault a request is counted under: on the killed worker, in flight at the SIGTERM, or the first
     fault whose window (its start to its end plus ``settle_s``) overlaps the request's life."""
     if any(e.kind == KILL and request.id in e.on_killed for e in events):
@@ -134,7 +134,7 @@ def tag(request: Request, events: list[FaultEvent], settle_s: float) -> str:
     return NONE
 
 
-def fate_table(requests: list[Request], events: list[FaultEvent], settle_s: float) -> Table:
+def fate_table(requests: list[SentRequest], events: list[FaultEvent], settle_s: float) -> Table:
     """Fault → fate → requests, the rows in :data:`ALLOWED` order (only those with requests)."""
     table: dict[str, Counter[str]] = {}
     for r in requests:
@@ -161,7 +161,7 @@ def render_table(table: Table) -> str:
     return "\n".join(lines)
 
 
-class Slots:
+class PidSlots:
     """Which worker slot each worker pid fills, from successive readings: the first reading's workers fill
     slots 0…N-1 by pid; a pid that is gone frees its slot; a new pid takes a free slot or, while none is (a
     replacement that starts before the old one stops: the memory bound), waits for one."""

@@ -23,7 +23,7 @@ from loadtest import loadgen, procs
 from loadtest.loadgen import BodyFactory
 from loadtest.server import HOST, ServiceProcess, get
 from loadtest.soak import faults
-from loadtest.soak.faults import Fault, FaultEvent, RedisServer, Request, Slots
+from loadtest.soak.faults import Fault, FaultEvent, PidSlots, RedisServer, SentRequest
 from loadtest.soak.report import REPLACEMENTS, Seen, Window
 
 READ_EVERY_S = 1.0  # the tree's memory; a replacement shows between two readings
@@ -45,7 +45,7 @@ class OpenLoop:
         self.baseline_s = args.baseline_minute * 60 if self.seconds > args.baseline_minute * 60 else 0.0
         self.baseline: procs.Tree | None = first if self.baseline_s == 0 else None
         self.last: procs.Tree = first
-        self.slots = Slots([w.pid for w in first.workers])
+        self.slots = PidSlots([w.pid for w in first.workers])
         self.seen: dict[int, tuple[Seen, Seen]] = {}
         self.memory: dict[int, procs.Tree] = {}
         self.events: list[FaultEvent] = []
@@ -55,7 +55,7 @@ class OpenLoop:
         self.conns: list[loadgen._Connection] = []
         self.tasks: list[asyncio.Task[None]] = []  # started by a fault, awaited at the end
         self.notes: list[str] = []
-        self.requests: list[Request] = []
+        self.requests: list[SentRequest] = []
         self.latency: defaultdict[int, list[float]] = defaultdict(list)  # by window, as are errors and late
         self.errors: Counter[int] = Counter()
         self.late: Counter[int] = Counter()
@@ -107,7 +107,7 @@ class OpenLoop:
                     del self.busy[conn]
                 ended = self.now_s()
                 fate = faults.fate_of(status, error, conn.received, conn.last_retried)
-                self.requests.append(Request(n, sent, ended, fate))
+                self.requests.append(SentRequest(n, sent, ended, fate))
                 window = self.bucket(scheduled)
                 if status is not None:
                     self.statuses[status] += 1

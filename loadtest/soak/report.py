@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from loadtest import procs
 from loadtest.harness.report import cell
 from loadtest.soak import faults
-from loadtest.soak.faults import FaultEvent, Slots, Table
+from loadtest.soak.faults import FaultEvent, PidSlots, Table
 
 GROWTH_TARGET = 0.05
 REPLACEMENTS = "zhembed_worker_replacements_total"
@@ -49,12 +49,16 @@ class Growth:
     cpu_s: float  # CPU seconds used from its start (or first reading) to its end (or last reading)
 
 
-Seen = tuple[float, procs.Process]  # seconds into the soak, the reading
-Reading = tuple[float, procs.Process | procs.Tree]  # a process's or the tree's
+Seen = tuple[float, procs.ProcessReading]  # seconds into the soak, the reading
+Reading = tuple[float, procs.ProcessReading | procs.Tree]  # a process's or the tree's
 
 
 def _growth(
-    first: Reading, base: procs.Process | procs.Tree | None, last: Reading, seconds: float, slot: int | None
+    first: Reading,
+    base: procs.ProcessReading | procs.Tree | None,
+    last: Reading,
+    seconds: float,
+    slot: int | None,
 ) -> Growth:
     """A process's (or the tree's) row from its first reading, the baseline's and its last."""
     (t0, a), (t1, b) = first, last
@@ -83,7 +87,7 @@ def growth_by_process(
     end: procs.Tree,
     seconds: float,
     seen: dict[int, tuple[Seen, Seen]] | None = None,
-    slots: Slots | None = None,
+    slots: PidSlots | None = None,
 ) -> list[Growth]:
     """Each process of any reading, in the order first seen, then the tree: from the tree at the start (0 s),
     the baseline and the end (``seconds``), and ``seen``, each pid's first and last reading in between."""

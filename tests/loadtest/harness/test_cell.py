@@ -45,3 +45,18 @@ def test_cells_parse_as_clients_by_texts() -> None:
     assert [c.label for c in parse_cells("8x32")] == ["8x32"]
     assert Cell(256, 32, "base64").label == "256x32 base64"
     assert Cell(64, 32, urgency=7).headers == {"Priority": "u=7"} and Cell(8, 1).headers == {}
+
+
+def test_a_rerank_cell_sends_a_query_and_its_documents_naming_its_model() -> None:
+    corpus = load_corpus()
+    make = distinct_bodies(corpus, 8, 0, route="/rerank", model="rerank")
+    seen: list[str] = []
+    for n in range(3):
+        body, count = make(n)
+        payload = orjson.loads(body)
+        assert count == len(payload["texts"]) == 8 and payload["truncate"] is True
+        assert payload["model"] == "rerank" and "inputs" not in payload
+        seen += [payload["query"], *payload["texts"]]
+    assert len(set(seen)) == len(seen) == 3 * 9  # the query is a text never sent before too
+    single = orjson.loads(distinct_bodies(corpus, 1, 0, route="/token-classification", model="ner")(0)[0])
+    assert isinstance(single["inputs"], str) and single["model"] == "ner"

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from loadtest.soak import faults
-from loadtest.soak.faults import FaultEvent, FaultSpecError, Request, Slots, fate_of, fate_table, parse_faults
+from loadtest.soak.faults import (
+    FaultEvent,
+    FaultSpecError,
+    PidSlots,
+    SentRequest,
+    fate_of,
+    fate_table,
+    parse_faults,
+)
 
 
 def test_the_fault_schedule_in_seconds_minutes_or_a_share_with_the_sigterm_last() -> None:
@@ -42,7 +50,7 @@ def test_a_fault_schedule_that_cannot_run_is_refused(spec: str, message: str) ->
 
 
 def test_slots_follow_a_killed_worker_and_a_replacement_that_starts_first() -> None:
-    slots = Slots([20, 10])
+    slots = PidSlots([20, 10])
     assert (slots.slot(10), slots.slot(20)) == (0, 1)
     # kill -9: the old one gone and its replacement there in the same reading
     assert slots.update([20, 30], 5.0) == [("gone", 10, 0, 5.0), ("new", 30, 0, 5.0)]
@@ -70,15 +78,15 @@ def test_the_fate_table_allows_losses_only_on_the_killed_worker_and_503_only_at_
         FaultEvent(faults.TERM, 40.0, 42.0, "term"),
     ]
     requests = [
-        Request(0, 1.0, 1.1, "200"),
-        Request(1, 9.9, 10.0, "lost: no answer"),  # in flight on the killed worker
-        Request(2, 9.8, 10.5, "200 + retried"),
-        Request(3, 10.2, 10.3, "200"),  # in the kill's window
-        Request(4, 13.5, 13.6, "200"),  # within the settle time after it
-        Request(5, 15.0, 15.1, "200"),  # after it
-        Request(6, 19.0, 20.5, "lost: no answer"),  # in flight when Redis stopped: a loss
-        Request(7, 39.9, 40.2, "HTTP 503"),  # in flight at the SIGTERM, refused by the drain
-        Request(8, 39.8, 40.1, "200"),
+        SentRequest(0, 1.0, 1.1, "200"),
+        SentRequest(1, 9.9, 10.0, "lost: no answer"),  # in flight on the killed worker
+        SentRequest(2, 9.8, 10.5, "200 + retried"),
+        SentRequest(3, 10.2, 10.3, "200"),  # in the kill's window
+        SentRequest(4, 13.5, 13.6, "200"),  # within the settle time after it
+        SentRequest(5, 15.0, 15.1, "200"),  # after it
+        SentRequest(6, 19.0, 20.5, "lost: no answer"),  # in flight when Redis stopped: a loss
+        SentRequest(7, 39.9, 40.2, "HTTP 503"),  # in flight at the SIGTERM, refused by the drain
+        SentRequest(8, 39.8, 40.1, "200"),
     ]
     table = fate_table(requests, events, settle_s=2.0)
     assert table == {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from loadtest import procs
-from loadtest.soak.faults import Slots
+from loadtest.soak.faults import PidSlots
 from loadtest.soak.report import GROWTH_TARGET, Seen, SoakReport, growth_by_process, render
 
 MB = procs.MB
@@ -15,7 +15,7 @@ def _tree(*rows: tuple[int, str, float], cpu: dict[int, float] | None = None) ->
     """A reading of (pid, role, PSS in MB) rows; RSS is PSS + 10 MB of shared pages; CPU seconds by pid."""
     return procs.Tree(
         tuple(
-            procs.Process(
+            procs.ProcessReading(
                 pid, role, procs.Memory(int((mb + 10) * MB), int(mb * MB)), (cpu or {}).get(pid, 0.0)
             )
             for pid, role, mb in rows
@@ -28,7 +28,7 @@ def _report(
     end: procs.Tree,
     baseline: procs.Tree | None = None,
     seen: dict[int, tuple[Seen, Seen]] | None = None,
-    slots: Slots | None = None,
+    slots: PidSlots | None = None,
 ) -> SoakReport:
     """A one-minute soak's report; the baseline at 30 s if given, else the start."""
     memory = growth_by_process(start, baseline or start, end, 60.0, seen, slots)
@@ -64,7 +64,7 @@ def test_growth_is_measured_from_the_baseline_and_from_the_start() -> None:
 def test_a_replaced_worker_is_a_new_pid_in_the_same_slot_and_fails() -> None:
     start = _tree((1, "supervisor", 60.0), (2, "worker", 300.0), (3, "worker", 300.0))
     end = _tree((1, "supervisor", 60.0), (2, "worker", 300.0), (4, "worker", 290.0))
-    slots = Slots([2, 3])
+    slots = PidSlots([2, 3])
     slots.update([2, 4], 20.0)
     seen = {3: ((0.0, start.processes[2]), (19.0, start.processes[2])), 4: ((20.0, end.processes[2]),) * 2}
     report = _report(start, end, seen=seen, slots=slots)
