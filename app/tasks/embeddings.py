@@ -19,7 +19,7 @@ from tokenizers import Encoding as TokenEncoding
 
 from app.cache import keys as cache_keys
 from app.engine.work import Job, Need, Planned
-from app.errors import EmptyInput, InternalError, ServiceError, ValidationFailed
+from app.errors import InternalError, ServiceError, ValidationFailed
 from app.model import dense
 from app.tasks import layers
 from app.tasks.answers import Answer, timed, timings_of
@@ -42,6 +42,7 @@ from app.tasks.prepare import (
     Name,
     Prepared,
     Rules,
+    check_some,
     from_encodings,
     given_ids,
     prepare,
@@ -167,15 +168,13 @@ class Embeddings:
         components, when the options say so: the root route's similarity form)."""
         options = replace(options, normalize=True)
         if pairs is not None:
-            if not pairs:
-                raise EmptyInput("pairs is empty: send at least one pair [a, b]")
+            check_some(len(pairs), "pairs", "pair [a, b]")
             names = Names("pairs", lambda k: f"pairs[{k // 2}][{k % 2}]")
             texts = self.core.texts([t for pair in pairs for t in pair], names)
         else:
             if source is None or sentences is None:
                 raise ValidationFailed("give inputs.source_sentence and inputs.sentences, or pairs")
-            if not sentences:
-                raise EmptyInput("inputs.sentences is empty: send at least one sentence to compare with")
+            check_some(len(sentences), "inputs.sentences", "sentence to compare with")
             names = Names(
                 "inputs", lambda k: "inputs.source_sentence" if k == 0 else f"inputs.sentences[{k - 1}]"
             )

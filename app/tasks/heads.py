@@ -16,13 +16,13 @@ import numpy as np
 from app.cache import keys as cache_keys
 from app.engine.postprocess import head_scores
 from app.engine.work import Job, Need
-from app.errors import EmptyInput, InternalError
+from app.errors import InternalError
 from app.model.tokenizer import TextInput
 from app.tasks import entities
 from app.tasks.answers import Answer, timed, timings_of
 from app.tasks.core import Core
 from app.tasks.options import Direction, LongText, Names, listed
-from app.tasks.prepare import TOO_LONG_HEAD, from_encodings
+from app.tasks.prepare import TOO_LONG_HEAD, check_some, from_encodings
 from app.telemetry.timings import Timings
 
 
@@ -81,8 +81,7 @@ class Heads:
             EmptyInput: no texts, or an empty query or text.
         """
         head = self.core.head("/rerank", "reranker")
-        if not texts:
-            raise EmptyInput("texts is empty: send at least one text to rank")
+        check_some(len(texts), "texts", "text to rank")
         self.core.texts([query], Names("query", lambda _i: "query"))
         self.core.texts(texts, listed("texts", texts))
         logits, timings = await self._logits([(query, t) for t in texts], long_text, direction, "texts")

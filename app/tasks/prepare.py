@@ -130,6 +130,12 @@ def no_tokens(name: str) -> EmptyInput:
     return EmptyInput(f"{name} has no tokens: its characters are all ones the tokenizer drops")
 
 
+def check_some(count: int, field: str, one: str = "input") -> None:
+    """A request's list ``field`` holds ``count`` items: EmptyInput when none, asking for at least ``one``."""
+    if not count:
+        raise EmptyInput(f"{field} is empty: send at least one {one}")
+
+
 def check_count(count: int, max_inputs: int, names: Names) -> None:
     """A request's number of inputs (texts or token-id lists): at least one, at most ``max_inputs``.
 
@@ -137,8 +143,7 @@ def check_count(count: int, max_inputs: int, names: Names) -> None:
         EmptyInput: none.
         ValidationFailed: more than ``max_inputs``.
     """
-    if not count:
-        raise EmptyInput(f"{names.field} is empty: send at least one input")
+    check_some(count, names.field)
     if count > max_inputs:
         raise ValidationFailed(
             f"{count} inputs in one request; the limit is {max_inputs} "

@@ -13,6 +13,7 @@ from app.tasks.options import Names, listed
 from app.tasks.prepare import (
     GivenIds,
     Rules,
+    check_some,
     given_ids,
     prepare,
     text_problems,
@@ -190,3 +191,11 @@ def test_messages_name_texts_as_the_request_wrote_them() -> None:
         texts_of(["a", "一" * 6], 2, 5, listed("input", ["a", "b"]))
     with pytest.raises(ValidationFailed, match="split the text into parts of at most 5 characters"):
         texts_of("一" * 6, 2, 5)
+
+
+def test_an_empty_list_is_refused_by_its_field_saying_what_to_send() -> None:
+    check_some(1, "pairs", "pair [a, b]")
+    with pytest.raises(EmptyInput, match=re.escape("pairs is empty: send at least one pair [a, b]")):
+        check_some(0, "pairs", "pair [a, b]")
+    with pytest.raises(EmptyInput, match=re.escape("inputs is empty: send at least one input")):
+        check_some(0, "inputs")
