@@ -60,7 +60,7 @@ from loadtest.harness.report import NAN, RESULTS, Column, Goal, Row, Table, cpu_
 from loadtest.harness.service import GPU_LIKE, PREFIX, fields, in_process, service_env
 from loadtest.loadgen import Outcome, closed_loop
 from loadtest.quick_model import tiny_model
-from loadtest.raw_onnx import ceiling, shape_of
+from loadtest.raw_onnx import ceiling
 from loadtest.server import HOST, ServiceProcess, free_port, parse_exposition
 
 CELLS = "8x32,64x32,256x32,32x1,256x1"
@@ -93,7 +93,8 @@ ROUNDS = 5
 
 def floor_here(model: Path, texts_per_request: int, start: int, count: int) -> tuple[float, float]:
     """The floor on ``count`` of the cell's texts, in this process."""
-    hidden, max_length = shape_of(model).hidden, load_manifest(model).tokenizer.max_length
+    manifest = load_manifest(model)
+    hidden, max_length = manifest.config.hidden_size, manifest.tokenizer.max_length
     # On the calling thread, as the service encodes (app/model/tokenizer.py says why).
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     tokenizer = tokenizer_of(model, max_length)

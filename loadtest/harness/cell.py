@@ -68,7 +68,7 @@ def distinct_bodies(
     refused. ``encoding`` and ``model`` (the model it names in a service of several) where given."""
     extra = {k: v for k, v in (("encoding", encoding), ("model", model)) if v not in ("float", None)}
     rerank = route == "/rerank"
-    texts_of = distinct_texts(corpus, texts + rerank, start)
+    texts_of = distinct_texts(corpus, texts + 1 if rerank else texts, start)  # on /rerank, the query first
 
     def make(n: int) -> tuple[bytes, int]:
         batch = texts_of(n)
