@@ -46,7 +46,6 @@ class Drain:
 
     def __init__(self) -> None:
         self.since: float | None = None  # time.monotonic() of the signal
-        self.retiring = False
         # Every response closes its connection: while draining or retiring. Kept as one attribute, read
         # on every response.
         self.closing = False
@@ -62,7 +61,7 @@ class Drain:
 
     def retire(self) -> None:
         """Serve on, closing each connection after its response (see the module docstring)."""
-        self.retiring = self.closing = True
+        self.closing = True
 
     def elapsed(self) -> float:
         """Seconds since draining began; 0 when it has not."""
