@@ -8,14 +8,14 @@ decide how the engine runs. Both are read off their declarations, so there is no
   no change (a test holds every field to a flag).
 - A setting ``max_batch_size`` is ``--max-batch-size``, its help the field's description in
   :mod:`app.settings`; unset flags fall back to ``ZHEMBED_*`` variables and the defaults, as for the
-  service, and pydantic checks the values.
+  service, and pydantic checks the values. Only :class:`Settings` reads the variables: the job asks it
+  which fields were set (by flag or variable) and reads none itself.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import types
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
@@ -142,12 +142,13 @@ def settings_of(args: argparse.Namespace, model: str | None) -> Settings:
     }
     if model is not None:
         given["model"] = model
-    if "ZHEMBED_MAX_QUEUE_DELAY_MS" not in os.environ:
-        given.setdefault("max_queue_delay_ms", BULK_QUEUE_DELAY_MS)
     try:
-        return Settings(**given)
+        settings = Settings(**given)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = first["loc"][0] if first["loc"] else ""
         flag = f"--{str(where).replace('_', '-')}" if where else "settings"
         raise UsageError(f"{flag}: {first['msg']}") from None
+    if "max_queue_delay_ms" not in settings.model_fields_set:  # neither the flag nor the variable
+        settings = settings.model_copy(update={"max_queue_delay_ms": BULK_QUEUE_DELAY_MS})
+    return settings

@@ -113,3 +113,13 @@ def test_a_job_plans_for_throughput_unless_told_a_queue_delay(monkeypatch: pytes
     assert flags.settings_of(given, None).max_queue_delay_ms == 50
     monkeypatch.setenv("ZHEMBED_MAX_QUEUE_DELAY_MS", "75")
     assert flags.settings_of(parser().parse_args(REQUIRED), None).max_queue_delay_ms == 75
+
+
+def test_the_queue_delay_variable_reaches_the_job_as_settings_reads_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Settings reads ZHEMBED_* variables in any case; the job asks Settings what was set, not the
+    # environment, so a variable Settings takes is never overridden by the job's own default.
+    monkeypatch.delenv("ZHEMBED_MAX_QUEUE_DELAY_MS", raising=False)
+    monkeypatch.setenv("zhembed_max_queue_delay_ms", "75")
+    assert flags.settings_of(parser().parse_args(REQUIRED), None).max_queue_delay_ms == 75
