@@ -52,7 +52,7 @@ SPARSE_FLOOR = 1e-3
 # The fp32 service against sentence-transformers' SparseEncoder (sparse_agreement). ONNX Runtime and
 # PyTorch sum a logit's products in another order, and the rounding that leaves is absolute: 4e-7 of the
 # vector's largest weight on the tiny BERT (2e-6 on bert-base-chinese's 12 layers), as far as
-# SparseEncoder's own fp32 is from its float64 (docs/performance.md, issue 34's precision). A weight near
+# SparseEncoder's own fp32 is from its float64 (docs/performance-log.md, issue 34's precision). A weight near
 # 0 may then differ by a large share of itself (5.15e-6 against 5.13e-6), so each weight is held to
 # SPARSE_RTOL of itself, or of SPARSE_RELATIVE_FLOOR of its vector's largest weight where it is smaller.
 SPARSE_RTOL = 1e-4

@@ -6,7 +6,8 @@
 Rows ``raw`` (per variant, best batch size and batch 1), ``service c=C xT``, ``naive c=C xT`` (up to
 ``--naive-max-concurrency``) and ``cache 100% / 0% hit``; columns sent/s, req/s, p50/p90/p99 ms, err,
 GFLOP/s, %peak, svc/raw, svc/nv, client and server cores. Then issue 5's targets as PASS / MISS, and
-JSON in loadtest/results/bench-<time>.json. docs/performance.md has the details and the runs.
+JSON in loadtest/results/bench-<time>.json. docs/performance.md has the current figures,
+docs/performance-log.md every run.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Prints fp16/fp32 parity, the raw fp16 rows (batch × sequence, sentences/s, TFLO
 cell (CLIENTS × 32, the same in base64, CLIENTS × 1, 1 × 1, and CLIENTS × 32 per ``--workers`` count:
 wrk, sent/s, req/s, p50/p99, err, batch, busy, srv cpu, cli cpu), the issue's GPU targets as PASS / MISS
 and JSON in loadtest/results/gpu-check-<time>.json. Exits 1 when a service did not start or a cell
-failed. docs/performance.md says what each column means.
+failed. docs/performance-log.md says what each column means.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
     python -m loadtest.memory --variants default,trim-off --requests 6000 --parallel 1
 
 Each variant (``default``, ``trim-off``, ``mmap-only``, ``trim-only``, ``mmap-env``, ``arena-off``,
-``arena-shrink``: docs/performance.md says what each is) runs the engine as a worker builds it, with
+``arena-shrink``: docs/performance-log.md says what each is) runs the engine as a worker builds it, with
 closed-loop clients sending 1 to ``--max-texts`` numbered corpus texts (``--max-chars``: each repeated or
 cut to a random length). The table: USS once warmed up (the worker's warm-up included), after the first
 ``--step`` requests, at the middle and at the end, the most seen, the growth, and requests/s; every

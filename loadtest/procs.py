@@ -1,6 +1,6 @@
 """The server as a benchmark sees it: the tree of processes under one pid (the server, its workers and
 whatever they start), each one's memory (RSS, PSS, USS, peak RSS) and CPU time, read with psutil. The one
-place a benchmark reads a server's memory or CPU; docs/performance.md (the soak) says what each figure
+place a benchmark reads a server's memory or CPU; docs/performance-log.md (the soak) says what each figure
 counts.
 """
 

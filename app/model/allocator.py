@@ -6,7 +6,7 @@ to some hundred MB depending on its shape, and frees them when it has run. glibc
 heap, which keeps what is freed. Left to itself glibc *raises* that threshold to the size of each large
 block freed (up to 32 MB), so after the first few batches the activations come from the heap, and with
 each new mix of shapes the heap fragments and grows: a worker's memory rose 2-4 MB a minute for as long as
-it served (docs/performance.md, "python -m loadtest.memory"). Two remedies, both on by default:
+it served (docs/performance-log.md, "python -m loadtest.memory"). Two remedies, both on by default:
 
 - :func:`configure` fixes the threshold (``mallopt``; a fixed value also turns glibc's raising off), so
   a batch's large buffers are mapped and unmapped with it;

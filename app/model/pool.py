@@ -50,7 +50,7 @@ def threads(intra_op_threads: int, cores: int | None = None) -> int:
     The core left over is for what runs beside a batch in a process of several models: the other models'
     short batches on the express threads, the event loop serving every model's requests, tokenisation.
     With every core in the pool, each of a batch's operators is split across all of them, and (the likely
-    cause of what docs/performance.md, "Several models in one process", measures) waits for the share
+    cause of what docs/performance-log.md, "Several models in one process", measures) waits for the share
     of a thread the OS gave to that other work."""
     if intra_op_threads:
         return intra_op_threads

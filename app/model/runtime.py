@@ -136,7 +136,7 @@ def session_options(provider: str, intra_op_threads: int = 0, sessions: int = 1)
         sessions: how many sessions of the model run one after the other on a batch (the encoder, its
             masked-LM head, its sparse graph). With more than one, each pool's threads stop spinning when
             its run returns: spinning on, they take the cores from the next session's threads (on 2 cores
-            the encoder ran 45% slower beside the sparse graph, docs/performance.md).
+            the encoder ran 45% slower beside the sparse graph, docs/performance-log.md).
     """
     options = ort.SessionOptions()
     if sessions > 1:

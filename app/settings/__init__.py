@@ -81,7 +81,7 @@ class Settings(BaseSettings):
         default=True, description="Run a few batches of typical shapes before /ready turns true."
     )
     # Every batch allocates and frees its activations; glibc left alone keeps what is freed, and a worker
-    # grew 2-4 MB a minute for as long as it served (app/model/allocator.py, docs/performance.md).
+    # grew 2-4 MB a minute for as long as it served (app/model/allocator.py, docs/performance-log.md).
     mmap_threshold_kb: int = Field(
         default=128,
         ge=0,
@@ -164,7 +164,7 @@ class Settings(BaseSettings):
     )
     max_batch_size: int = Field(default=8, ge=1, description="Most inputs in one batch.")
     # A batch's activations grow with size × longest² (the attention's scores); the ONNX Runtime arena keeps
-    # the most any batch has needed, so this bound is a worker's memory ceiling (docs/performance.md,
+    # the most any batch has needed, so this bound is a worker's memory ceiling (docs/performance-log.md,
     # issue 31 step 17). On CUDA the device's memory is another matter: no bound unless set.
     max_batch_attention: int | None = Field(
         default=None,
