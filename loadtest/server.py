@@ -1,9 +1,11 @@
-"""Start a service (ours or a baseline) as a subprocess on a free port, wait for it, measure it, stop it."""
+"""Start a service (ours or a baseline) as a subprocess on a free port, wait for it, measure it, stop it;
+and a Redis beside it (the soak's faults and the service tests both start theirs here)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -14,6 +16,7 @@ from types import TracebackType
 from typing import Any
 
 import httpx
+import redis
 
 HOST = "127.0.0.1"
 
@@ -130,3 +133,55 @@ class ServiceProcess:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+class RedisServer:
+    """``redis-server`` on a loopback port (a free one unless given), nothing saved, stopped and started at
+    will on that port."""
+
+    def __init__(
+        self, binary: str = "redis-server", max_memory_mb: int | None = None, port: int | None = None
+    ) -> None:
+        found = shutil.which(binary)
+        if found is None:
+            raise RuntimeError(f"{binary} not found (CI installs it: apt-get install redis-server)")
+        self.port = port or free_port()
+        self.url = f"redis://{HOST}:{self.port}/0"
+        limits = ["--appendonly", "no"]
+        if max_memory_mb is not None:  # bounded, evicting the oldest
+            limits += ["--maxmemory", f"{max_memory_mb}mb", "--maxmemory-policy", "allkeys-lru"]
+        self.command = [found, "--port", str(self.port), "--bind", HOST, "--save", "", *limits]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 10.0) -> RedisServer:
+        """Start it and wait until it answers PING. Returns itself.
+
+        Raises:
+            RuntimeError: it did not answer within ``timeout_s`` or exited.
+        """
+        self.proc = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection((HOST, self.port), timeout=1.0) as s:
+                s.sendall(b"PING\r\n")
+                if s.recv(16).startswith(b"+PONG"):
+                    return self
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server did not start on port {self.port}")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+    def kill(self) -> None:
+        """SIGKILL: no goodbye on its connections, the way a crashed or OOM-killed Redis goes."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+    def client(self) -> redis.Redis:
+        return redis.Redis.from_url(self.url, socket_timeout=2)

@@ -9,7 +9,7 @@ asked for.
 Prints latency, errors and memory (PSS of the tree and each worker) per window, then each process's RSS,
 PSS and CPU over the soak; with ``--faults`` (and a SIGTERM at the end) every request by the fault it met
 and its fate. Targets: PSS growth under 5% (the tree and each worker), no worker gone or new, no request
-lost but those in flight on a killed worker, the service exiting 0. docs/performance.md has the method.
+lost but those in flight on a killed worker, the service exiting 0. docs/performance-log.md has the method.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from loadtest.harness.measure import measure
 from loadtest.harness.report import write_json
 from loadtest.harness.service import service_env
 from loadtest.quick_model import tiny_model
-from loadtest.server import ServiceProcess
+from loadtest.server import RedisServer, ServiceProcess
 from loadtest.soak import faults
 from loadtest.soak.faults import FaultSpecError, parse_faults
 from loadtest.soak.open_loop import OpenLoop
@@ -65,7 +65,9 @@ def run(args: argparse.Namespace, model: Path) -> SoakReport:
     schedule: list[faults.Fault] = args.schedule
     bodies = soak_bodies(load_corpus(), args.texts, args.seed, unique=bool(schedule))
     bound = args.worker_max_memory_mb if any(f.kind == faults.BOUND for f in schedule) else None
-    redis = faults.RedisServer(args.redis_server, args.redis_max_memory_mb) if schedule else None
+    # Bounded, evicting the oldest: the soak's texts are all distinct, and Redis is outside the tree whose
+    # memory the soak reads.
+    redis = RedisServer(args.redis_server, args.redis_max_memory_mb) if schedule else None
     more = {"cache_bytes": args.cache_bytes, "worker_max_memory_mb": bound, "redis_url": redis and redis.url}
     env = service_env(model, args.variant, args.pool * args.texts, **more)
     try:

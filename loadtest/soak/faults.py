@@ -1,21 +1,14 @@
-"""The soak's faults (``--faults``): their schedule, the Redis the soak starts for them, which worker slot
-each process of the server fills, and every request's fate and the fault it met. docs/performance.md says
-what each fault does and what it may cost.
+"""The soak's faults (``--faults``): their schedule (the Redis they stop is
+:class:`loadtest.server.RedisServer`), which worker slot each process of the server fills, and every request's
+fate and the fault it met. docs/performance-log.md says what each fault does and what it may cost.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import re
-import shutil
-import socket
-import subprocess
-import time
 from collections import Counter
 from dataclasses import dataclass, field
-
-from loadtest.server import HOST, free_port
 
 KILL = "kill"
 REDIS = "redis"
@@ -193,37 +186,3 @@ class PidSlots:
 
     def slot(self, pid: int) -> int | None:
         return self.of.get(pid)
-
-
-class RedisServer:
-    """``redis-server`` on a free loopback port, nothing saved, stopped and started at will on that port."""
-
-    def __init__(self, binary: str, max_memory_mb: int) -> None:
-        found = shutil.which(binary)
-        if found is None:
-            raise RuntimeError(f"{binary} not found: the faults need one (apt-get install redis-server)")
-        self.port = free_port()
-        self.url = f"redis://{HOST}:{self.port}/0"
-        # Bounded, evicting the oldest: the soak's texts are all distinct, and Redis is outside the tree
-        # whose memory the soak reads.
-        limits = f"--maxmemory {max_memory_mb}mb --maxmemory-policy allkeys-lru --appendonly no".split()
-        self.command = [found, "--port", str(self.port), "--bind", HOST, "--save", "", *limits]
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout_s: float = 10.0) -> None:
-        self.proc = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection((HOST, self.port), timeout=1.0) as s:
-                s.sendall(b"PING\r\n")
-                if s.recv(16).startswith(b"+PONG"):
-                    return
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                raise RuntimeError(f"redis-server did not start on port {self.port}")
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
-            self.proc = None

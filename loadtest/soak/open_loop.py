@@ -21,9 +21,9 @@ import psutil
 
 from loadtest import loadgen, procs
 from loadtest.loadgen import BodyFactory
-from loadtest.server import HOST, ServiceProcess, get
+from loadtest.server import HOST, RedisServer, ServiceProcess, get
 from loadtest.soak import faults
-from loadtest.soak.faults import Fault, FaultEvent, PidSlots, RedisServer, SentRequest
+from loadtest.soak.faults import Fault, FaultEvent, PidSlots, SentRequest
 from loadtest.soak.report import REPLACEMENTS, Seen, Window
 
 READ_EVERY_S = 1.0  # the tree's memory; a replacement shows between two readings

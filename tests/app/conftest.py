@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import socket
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,7 +13,6 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-import redis
 import uvicorn
 from fastapi import FastAPI
 from pydantic import SecretStr
@@ -24,6 +20,7 @@ from pydantic import SecretStr
 from app.serving.factory import create_app
 from app.settings import Settings
 from app.tasks.service import Service
+from loadtest.server import RedisServer
 
 
 @dataclass
@@ -205,64 +202,18 @@ def wait_until(condition: Callable[[], bool], seconds: float = 30.0, every: floa
         time.sleep(every)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class RedisProcess:
-    """A real ``redis-server`` on a loopback port, with nothing saved to disk; stop and start at will."""
-
-    def __init__(self, port: int | None = None) -> None:
-        self.port = port or free_port()
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> RedisProcess:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise RuntimeError("redis-server is not installed (CI installs it: apt-get install redis-server)")
-        self._proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                if self.client().ping():
-                    return self
-            except redis.exceptions.ConnectionError:
-                if time.monotonic() > deadline or self._proc.poll() is not None:
-                    raise RuntimeError(f"redis-server did not start on port {self.port}") from None
-                time.sleep(0.02)
-
-    def stop(self) -> None:
-        if self._proc is not None:
-            self._proc.terminate()
-            self._proc.wait(timeout=10)
-            self._proc = None
-
-    def client(self) -> redis.Redis:
-        return redis.Redis.from_url(self.url, socket_timeout=2)
-
-
 @pytest.fixture(scope="session")
-def redis_server() -> Iterator[RedisProcess]:
+def redis_server() -> Iterator[RedisServer]:
     """One Redis for the tests that only read and write it (keys never collide across tests' texts)."""
-    proc = RedisProcess().start()
+    proc = RedisServer().start()
     yield proc
     proc.stop()
 
 
 @pytest.fixture()
-def own_redis() -> Iterator[RedisProcess]:
+def own_redis() -> Iterator[RedisServer]:
     """A Redis of the test's own, which it may stop and restart."""
-    proc = RedisProcess().start()
+    proc = RedisServer().start()
     yield proc
     proc.stop()
 

@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -30,10 +29,9 @@ import orjson
 import pytest
 
 from app.settings import Settings
+from loadtest.server import RedisServer, free_port
 from tests.app.conftest import (
-    RedisProcess,
     Running,
-    free_port,
     gate_inference,
     metric,
     serving,
@@ -112,7 +110,7 @@ def test_redis_absent_at_start_then_started(tiny_settings: Settings) -> None:
         tiny_settings, f"redis://127.0.0.1:{port}/0", cache_bytes=0, redis_max_backoff_s=0.2
     )
     with serving(settings) as running, httpx.Client(base_url=running.url, timeout=60) as client:
-        late = RedisProcess(port)
+        late = RedisServer(port=port)
         try:
             with Load(running.url) as load:
                 load.wait_for(20)
@@ -125,18 +123,13 @@ def test_redis_absent_at_start_then_started(tiny_settings: Settings) -> None:
 
 
 @pytest.mark.slow
-def test_redis_killed_under_load_then_back(tiny_settings: Settings, own_redis: RedisProcess) -> None:
+def test_redis_killed_under_load_then_back(tiny_settings: Settings, own_redis: RedisServer) -> None:
     settings = with_cache(tiny_settings, own_redis.url, cache_bytes=0, redis_max_backoff_s=0.2)
     with serving(settings) as running, httpx.Client(base_url=running.url, timeout=60) as client:
         with Load(running.url) as load:
             wait_until(lambda: redis_hits(client) >= 1, seconds=60)
             errors_before = redis_errors(client)
-            # SIGKILL: no goodbye on its connections, the way a crashed or OOM-killed Redis goes.
-            process = own_redis._proc
-            assert process is not None
-            process.send_signal(signal.SIGKILL)
-            process.wait(timeout=10)
-            own_redis._proc = None
+            own_redis.kill()  # no goodbye on its connections, the way a crashed or OOM-killed Redis goes
             wait_until(lambda: redis_errors(client) > errors_before, seconds=60)
             load.wait_for(30)  # requests go on while Redis is gone
             hits_while_down = redis_hits(client)
@@ -192,7 +185,7 @@ class DelayProxy:
 
 
 @pytest.fixture()
-def slow_redis(own_redis: RedisProcess) -> Iterator[DelayProxy]:
+def slow_redis(own_redis: RedisServer) -> Iterator[DelayProxy]:
     proxy = DelayProxy(own_redis.port)
     yield proxy
     proxy.close()

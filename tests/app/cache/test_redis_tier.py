@@ -13,7 +13,8 @@ import redis
 from app.cache.redis_tier import Breaker, RedisTier
 from app.settings import Settings
 from app.telemetry.metrics import Metrics
-from tests.app.conftest import RedisProcess, free_port, metric, serving, wait_until, with_cache
+from loadtest.server import RedisServer, free_port
+from tests.app.conftest import metric, serving, wait_until, with_cache
 
 
 class Clock:
@@ -45,7 +46,7 @@ def tier(url: str, metrics: Metrics) -> RedisTier:
     return RedisTier(url, ttl_s=60, timeout_s=0.05, max_backoff_s=1.0, metrics=metrics)
 
 
-def test_one_mget_per_lookup_and_writes_with_a_ttl(own_redis: RedisProcess) -> None:
+def test_one_mget_per_lookup_and_writes_with_a_ttl(own_redis: RedisServer) -> None:
     metrics = Metrics()
     value = np.arange(4, dtype="<f4").tobytes()
 
@@ -97,7 +98,7 @@ def embed_ok(client: httpx.Client, texts: list[str]) -> None:
     assert response.status_code == 200, response.text
 
 
-def test_redis_stopped_mid_test_then_back(tiny_settings: Settings, own_redis: RedisProcess) -> None:
+def test_redis_stopped_mid_test_then_back(tiny_settings: Settings, own_redis: RedisServer) -> None:
     # No in-process tier, so every lookup reaches Redis; a short breaker so the test is quick.
     settings = with_cache(tiny_settings, own_redis.url, cache_bytes=0, redis_max_backoff_s=0.2)
     with serving(settings) as running, httpx.Client(base_url=running.url, timeout=30) as client:
@@ -145,7 +146,7 @@ def test_redis_never_started(tiny_settings: Settings) -> None:
 
 
 def test_a_stalled_redis_times_out_and_the_request_goes_on(
-    tiny_settings: Settings, own_redis: RedisProcess
+    tiny_settings: Settings, own_redis: RedisServer
 ) -> None:
     settings = with_cache(tiny_settings, own_redis.url, cache_bytes=0)
     with serving(settings) as running, httpx.Client(base_url=running.url, timeout=30) as client:

@@ -17,7 +17,8 @@ from app.cache.vectors import VectorCache
 from app.errors import ValidationFailed
 from app.settings import Settings
 from app.telemetry.metrics import Metrics
-from tests.app.conftest import RedisProcess, Running, metric, serving, with_cache
+from loadtest.server import RedisServer
+from tests.app.conftest import Running, metric, serving, with_cache
 
 
 class FakeCompute:
@@ -104,7 +105,7 @@ def test_a_waiter_whose_owner_failed_computes_for_itself() -> None:
 
 
 @pytest.fixture(scope="module")
-def replicas(tiny_settings: Settings, redis_server: RedisProcess) -> Iterator[tuple[Running, Running]]:
+def replicas(tiny_settings: Settings, redis_server: RedisServer) -> Iterator[tuple[Running, Running]]:
     """Two replicas of the fp32 model sharing Redis (each with its own in-process tier)."""
     settings = with_cache(tiny_settings, redis_server.url)
     with serving(settings) as a, serving(settings) as b:
@@ -136,7 +137,7 @@ def test_a_hit_returns_exactly_the_computed_vector(replicas: tuple[Running, Runn
 
 
 def test_different_options_never_collide(
-    replicas: tuple[Running, Running], redis_server: RedisProcess
+    replicas: tuple[Running, Running], redis_server: RedisServer
 ) -> None:
     a, _ = replicas
     text = ["选项不同的同一句话"]
@@ -161,7 +162,7 @@ def test_different_options_never_collide(
 
 
 def test_another_model_never_reads_this_ones_vectors(
-    tiny_settings: Settings, replicas: tuple[Running, Running], redis_server: RedisProcess
+    tiny_settings: Settings, replicas: tuple[Running, Running], redis_server: RedisServer
 ) -> None:
     a, _ = replicas
     text = ["换了模型就不能共用缓存"]

@@ -32,7 +32,7 @@ from fastapi import FastAPI
 from app.api.drain import Drain
 from app.serving.server import http_server
 from app.settings import Settings
-from tests.app.conftest import free_port
+from loadtest.server import free_port
 
 DRAIN_S = 2.0
 GRACE_S = 15.0

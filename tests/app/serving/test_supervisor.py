@@ -23,7 +23,8 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.app.conftest import Running, free_port, wait_until
+from loadtest.server import free_port
+from tests.app.conftest import Running, wait_until
 
 
 class Server:

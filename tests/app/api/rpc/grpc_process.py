@@ -19,7 +19,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.app.conftest import free_port
+from loadtest.server import free_port
 
 KEY = "grpc-test-key"
 
