@@ -235,7 +235,10 @@ class Embeddings:
         # Permits cover every input, cached or not: they bound the in-flight map and the queues behind it.
         with self.core.engine.admit(len(keys)):
             if self.core.cache.enabled:
-                stored = np.stack(await self.core.cache.vectors(call.key_prefix, keys, cached))
+                # Each entry: the whole vector and the input's tokens.
+                stored = np.stack(
+                    await self.core.cache.vectors(call.key_prefix, keys, cached, call.width + 1)
+                )
                 vectors, tokens = np.ascontiguousarray(stored[:, :-1]), stored[:, -1].astype(np.int64)
             elif len(first) < len(keys):  # repeated inputs: each computed once
                 distinct = list(dict.fromkeys(keys))

@@ -53,6 +53,9 @@ BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 BATCH_TOKENS_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 
 TIERS = ("memory", "redis")
+# Why a cached value was dropped (app.cache.vectors): not whole float32 numbers ("size"), or float32 of
+# another width than its key's output has ("width").
+REJECTIONS = ("size", "width")
 # Why the supervisor started a worker in place of another (app.serving.supervisor).
 REPLACEMENT_REASONS = ("memory", "crash")
 # Request urgencies (RFC 9218's 0 … 7; app.engine.priority): the bounded label set of the urgency metrics.
@@ -171,6 +174,13 @@ class Metrics:
             ["tier", *by],
             registry=r,
         )
+        self.cache_rejections = Counter(
+            PREFIX + "cache_rejected",
+            "Cached values dropped from their tier and computed again, by tier, reason (size: not whole "
+            "float32 numbers; width: another width than the key's output has) (and model).",
+            ["tier", "reason", *by],
+            registry=r,
+        )
         self.cache_bytes = Gauge(
             PREFIX + "cache_bytes",
             "Bytes held by the in-process caches.",
@@ -228,6 +238,11 @@ class Metrics:
                 self.cache_errors.labels(tier, *m),
             )
             for tier in TIERS
+        }
+        self._rejected = {
+            (tier, reason): self.cache_rejections.labels(tier, reason, *m)
+            for tier in TIERS
+            for reason in REJECTIONS
         }
 
     def for_model(self, model: str) -> Metrics:
@@ -307,6 +322,9 @@ class Metrics:
 
     def cache_error(self, tier: str, count: int = 1) -> None:
         self._tiers[tier][2].inc(count)
+
+    def cache_rejected(self, tier: str, reason: str, count: int) -> None:
+        self._rejected[tier, reason].inc(count)
 
     def watch(
         self,
