@@ -83,6 +83,20 @@ def prompt_text(name: str | None, prompts: dict[str, str]) -> str | None:
     return prompts[name]
 
 
+def check_prompt_fits(name: str, tokens: int, limit: int) -> None:
+    """A prompt of ``tokens`` tokens with [CLS] (kept whichever end truncation cuts) leaves room in the
+    model's ``limit`` for [SEP] and at least one token of the text.
+
+    Raises:
+        ValidationFailed: it does not: every text with it would be the prompt alone, or less.
+    """
+    if tokens + 2 > limit:
+        raise ValidationFailed(
+            f"prompt_name {name!r}: its prompt takes {tokens - 1} tokens, and with [CLS] and [SEP] no token of "
+            f"the text fits in the model's limit of {limit}; send another prompt_name, or none"
+        )
+
+
 @dataclass(frozen=True)
 class EmbedAllOptions:
     """What /embed_all returns for each token; the layer options mean what they mean for /embed."""
