@@ -19,7 +19,7 @@ from app.errors import ValidationFailed
 from app.model.manifest import LAST_HIDDEN_STATE, MANIFEST_NAME
 from app.model.runtime import OnnxModel, load_model
 from app.settings import Settings
-from app.tasks.options import EmbedOptions
+from app.tasks.options import Direction, EmbedOptions, LongText
 from app.tasks.service import Service
 from app.telemetry.metrics import Metrics
 
@@ -64,7 +64,9 @@ def prompted(
     engine.stop()
 
 
-def reference(model: OnnxModel, prompt: str, text: str, direction: str, include_prompt: bool) -> np.ndarray:
+def reference(
+    model: OnnxModel, prompt: str, text: str, direction: Direction, include_prompt: bool
+) -> np.ndarray:
     """The mean-pooled vector of ``[CLS] prompt … [SEP]`` cut to the model's length at ``direction``'s end
     of the text, the prompt kept: the same ids through the model directly, pooled in numpy."""
     (joint,) = model.tokenizer.encode_batch([prompt + text], offsets=False)
@@ -82,14 +84,14 @@ def reference(model: OnnxModel, prompt: str, text: str, direction: str, include_
 
 @pytest.mark.parametrize("direction", ["left", "right"])
 def test_truncation_keeps_the_prompt_and_equals_the_reference(
-    prompted: tuple[Service, bool], direction: str
+    prompted: tuple[Service, bool], direction: Direction
 ) -> None:
     service, include_prompt = prompted
     options = EmbedOptions(
         prompt_name="query",
         long_text="truncate",
         truncation_direction=direction,
-        normalize=False,  # type: ignore[arg-type]
+        normalize=False,
     )
     (got,) = asyncio.run(service.embeddings.embed(TEXT, options)).value
     expected = reference(service.model, PROMPT, TEXT, direction, include_prompt)
@@ -108,8 +110,9 @@ def test_a_prompt_that_leaves_one_token_of_the_text_keeps_it(prompted: tuple[Ser
 
 def test_a_prompt_that_leaves_no_room_for_the_text_is_refused(prompted: tuple[Service, bool]) -> None:
     service, _ = prompted
-    for long_text in ("truncate", "error"):
-        options = EmbedOptions(prompt_name="too_long", long_text=long_text, truncation_direction="left")  # type: ignore[arg-type]
+    modes: tuple[LongText, ...] = ("truncate", "error")
+    for long_text in modes:
+        options = EmbedOptions(prompt_name="too_long", long_text=long_text, truncation_direction="left")
         with pytest.raises(
             ValidationFailed, match=r"prompt_name 'too_long': its prompt takes 126 tokens.*limit of 128"
         ):
