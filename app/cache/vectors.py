@@ -94,14 +94,20 @@ class VectorCache:
         if self.memory is None:
             return {}
         found = {k: v for k in keys if (v := self.memory.get(k)) is not None}
-        # Only what this cache computed or took from Redis (checked) is here, so a misfit means two
-        # outputs under one key: dropped like Redis's, not served.
+        # Only what this process computed or took from Redis (checked) is here, so a misfit means two
+        # outputs of different widths under one key: dropped like Redis's, not served. Checked in one
+        # pass in C; value by value only when one does not fit.
+        if width is None or set(map(len, found.values())) <= {width * DTYPE.itemsize}:
+            return self._counted(found, len(keys))
         rejected = {k: why for k, v in found.items() if (why := misfit(v, width)) is not None}
         for k, why in rejected.items():
             del found[k]
             self.memory.discard(k)
             self.metrics.cache_rejected(MEMORY, why, 1)
-        self.metrics.cache_lookup(MEMORY, hits=len(found), misses=len(keys) - len(found))
+        return self._counted(found, len(keys))
+
+    def _counted(self, found: dict[str, bytes], asked: int) -> dict[str, bytes]:
+        self.metrics.cache_lookup(MEMORY, hits=len(found), misses=asked - len(found))
         return found
 
     async def _fill(
