@@ -53,9 +53,7 @@ BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 BATCH_TOKENS_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 
 TIERS = ("memory", "redis")
-# Why a cached value was dropped (app.cache.vectors): not whole float32 numbers ("size"), or float32 of
-# another width than its key's output has ("width").
-REJECTIONS = ("size", "width")
+REJECTIONS = ("size", "width")  # why a cached value is dropped (app.cache.values)
 # Why the supervisor started a worker in place of another (app.serving.supervisor).
 REPLACEMENT_REASONS = ("memory", "crash")
 # Request urgencies (RFC 9218's 0 … 7; app.engine.priority): the bounded label set of the urgency metrics.
@@ -176,8 +174,8 @@ class Metrics:
         )
         self.cache_rejections = Counter(
             PREFIX + "cache_rejected",
-            "Cached values dropped from their tier and computed again, by tier, reason (size: not whole "
-            "float32 numbers; width: another width than the key's output has) (and model).",
+            "Cached values dropped and computed again, by tier, reason (size: not whole float32s; width: "
+            "not the key's output's width) (and model).",
             ["tier", "reason", *by],
             registry=r,
         )
@@ -239,11 +237,8 @@ class Metrics:
             )
             for tier in TIERS
         }
-        self._rejected = {
-            (tier, reason): self.cache_rejections.labels(tier, reason, *m)
-            for tier in TIERS
-            for reason in REJECTIONS
-        }
+        rejected = self.cache_rejections
+        self._rejected = {(t, why): rejected.labels(t, why, *m) for t in TIERS for why in REJECTIONS}
 
     def for_model(self, model: str) -> Metrics:
         """The view that one model's stages report through: the same metrics, its ``model`` label (this
