@@ -1,8 +1,8 @@
 """Cache keys: everything that changes a vector is in the key, so two option sets never collide and a new
 model never serves an old vector.
 
-``zhembed:v1:<model>:<options>:<text>`` where ``<model>`` is the start of the encoder graph's sha256 from
-the manifest (plus the tokenizer's, folded in), ``<options>`` a digest of the resolved embedding options
+``zhembed:v1:<model>:<options>:<text>`` where ``<model>`` is a digest of every graph and tokenizer
+setting of the variant served (:func:`model_digest`), ``<options>`` a digest of the resolved embedding options
 (exactly :data:`OPTION_FIELDS`, checked) and ``<text>`` a digest of the input. The model part is in clear so an operator can drop one model's keys
 with ``SCAN MATCH zhembed:v1:<model>:*``.
 """
@@ -12,6 +12,8 @@ from __future__ import annotations
 import hashlib
 
 import orjson
+
+from app.model.manifest import Manifest
 
 NAMESPACE = "zhembed:v1"
 
@@ -34,9 +36,33 @@ OPTION_FIELDS = frozenset(
 )
 
 
-def model_digest(graph_sha256: str, tokenizer_sha256: str) -> str:
-    """16 hex digits naming the exact graph file and tokenizer that compute the vectors."""
-    return hashlib.sha256(f"{graph_sha256}:{tokenizer_sha256}".encode()).hexdigest()[:16]
+def model_digest(manifest: Manifest, variant: str) -> str:
+    """16 hex digits naming everything of the export served that changes an answer.
+
+    The sha256 of each graph of ``variant`` (the encoder, with a fine-tuned head inside it; the
+    masked-LM head; the sparse graph), the tokenizer's files and settings (``max_length`` decides where
+    a text is cut, ``do_lower_case`` what it reads), the serving defaults (the prompts and whether they
+    are pooled, the Dense modules after the pooling), the head's labels and activation, the sparse
+    pooling, and which output holds which layer. Not when or how fast it was exported, nor its validation
+    figures: two exports of the same source with the same options name the same vectors.
+    """
+    identity = {
+        "variant": variant,
+        "graphs": {
+            name: files[variant].sha256 for name, files in manifest.graphs.items() if variant in files
+        },
+        "tokenizer": manifest.tokenizer.model_dump(mode="json"),
+        "defaults": manifest.defaults.model_dump(mode="json"),
+        "extra_files": manifest.extra_files,  # the Dense modules' weights
+        "head": manifest.head.model_dump(mode="json") if manifest.head is not None else None,
+        "sparse": manifest.sparse.model_dump(mode="json") if manifest.sparse is not None else None,
+        "config": manifest.config.model_dump(mode="json"),
+        "layer_outputs": manifest.layer_outputs,
+        "pooled_outputs": manifest.pooled_outputs,
+    }
+    return hashlib.sha256(
+        orjson.dumps(identity, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+    ).hexdigest()[:16]
 
 
 def space(model: str, options: dict[str, object]) -> str:

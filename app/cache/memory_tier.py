@@ -33,6 +33,12 @@ class MemoryLRU:
             self._entries.move_to_end(key)
         return value
 
+    def discard(self, key: str) -> None:
+        """Drop ``key``'s entry, if there is one."""
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.bytes -= self.cost(key, old)
+
     def put(self, key: str, value: bytes) -> None:
         """Insert (or refresh) ``key``, evicting the least recently used entries to stay in bounds."""
         cost = self.cost(key, value)

@@ -13,16 +13,18 @@ are dropped and counted.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from app.cache.values import SIZE, misfit
 from app.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -88,7 +90,7 @@ class RedisTier:
         self.ttl_s = ttl_s
         self.metrics = metrics
         self.breaker = Breaker(max_backoff_s)
-        self._pending: dict[str, bytes] = {}
+        self._pending: dict[str, bytes | None] = {}  # None: delete the key
         self._wake: asyncio.Event | None = None
         self._writer: asyncio.Task[None] | None = None
 
@@ -105,9 +107,15 @@ class RedisTier:
         await self._client.aclose()
         await self._pool.disconnect()
 
-    async def get_many(self, keys: list[str], metrics: Metrics | None = None) -> dict[str, bytes]:
+    async def get_many(
+        self, keys: list[str], metrics: Metrics | None = None, width: int | None = None
+    ) -> dict[str, bytes]:
         """The values Redis holds for ``keys``, in one round trip; {} while Redis is failing. Hits and
-        misses are counted in ``metrics`` (the asking model's view, with several; default: this tier's)."""
+        misses are counted in ``metrics`` (the asking model's view, with several; default: this tier's).
+
+        A value that is not ``width`` float32 numbers (None: any number of them) is no hit: it is
+        deleted, counted in ``zhembed_cache_rejected_total``, and the caller computes it again.
+        """
         metrics = metrics or self.metrics
         if not keys or not self.breaker.allows():
             return {}
@@ -118,21 +126,30 @@ class RedisTier:
             return {}
         self.breaker.succeeded()
         found: dict[str, bytes] = {}
-        corrupt = 0
+        rejected: dict[str, str] = {}
         for key, value in zip(keys, values, strict=True):
             if value is None:
                 continue
-            if not isinstance(value, bytes) or len(value) % 4:  # not float32 bytes: recompute it
-                corrupt += 1
-                continue
-            found[key] = value
-        if corrupt:
-            metrics.cache_error(TIER, corrupt)
+            if not isinstance(value, bytes):  # redis-py decodes nothing here: not bytes is not ours
+                rejected[key] = SIZE
+            elif (why := misfit(value, width)) is not None:
+                rejected[key] = why
+            else:
+                found[key] = value
+        if rejected:
+            self.discard(list(rejected))
+            for why, count in collections.Counter(rejected.values()).items():
+                metrics.cache_rejected(TIER, why, count)
         metrics.cache_lookup(TIER, hits=len(found), misses=len(keys) - len(found))
         return found
 
-    def put_many(self, items: dict[str, bytes]) -> None:
-        """Queue ``items`` for writing; returns at once."""
+    def discard(self, keys: list[str]) -> None:
+        """Queue ``keys`` for deletion (values that do not fit their key); returns at once. A value
+        written for one of them later in the same flush wins: deletion is its pending value, None."""
+        self.put_many(dict.fromkeys(keys))
+
+    def put_many(self, items: Mapping[str, bytes | None]) -> None:
+        """Queue ``items`` for writing (None: deleting); returns at once."""
         if not items or self._wake is None or not self.breaker.closed:
             return  # while Redis is failing, writes would only be dropped later
         room = _MAX_PENDING - len(self._pending)
@@ -153,13 +170,16 @@ class RedisTier:
                     break
                 await self._write(batch)
 
-    async def _write(self, batch: dict[str, bytes]) -> None:
+    async def _write(self, batch: dict[str, bytes | None]) -> None:
         items = list(batch.items())
         try:
             for start in range(0, len(items), _WRITE_CHUNK):
                 async with self._client.pipeline(transaction=False) as pipe:
                     for key, value in items[start : start + _WRITE_CHUNK]:
-                        pipe.set(key, value, ex=self.ttl_s)
+                        if value is None:
+                            pipe.delete(key)
+                        else:
+                            pipe.set(key, value, ex=self.ttl_s)
                     await pipe.execute()
         except (RedisError, OSError) as exc:
             self._fault("write", exc)

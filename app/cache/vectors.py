@@ -3,7 +3,9 @@
 For one request's inputs: dedupe them, look in the in-process LRU, join any computation of the same key
 already in flight (another request's), ask Redis for the rest in one round trip, compute what is still
 missing in one engine call, then store it in both tiers (Redis in the background). Values are the raw
-little-endian float32 bytes of the final vector; the response encoding is applied after the cache.
+little-endian float32 bytes of the final vector (:mod:`app.cache.values`); the response encoding is
+applied after the cache. A value of another width than the caller's is dropped from its tier, counted
+(``zhembed_cache_rejected_total``) and computed again.
 
 The in-flight map holds one future per key some request is computing; its owner holds admission permits
 for that input, so the map is bounded by ``max_concurrent_inputs``. A waiter gets the bytes, or None if
@@ -20,6 +22,7 @@ import numpy as np
 
 from app.cache.keys import key as cache_key
 from app.cache.memory_tier import MemoryLRU
+from app.cache.values import DTYPE, misfit
 from app.telemetry.metrics import Metrics
 
 if TYPE_CHECKING:  # redis-py is imported only when Redis is configured (6 MB resident)
@@ -28,7 +31,6 @@ if TYPE_CHECKING:  # redis-py is imported only when Redis is configured (6 MB re
 # Distinct texts → their vectors, in order (a list of vectors or the rows of one array).
 Compute = Callable[[list[str]], Awaitable[list[np.ndarray] | np.ndarray]]
 
-DTYPE = np.dtype("<f4")
 MEMORY = "memory"
 
 
@@ -52,14 +54,18 @@ class VectorCache:
     def in_flight(self) -> int:
         return len(self._flights)
 
-    async def vectors(self, prefix: str, texts: list[str], compute: Compute) -> list[np.ndarray]:
+    async def vectors(
+        self, prefix: str, texts: list[str], compute: Compute, width: int | None = None
+    ) -> list[np.ndarray]:
         """The vector of each of ``texts`` (keys under ``prefix``), from a tier or from ``compute``.
 
         ``compute`` gets distinct texts and returns their vectors in order; its errors propagate.
+        ``width``: the float32 numbers of each vector (None: any number, for outputs of varying length);
+        a tier's value of another width is dropped from it, counted, and computed again.
         """
         keys = [cache_key(prefix, text) for text in texts]
         text_of = dict(zip(keys, texts, strict=True))  # distinct keys, in first-seen order
-        found = self._from_memory(list(text_of))
+        found = self._from_memory(list(text_of), width)
         missing = [k for k in text_of if k not in found]
         theirs = {k: f for k in missing if (f := self._flights.get(k)) is not None}
         mine = [k for k in missing if k not in theirs]
@@ -68,7 +74,7 @@ class VectorCache:
             for k in mine:
                 self._flights[k] = loop.create_future()
             try:
-                await self._fill(mine, text_of, found, compute, shared=True)
+                await self._fill(mine, text_of, found, compute, width)
             finally:
                 for k in mine:
                     future = self._flights.pop(k)
@@ -81,14 +87,27 @@ class VectorCache:
                 found[k] = value
         orphans = [k for k in theirs if k not in found]
         if orphans:
-            await self._fill(orphans, text_of, found, compute, shared=False)
+            await self._fill(orphans, text_of, found, compute, width, shared=False)
         return [np.frombuffer(found[k], dtype=DTYPE) for k in keys]
 
-    def _from_memory(self, keys: list[str]) -> dict[str, bytes]:
+    def _from_memory(self, keys: list[str], width: int | None) -> dict[str, bytes]:
         if self.memory is None:
             return {}
         found = {k: v for k in keys if (v := self.memory.get(k)) is not None}
-        self.metrics.cache_lookup(MEMORY, hits=len(found), misses=len(keys) - len(found))
+        # Only what this process computed or took from Redis (checked) is here, so a misfit means two
+        # outputs of different widths under one key: dropped like Redis's, not served. Checked in one
+        # pass in C; value by value only when one does not fit.
+        if width is None or set(map(len, found.values())) <= {width * DTYPE.itemsize}:
+            return self._counted(found, len(keys))
+        rejected = {k: why for k, v in found.items() if (why := misfit(v, width)) is not None}
+        for k, why in rejected.items():
+            del found[k]
+            self.memory.discard(k)
+            self.metrics.cache_rejected(MEMORY, why, 1)
+        return self._counted(found, len(keys))
+
+    def _counted(self, found: dict[str, bytes], asked: int) -> dict[str, bytes]:
+        self.metrics.cache_lookup(MEMORY, hits=len(found), misses=asked - len(found))
         return found
 
     async def _fill(
@@ -97,11 +116,12 @@ class VectorCache:
         text_of: dict[str, str],
         found: dict[str, bytes],
         compute: Compute,
-        shared: bool,
+        width: int | None,
+        shared: bool = True,
     ) -> None:
         todo = wanted
         if shared and self.shared is not None:
-            got = await self.shared.get_many(todo, self.metrics)
+            got = await self.shared.get_many(todo, self.metrics, width)
             found.update(got)
             self._remember(got)
             todo = [k for k in todo if k not in got]

@@ -239,8 +239,9 @@ class Settings(BaseSettings):
     max_embed_all_tokens: int = Field(
         default=4096,
         ge=1,
-        description="Most token vectors one /embed_all request may return (with layer_combine concat a "
-        "token counts once per layer); beyond it the request gets 422.",
+        description="Most token vectors one /embed_all request may hold: each token returned counts once "
+        "per layer asked for, whatever layer_combine (every layer's rows are held before they are mixed); "
+        "beyond it the request gets 422.",
     )
     max_body_bytes: int = Field(
         default=2 * 1024 * 1024,

@@ -60,12 +60,8 @@ class Core:
         self.served_name = settings.served_model_name or m.source.name()
         # OpenAI's model card has a creation time: when this export was written.
         self.created = int((model.folder / MANIFEST_NAME).stat().st_mtime)
-        # The exact graph file and tokenizer that compute the vectors (and the Dense modules after the
-        # pooling): part of every cache key.
-        self.model_digest = cache_keys.model_digest(
-            m.graphs["encoder"][model.variant].sha256,
-            m.tokenizer.files.get("tokenizer.json", "") + "".join(sorted(m.extra_files.values())),
-        )
+        # Every graph and tokenizer setting of the variant served: part of every cache key.
+        self.model_digest = cache_keys.model_digest(m, model.variant)
         self.kind: Kind = m.kind
         # What a request gets for the options it leaves out: the model's own (its sentence-transformers
         # settings), or a plain BERT's.

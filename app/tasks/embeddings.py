@@ -29,6 +29,7 @@ from app.tasks.options import (
     Names,
     Resolved,
     check_dimensions,
+    check_prompt_fits,
     listed,
     matryoshka_of,
     prompt_text,
@@ -235,7 +236,10 @@ class Embeddings:
         # Permits cover every input, cached or not: they bound the in-flight map and the queues behind it.
         with self.core.engine.admit(len(keys)):
             if self.core.cache.enabled:
-                stored = np.stack(await self.core.cache.vectors(call.key_prefix, keys, cached))
+                # Each entry: the whole vector and the input's tokens.
+                stored = np.stack(
+                    await self.core.cache.vectors(call.key_prefix, keys, cached, call.width + 1)
+                )
                 vectors, tokens = np.ascontiguousarray(stored[:, :-1]), stored[:, -1].astype(np.int64)
             elif len(first) < len(keys):  # repeated inputs: each computed once
                 distinct = list(dict.fromkeys(keys))
@@ -313,14 +317,22 @@ class Embeddings:
         resolved = resolve_embed(options, self.core.model.num_layers, self.core.model.has_pooler)
         width = self.width * len(resolved.layers) if resolved.mix.how == "concat" else self.width
         check_dimensions(options.dimensions, width, self.matryoshka)
+        # Token ids run as given: [CLS] [SEP] alone is the sender's to send.
+        rules = self.core.rules(
+            too_long, options.long_text, options.truncation_direction, refuse_empty=not token_ids
+        )
         pool_from = 0
         prompt = ""
         if not token_ids and (
             text := prompt_text(options.prompt_name, self.core.model.manifest.defaults.prompts)
         ):
             prompt = text
+            # [CLS] and the prompt: truncation keeps them whichever end it cuts, as encode keeps a prompt.
+            keep = self.prompt_tokens[cast(str, options.prompt_name)]
+            check_prompt_fits(cast(str, options.prompt_name), keep, rules.limit)
+            rules = replace(rules, keep=keep)
             if not self.core.model.manifest.defaults.include_prompt:
-                pool_from = self.prompt_tokens[cast(str, options.prompt_name)]
+                pool_from = keep
                 if options.long_text == "chunk":
                     raise ValidationFailed(
                         "long_text 'chunk' cannot go with this model's prompts: its pooling leaves the prompt "
@@ -330,10 +342,7 @@ class Embeddings:
             options,
             resolved,
             Need(layers=resolved.layers, pooling=options.pooling, pool_from=pool_from),
-            # Token ids run as given: [CLS] [SEP] alone is the sender's to send.
-            self.core.rules(
-                too_long, options.long_text, options.truncation_direction, refuse_empty=not token_ids
-            ),
+            rules,
             prompt,
             width,
             cache_keys.space(self.core.model_digest, vector_key(options, resolved, token_ids)),

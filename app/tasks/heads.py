@@ -188,7 +188,8 @@ class Heads:
                         "output": "head_logits",
                     },
                 )
-                logits = np.stack(await self.core.cache.vectors(prefix, keys, compute))
+                labels = len(self.core.model.manifest.head.labels) if self.core.model.manifest.head else None
+                logits = np.stack(await self.core.cache.vectors(prefix, keys, compute, labels))
             else:
                 distinct = list(dict.fromkeys(keys))
                 row_of = {k: i for i, k in enumerate(distinct)}

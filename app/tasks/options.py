@@ -83,6 +83,20 @@ def prompt_text(name: str | None, prompts: dict[str, str]) -> str | None:
     return prompts[name]
 
 
+def check_prompt_fits(name: str, tokens: int, limit: int) -> None:
+    """A prompt of ``tokens`` tokens with [CLS] (kept whichever end truncation cuts) leaves room in the
+    model's ``limit`` for [SEP] and at least one token of the text.
+
+    Raises:
+        ValidationFailed: it does not: every text with it would be the prompt alone, or less.
+    """
+    if tokens + 2 > limit:
+        raise ValidationFailed(
+            f"prompt_name {name!r}: its prompt takes {tokens - 1} tokens, and with [CLS] and [SEP] no token of "
+            f"the text fits in the model's limit of {limit}; send another prompt_name, or none"
+        )
+
+
 @dataclass(frozen=True)
 class EmbedAllOptions:
     """What /embed_all returns for each token; the layer options mean what they mean for /embed."""
@@ -120,21 +134,34 @@ class Resolved:
 def resolve_layers(layers: tuple[int, ...] | None, num_layers: int) -> tuple[int, ...]:
     """Requested layers (1-based or negative from the end; None = the last) as 1-based layers.
 
+    Every route that takes ``layers`` resolves them here, so each refuses the same requests alike.
+
     Raises:
-        ValidationFailed: empty, more than the model has, or a layer out of range.
+        ValidationFailed: empty, more than the model has, a layer out of range, or a layer named twice (``[4, 4]``, or ``-1`` and
+            its 1-based number): it would be computed and held twice for nothing a single one lacks.
     """
     n = num_layers
     if layers is None:
         return (n,)
     if not layers:
         raise ValidationFailed("layers is empty")
-    if len(layers) > n:
+    if len(layers) > n:  # before the loop: a long list is refused without a look at each layer
         raise ValidationFailed(f"at most {n} layers, got {len(layers)}")
     resolved = []
     for layer in layers:
         if not (1 <= layer <= n or -n <= layer <= -1):
             raise ValidationFailed(f"layer {layer} is out of range: use 1..{n} or -{n}..-1")
         resolved.append(layer if layer > 0 else n + 1 + layer)
+    if len(set(resolved)) < len(resolved):
+        named: dict[int, list[int]] = {}
+        for sent, layer in zip(layers, resolved, strict=True):
+            named.setdefault(layer, []).append(sent)
+        twice = "; ".join(
+            f"layer {layer} as {', '.join(map(str, sent))}" for layer, sent in named.items() if len(sent) > 1
+        )
+        raise ValidationFailed(
+            f"layers {list(layers)} name the same layer more than once ({twice}): send each layer once"
+        )
     return tuple(resolved)
 
 

@@ -52,6 +52,8 @@ class Rules:
     ``specials``: the [CLS] and [SEP] ids each window of ``long_text`` "chunk" starts and ends with;
     ``refuse_empty``: an input the tokenizer leaves nothing of ([CLS] [SEP] only) is refused (the head
     routes run it, as transformers' pipelines do, and fill-mask refuses it for having no [MASK]).
+    ``keep``: the positions at the start that truncation keeps, [CLS] and the prompt's tokens after it
+    (the prompt stays when ``direction`` "left" cuts the text's start); under ``limit - 1``.
     """
 
     limit: int
@@ -60,6 +62,7 @@ class Rules:
     direction: Direction = "right"
     specials: tuple[int, int] = (0, 0)
     refuse_empty: bool = True
+    keep: int = 1
 
 
 @dataclass
@@ -285,7 +288,7 @@ def prepare(
             owners.append(k)
             continue
         if len(x) > rules.limit and rules.long_text == "truncate":
-            cuts[k] = truncated_positions(len(x), rules.limit, rules.direction)
+            cuts[k] = truncated_positions(len(x), rules.limit, rules.direction, rules.keep)
             cut = [x[cuts[k]]]
         else:
             cut = windows(x, rules.limit, rules.long_text, rules.direction, *rules.specials)

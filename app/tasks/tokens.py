@@ -64,8 +64,8 @@ class Tokens:
             prepared.refuse()
             kept = [prepared.positions(k) for k in range(len(texts))]
             rows = [returned_rows(e, k, options.special_tokens) for e, k in zip(encodings, kept, strict=True)]
-            width = len(resolved.layers) if resolved.mix.how == "concat" else 1
-            check_token_bound(sum(len(r) for r in rows), width, self.core.settings.max_embed_all_tokens)
+            held = len(resolved.layers)  # each layer's rows are computed and held, whatever the mix
+            check_token_bound(sum(len(r) for r in rows), held, self.core.settings.max_embed_all_tokens)
             job = await self.core.run(prepared.ids, Need(layers=resolved.layers, tokens=True))
         answer = [
             token_vectors(enc, k, r, states, resolved.mix, options)
@@ -101,21 +101,22 @@ def token_table(encodings: list[TokenEncoding]) -> list[list[dict[str, object]]]
     ]
 
 
-def check_token_bound(tokens: int, width: int, limit: int) -> None:
-    """Refuse an /embed_all answer over ``limit`` (``max_embed_all_tokens``) token vectors, before inference.
+def check_token_bound(tokens: int, layers: int, limit: int) -> None:
+    """Refuse an /embed_all request over ``limit`` (``max_embed_all_tokens``) token vectors, before inference.
 
-    With ``concat`` each token's vector is ``width`` layers wide, so it counts ``width`` times: the
-    bound is on the numbers sent back (and held in memory while they are), not only on tokens.
+    Each token returned is held once per layer asked for (the engine returns every layer's rows, which
+    ``layer_combine`` then mixes): a mean of twelve layers holds twelve vectors a token, as concat does,
+    so ``tokens`` count ``layers`` times, whatever the mix.
 
     Raises:
         ValidationFailed: over the bound.
     """
-    total = tokens * width
+    total = tokens * layers
     if total > limit:
-        how = f" ({tokens} tokens × {width} concatenated layers)" if width > 1 else ""
-        fewer = "fewer or shorter inputs" + (", or fewer layers" if width > 1 else "")
+        how = f" ({tokens} tokens × {layers} layers held)" if layers > 1 else ""
+        fewer = "fewer or shorter inputs" + (", or fewer layers" if layers > 1 else "")
         raise ValidationFailed(
-            f"this request would return {total} token vectors{how}; the limit is {limit} per "
+            f"this request would hold {total} token vectors{how}; the limit is {limit} per "
             f"request (max_embed_all_tokens): send {fewer}"
         )
 

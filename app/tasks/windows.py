@@ -8,12 +8,13 @@ import numpy as np
 from app.tasks.options import Direction, LongText
 
 
-def truncated_positions(length: int, limit: int, direction: Direction) -> np.ndarray:
-    """Positions a sequence of ``length`` tokens keeps when truncated to ``limit``: [CLS], the first
-    (right) or last (left) ``limit - 2`` tokens of its body, and [SEP]."""
-    body = limit - 2
-    start = 1 if direction == "right" else length - 1 - body
-    return np.concatenate([[0], np.arange(start, start + body), [length - 1]])
+def truncated_positions(length: int, limit: int, direction: Direction, keep: int = 1) -> np.ndarray:
+    """Positions a sequence of ``length`` tokens keeps when truncated to ``limit``: its first ``keep``
+    ([CLS], and a prompt's tokens after it), the first (right) or last (left) of the rest of its body,
+    as many as fit, and [SEP]. A prompt is kept whichever end is cut: ``[CLS] prompt … tail [SEP]``."""
+    body = limit - 1 - keep
+    start = keep if direction == "right" else length - 1 - body
+    return np.concatenate([np.arange(keep), np.arange(start, start + body), [length - 1]])
 
 
 def truncate_pair(

@@ -53,6 +53,7 @@ BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 BATCH_TOKENS_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 
 TIERS = ("memory", "redis")
+REJECTIONS = ("size", "width")  # why a cached value is dropped (app.cache.values)
 # Why the supervisor started a worker in place of another (app.serving.supervisor).
 REPLACEMENT_REASONS = ("memory", "crash")
 # Request urgencies (RFC 9218's 0 … 7; app.engine.priority): the bounded label set of the urgency metrics.
@@ -171,6 +172,13 @@ class Metrics:
             ["tier", *by],
             registry=r,
         )
+        self.cache_rejections = Counter(
+            PREFIX + "cache_rejected",
+            "Cached values dropped and computed again, by tier, reason (size: not whole float32s; width: "
+            "not the key's output's width) (and model).",
+            ["tier", "reason", *by],
+            registry=r,
+        )
         self.cache_bytes = Gauge(
             PREFIX + "cache_bytes",
             "Bytes held by the in-process caches.",
@@ -229,6 +237,8 @@ class Metrics:
             )
             for tier in TIERS
         }
+        rejected = self.cache_rejections
+        self._rejected = {(t, why): rejected.labels(t, why, *m) for t in TIERS for why in REJECTIONS}
 
     def for_model(self, model: str) -> Metrics:
         """The view that one model's stages report through: the same metrics, its ``model`` label (this
@@ -307,6 +317,9 @@ class Metrics:
 
     def cache_error(self, tier: str, count: int = 1) -> None:
         self._tiers[tier][2].inc(count)
+
+    def cache_rejected(self, tier: str, reason: str, count: int) -> None:
+        self._rejected[tier, reason].inc(count)
 
     def watch(
         self,

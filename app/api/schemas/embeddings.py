@@ -42,7 +42,8 @@ class LayerFields(StrictRequest):
 
     layers: list[int] | None = Field(
         default=None,
-        description="Layers to read, 1..L or -L..-1 (from the end); default the last.",
+        description="Layers to read, 1..L or -L..-1 (from the end), each once (the same layer twice, as "
+        "[4, 4] or -1 and L, is a 422); default the last.",
         max_length=64,
     )
     layer_combine: LayerCombine = Field(
@@ -65,7 +66,9 @@ class LayerFields(StrictRequest):
     )
     truncate: bool = Field(default=False, description="TEI: truncate inputs over the model's length.")
     truncation_direction: Literal["right", "left", "Right", "Left"] = Field(
-        default="right", description="Which end truncation keeps: right keeps the start."
+        default="right",
+        description="Which end truncation keeps: right keeps the start, left the end; a prompt is kept "
+        "either way ([CLS] prompt … tail [SEP]).",
     )
 
     def _long_text(self, default: LongText) -> LongText:

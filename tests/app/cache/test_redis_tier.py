@@ -4,6 +4,8 @@ starts, or comes back: every request still succeeds, faults are counted, the cac
 from __future__ import annotations
 
 import asyncio
+import base64
+from typing import cast
 
 import httpx
 import numpy as np
@@ -162,3 +164,34 @@ def test_a_stalled_redis_times_out_and_the_request_goes_on(
         probe = redis.Redis.from_url(own_redis.url, socket_timeout=0.2)
         with pytest.raises(redis.exceptions.TimeoutError):
             probe.ping()
+
+
+def vectors_of(client: httpx.Client, texts: list[str]) -> np.ndarray:
+    response = client.post("/embed", json={"inputs": texts, "encoding": "base64"})
+    assert response.status_code == 200, response.text
+    return np.stack([np.frombuffer(base64.b64decode(v), dtype="<f4") for v in response.json()])
+
+
+@pytest.mark.parametrize(("cut", "reason"), [(4, "width"), (1, "size")])
+def test_a_value_that_does_not_fit_its_key_is_dropped_counted_and_computed_again(
+    tiny_settings: Settings, own_redis: RedisProcess, cut: int, reason: str
+) -> None:
+    # No in-process tier: the value Redis holds is the one read.
+    settings = with_cache(tiny_settings, own_redis.url, cache_bytes=0)
+    store = own_redis.client()
+    with serving(settings) as running, httpx.Client(base_url=running.url, timeout=30) as client:
+        (first,) = vectors_of(client, ["宽度不对的值"])
+        wait_until(lambda: store.dbsize() == 1, seconds=60)  # the background write landed
+        (key,) = store.keys("zhembed:v1:*")
+        right = cast(bytes, store.get(key))
+        store.set(key, right[:-cut])  # one float32 short (another width), or not whole float32s
+        # Beside a text of the right width, as a client's batch would have it: the two must stack.
+        got = vectors_of(client, ["宽度不对的值", "另一个句子"])
+        np.testing.assert_allclose(got[0], first, rtol=0, atol=1e-6)
+        assert metric(client, "zhembed_cache_rejected_total", tier="redis", reason=reason) == 1
+        assert metric(client, "zhembed_cache_hits_total", tier="redis") == 0
+        # Deleted, then written again from the new computation: the next request hits it.
+        wait_until(lambda: len(cast(bytes, store.get(key) or b"")) == len(right), seconds=60)
+        vectors_of(client, ["宽度不对的值"])
+        assert metric(client, "zhembed_cache_hits_total", tier="redis") == 1
+        assert metric(client, "zhembed_failures_total", reason="internal") == 0

@@ -12,6 +12,7 @@ import httpx
 import numpy as np
 import pytest
 
+from app.cache.keys import key as cache_key
 from app.cache.memory_tier import MemoryLRU
 from app.cache.vectors import VectorCache
 from app.errors import ValidationFailed
@@ -99,6 +100,19 @@ def test_a_waiter_whose_owner_failed_computes_for_itself() -> None:
     assert isinstance(first, ValidationFailed)
     assert isinstance(second, list) and second[0][0] == np.float32(1.1)
     assert cache.in_flight == 0
+
+
+def test_a_memory_value_of_another_width_is_dropped_counted_and_computed_again() -> None:
+    metrics = Metrics()
+    memory = MemoryLRU(1 << 20)
+    cache = VectorCache(memory, None, metrics)
+    key = cache_key("p:", "abc")
+    memory.put(key, np.zeros(3, "<f4").tobytes())  # 3 numbers under a key whose output has 4
+    compute = FakeCompute()
+    (got,) = asyncio.run(cache.vectors("p:", ["abc"], compute, width=4))
+    assert compute.calls == [["abc"]] and got.tolist() == [np.float32(3.1)] * 4
+    assert metrics.cache_rejections.labels("memory", "width")._value.get() == 1
+    assert memory.get(key) == got.tobytes()  # replaced by the computed vector
 
 
 # --- through real servers sharing one Redis ----------------------------------------------------------

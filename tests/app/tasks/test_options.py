@@ -59,6 +59,26 @@ def test_layers_resolve_to_one_based_from_either_end() -> None:
             resolve_layers(bad, 12)
 
 
+@pytest.mark.parametrize(
+    ("layers", "words"),
+    [
+        ((4, 4), "layer 4 as 4, 4"),
+        ((-1, 12), "layer 12 as -1, 12"),
+        ((1, 2, -11, 3), "layer 2 as 2, -11"),
+    ],
+)
+def test_a_layer_named_twice_is_refused_naming_it(layers: tuple[int, ...], words: str) -> None:
+    with pytest.raises(ValidationFailed, match=re.escape(words)):
+        resolve_layers(layers, 12)
+
+
+def test_every_route_that_takes_layers_refuses_a_layer_named_twice() -> None:
+    with pytest.raises(ValidationFailed, match="more than once"):
+        resolve_embed(EmbedOptions(layers=(2, -2), layer_combine="mean"), 3, has_pooler=True)
+    with pytest.raises(ValidationFailed, match="more than once"):
+        resolve_embed_all(EmbedAllOptions(layers=(3, -1), layer_combine="mean"), 3)
+
+
 def test_pooler_reads_the_last_layer_of_a_model_that_has_one() -> None:
     assert resolve_embed(EmbedOptions(pooling="pooler"), 3, has_pooler=True).layers == (3,)
     assert resolve_embed(EmbedOptions(pooling="pooler", layers=(-1,)), 3, has_pooler=True).layers == (3,)

@@ -85,6 +85,13 @@ def test_truncation_keeps_one_end_and_says_which_positions_ran(direction: str, b
     assert prepared.windows is not None and prepared.windows[0].tolist() == [0, 1]
 
 
+@pytest.mark.parametrize(("direction", "body"), [("right", [1003, 1004]), ("left", [1009, 1010])])
+def test_truncation_keeps_the_prompt_whichever_end_it_cuts(direction: str, body: list[int]) -> None:
+    ids = _ids(11)  # [CLS] 1000 … 1010 [SEP]: 1000..1002 the prompt, the text after it
+    prepared = prepare([ids], _rules(7, "truncate", direction=direction, keep=4), NAME)
+    assert [x.tolist() for x in prepared.ids] == [[CLS, 1000, 1001, 1002, *body, SEP]]
+
+
 def test_chunks_are_windows_that_say_which_input_they_belong_to() -> None:
     ids = [_ids(10), _ids(1, 500)]  # 12 tokens, limit 6: 4 body tokens per window
     prepared = prepare(ids, _rules(6, "chunk"), NAME)

@@ -19,9 +19,9 @@ def test_rows_leave_out_special_tokens_unless_asked(tiny_model: Any) -> None:
     np.testing.assert_array_equal(returned_rows(enc, kept, special_tokens=True), [0, 1, 2, 3])
 
 
-def test_the_bound_counts_concatenated_layers() -> None:
+def test_the_bound_counts_each_layer_held() -> None:
     check_token_bound(10, 2, 20)
-    with pytest.raises(ValidationFailed, match=r"21 token vectors \(7 tokens × 3 concatenated layers\)"):
+    with pytest.raises(ValidationFailed, match=r"21 token vectors \(7 tokens × 3 layers held\)"):
         check_token_bound(7, 3, 20)
     with pytest.raises(ValidationFailed, match=r"send fewer or shorter inputs$"):
         check_token_bound(21, 1, 20)

@@ -30,6 +30,7 @@ EXPECTED = {
     "zhembed_cache_hits": "counter",
     "zhembed_cache_misses": "counter",
     "zhembed_cache_errors": "counter",
+    "zhembed_cache_rejected": "counter",
     "zhembed_cache_bytes": "gauge",
     "zhembed_failures": "counter",
     "zhembed_model_info": "gauge",

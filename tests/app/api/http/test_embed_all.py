@@ -231,15 +231,30 @@ def test_the_token_bound_gives_422_with_the_count_and_the_limit(bounded: Running
     assert bounded.service.engine.stats()["batched_items"] == computed  # refused before inference
 
 
-def test_the_token_bound_counts_each_concatenated_layer(bounded: Running) -> None:
+def test_the_token_bound_counts_each_layer_held_whatever_the_mix(bounded: Running) -> None:
+    text = "一二三四五六七八九十"
     with httpx.Client(base_url=bounded.url, timeout=60) as client:
-        assert len(post(client, inputs="一二三四五六七八九十", layers=[1, 2])[0]) == 10
-        assert (
-            len(post(client, inputs="一二三四五六七八九十", layers=[1, 2, 3], layer_combine="mean")[0]) == 10
+        assert len(post(client, inputs=text, layers=[1, 2])[0]) == 10
+        computed = bounded.service.engine.stats()["batched_items"]
+        # A mean of the tiny model's 3 layers holds 3 rows a token, as concat does (it was counted as 1).
+        for combine in ("concat", "mean"):
+            response = client.post(
+                "/embed_all", json={"inputs": text, "layers": [1, 2, 3], "layer_combine": combine}
+            )
+            assert response.status_code == 422, response.text
+            assert "30 token vectors (10 tokens × 3 layers held)" in response.json()["error"]
+    assert bounded.service.engine.stats()["batched_items"] == computed  # refused before inference
+
+
+def test_a_layer_named_twice_is_refused_naming_it(client: httpx.Client) -> None:
+    for layers, named in (([2, 2], "layer 2 as 2, 2"), ([-1, 3], "layer 3 as -1, 3")):
+        response = client.post(
+            "/embed_all", json={"inputs": "你好", "layers": layers, "layer_combine": "mean"}
         )
-        response = client.post("/embed_all", json={"inputs": "一二三四五六七八九十", "layers": [1, 2, 3]})
-    assert response.status_code == 422, response.text
-    assert "30 token vectors (10 tokens × 3 concatenated layers)" in response.json()["error"]
+        assert response.status_code == 422, response.text
+        assert named in response.json()["error"]
+        response = client.post("/embed", json={"inputs": "你好", "layers": layers})
+        assert response.status_code == 422 and named in response.json()["error"], response.text
 
 
 def test_an_input_without_real_tokens_is_refused_like_an_empty_one(client: httpx.Client) -> None:
