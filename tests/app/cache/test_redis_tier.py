@@ -174,7 +174,7 @@ def vectors_of(client: httpx.Client, texts: list[str]) -> np.ndarray:
 
 @pytest.mark.parametrize(("cut", "reason"), [(4, "width"), (1, "size")])
 def test_a_value_that_does_not_fit_its_key_is_dropped_counted_and_computed_again(
-    tiny_settings: Settings, own_redis: RedisProcess, cut: int, reason: str
+    tiny_settings: Settings, own_redis: RedisServer, cut: int, reason: str
 ) -> None:
     # No in-process tier: the value Redis holds is the one read.
     settings = with_cache(tiny_settings, own_redis.url, cache_bytes=0)
