@@ -6,7 +6,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from app.api.errors import ERROR_TABLE, RETRY_AFTER_S, field_path, validation_message
+from app.api.errors import ERROR_TABLE, RETRY_AFTER_S, validation_message
+from app.api.field_errors import field_path
 from tests.app.conftest import Running
 
 
