@@ -3,8 +3,8 @@
 Started by the app's lifespan when ``ZHEMBED_GRPC_PORT`` is set (every worker binds the port with
 SO_REUSEPORT, as gRPC does by default on Linux, so the kernel spreads connections over them). It serves
 text-embeddings-inference's ``tei.v1`` services (:mod:`app.api.rpc.tei`), ``zhembed.v1``
-(:mod:`app.api.rpc.ours`), ``grpc.health.v1`` (SERVING once the model is warm, NOT_SERVING while draining)
-and server reflection. Requests larger than ``max_body_bytes`` are refused by gRPC itself
+(:mod:`app.api.rpc.ours`), ``grpc.health.v1`` (SERVING once the model is warm, NOT_SERVING while draining or
+once a model failed: ``/health``'s 503) and server reflection. Requests larger than ``max_body_bytes`` are refused by gRPC itself
 (RESOURCE_EXHAUSTED); a request that is not a valid message (or carries a string that is not UTF-8) is
 refused INVALID_ARGUMENT, saying what is wrong (:mod:`app.api.rpc.wire`). On SIGTERM the drain refuses new calls (UNAVAILABLE) and health turns
 NOT_SERVING; at shutdown :meth:`Grpc.stop` lets the calls in flight finish within the grace period.
@@ -26,7 +26,7 @@ from app.api.rpc import ours, tei
 from app.api.rpc.calls import Calls
 from app.settings import Settings
 from app.tasks.models import Models
-from app.tasks.service import Service
+from app.tasks.service import Service, fault_of
 from app.telemetry.metrics import Metrics
 from app.telemetry.observe import Observer
 
@@ -91,7 +91,8 @@ class Grpc:
             service = self._service()
             models = self._models() if self._models is not None else None
             ready = models.ready if models is not None else service is not None and service.ready
-            serving = service is not None and ready and not self.drain.draining
+            failed = fault_of(models.services if models is not None else [service] if service else [])
+            serving = service is not None and ready and not self.drain.draining and failed is None
             status = (
                 health_pb2.HealthCheckResponse.SERVING
                 if serving
