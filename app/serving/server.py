@@ -11,12 +11,12 @@ go on accepting on theirs), answers every request on the connections it holds, e
 ``Connection: close`` (:mod:`app.api.drain`), and shuts down as after a drain once it holds no
 connection, or after ``shutdown_grace_s`` at most of waiting for them. Nothing is refused with 503.
 
-Failure (a model whose warm-up failed, an inference thread that died: :attr:`app.tasks.service.Service.fault`):
-the server stops as after a drain's end (the listener closes, the requests in flight finish) and the
-process exits 1, so that what runs it starts another: the supervisor for a worker of several
-(:mod:`app.serving.slots`), the orchestrator for a single process. Until then ``/health`` answers 503
-with why. A worker of several whose lifespan failed (its warm-up raises there) exits 3 (uvicorn's own
-start-up failure), and is replaced alike.
+Failure (a model whose warm-up failed, an inference thread that died:
+:attr:`app.tasks.service.Service.fault`): the server stops as after a drain's end (the listener closes,
+the requests in flight finish) and the process exits 1, so that what runs it starts another: the
+supervisor for a worker of several (:mod:`app.serving.slots`), the orchestrator for a single process.
+Until then ``/health`` answers 503 with why. A worker of several whose lifespan failed (its warm-up
+raises there) exits 3 (uvicorn's own start-up failure), and is replaced alike.
 """
 
 from __future__ import annotations

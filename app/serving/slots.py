@@ -17,7 +17,7 @@ from app.serving.memory import memory_bytes
 
 log = logging.getLogger("app")
 
-# A worker that dies before it was ever ready (its warm-up failed: it exits 1), or sooner than this after its
+# A worker that dies before it was ever ready (e.g. its warm-up failed), or sooner than this after its
 # start, died starting. It is started again, since the cause may have passed (the OOM killer, an operator's
 # kill -9), but not for ever: the server stops at the EARLY_DEATHS-th such death with no worker ready in
 # between (a model it cannot load or run, a port it cannot use), however long each took to die.

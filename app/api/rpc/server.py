@@ -3,8 +3,8 @@
 Started by the app's lifespan when ``ZHEMBED_GRPC_PORT`` is set (every worker binds the port with
 SO_REUSEPORT, as gRPC does by default on Linux, so the kernel spreads connections over them). It serves
 text-embeddings-inference's ``tei.v1`` services (:mod:`app.api.rpc.tei`), ``zhembed.v1``
-(:mod:`app.api.rpc.ours`), ``grpc.health.v1`` (SERVING once the model is warm, NOT_SERVING while draining or
-once a model failed: ``/health``'s 503) and server reflection. Requests larger than ``max_body_bytes`` are refused by gRPC itself
+(:mod:`app.api.rpc.ours`), ``grpc.health.v1`` (SERVING once the model is warm, NOT_SERVING while draining)
+and server reflection. Requests larger than ``max_body_bytes`` are refused by gRPC itself
 (RESOURCE_EXHAUSTED); a request that is not a valid message (or carries a string that is not UTF-8) is
 refused INVALID_ARGUMENT, saying what is wrong (:mod:`app.api.rpc.wire`). On SIGTERM the drain refuses new calls (UNAVAILABLE) and health turns
 NOT_SERVING; at shutdown :meth:`Grpc.stop` lets the calls in flight finish within the grace period.
@@ -85,7 +85,8 @@ class Grpc:
         return self.port
 
     async def _health(self) -> None:
-        """Keep every service's health in step with readiness and the drain."""
+        """Keep every service's health in step with readiness, the drain and the models' faults (NOT_SERVING
+        once ``/health`` answers 503)."""
         current = None
         while True:
             service = self._service()
