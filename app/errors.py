@@ -3,7 +3,11 @@ layer (:mod:`app.api.errors`) holds the one table that turns each type into a st
 
 from __future__ import annotations
 
+import logging
+import uuid
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 # What a JSON value was, in JSON's words: how the API's field errors, and the bulk job's row errors,
 # name what was sent ("inputs[3] must be a string, not a number").
@@ -81,4 +85,39 @@ class ClientGone(ServiceError):
 
 
 class InternalError(ServiceError):
-    """A server fault (a broken invariant); never caused by an input. Logged with its traceback."""
+    """A server fault (a broken invariant, a failed run); never caused by an input.
+
+    Its ``message`` is the server's insides (an exception's text, node names, shapes, paths): it goes to
+    the log, never to the client, who is told :data:`FAULT_MESSAGE` and ``error_id``, the id the log
+    record carries too (:mod:`app.api.errors`). One error may answer several requests (the jobs of one
+    failed batch): they share its id, and it is logged once (``logged``).
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.error_id = uuid.uuid4().hex
+        self.logged = False  # set by whoever logs it first: the fault's own site, or the answer
+
+
+class Unavailable(ServiceError):
+    """This process cannot serve any more (its warm-up failed or its inference thread died); it is being
+    replaced, and a retry lands on another process."""
+
+
+# What a client is told of a server fault, with its error id; the whole text is in the log under that id.
+FAULT_MESSAGE = "internal error: the server failed on this request; its log holds the fault under error id"
+
+
+def log_fault(error: InternalError, cause: BaseException | None = None) -> InternalError:
+    """Log ``error`` (once) with its id and its whole text, and ``cause``'s traceback where there is one;
+    returns it. The JSON log gives the id a field of its own (``error_id``)."""
+    if not error.logged:
+        error.logged = True
+        log.error(
+            "server fault, error id %s: %s",
+            error.error_id,
+            error.message,
+            exc_info=cause if cause is not None else (error if error.__traceback__ is not None else None),
+            extra={"fields": {"error_id": error.error_id}},
+        )
+    return error

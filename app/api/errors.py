@@ -6,11 +6,14 @@ handlers, :func:`send_error` (for the ASGI middleware below FastAPI) and every r
 ``{"error": message, "error_type": type}``, or on the OpenAI-compatible routes OpenAI's
 ``{"error": {"message": message, "type": openai_type, "code": type}}``. Each error response records its
 ``error_type`` in the request scope, where the metrics middleware counts it as a failure reason.
+
+A server fault (:class:`~app.errors.InternalError`, a 500, whatever raised it) answers only that it
+happened and an ``error_id`` (in the body, and in the ``x-error-id`` header; over gRPC in the message and
+the ``error-id`` trailing metadata): its text, the server's insides, goes to the log under the same id.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,13 +21,14 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import Scope, Send
 
-from app.api.schemas.common import UNION_TAGS
+from app.api.field_errors import field_message
 from app.errors import (
+    FAULT_MESSAGE,
     ClientGone,
     EmptyInput,
     InternalError,
@@ -36,13 +40,13 @@ from app.errors import (
     PayloadTooLarge,
     ServiceError,
     Unauthorized,
+    Unavailable,
     UnknownModel,
     Unsupported,
     ValidationFailed,
     json_kind,
+    log_fault,
 )
-
-log = logging.getLogger(__name__)
 
 # Seconds a client is told to wait after a 429; batches take milliseconds, so one second is ample.
 RETRY_AFTER_S = 1
@@ -105,6 +109,13 @@ ERROR_TABLE: dict[type[ServiceError], ErrorRow] = {
     ),
     InternalError: ErrorRow(500, "internal", "Server fault.", "server_error", "INTERNAL"),
     NotReady: ErrorRow(503, "unhealthy", "The model is not ready yet.", "server_error", "UNAVAILABLE"),
+    Unavailable: ErrorRow(
+        503,
+        "unavailable",
+        "This worker cannot serve (failed warm-up or inference thread); it is being replaced: retry.",
+        "server_error",
+        "UNAVAILABLE",
+    ),
 }
 
 # The embeddings routes in OpenAI's terms; errors there, and on every /v1/ path, take OpenAI's shape so
@@ -121,18 +132,25 @@ COMMON_ERRORS: tuple[type[ServiceError], ...] = (
     ValidationFailed,
     Overloaded,
     NotReady,
+    Unavailable,
 )
 
 
 class ErrorBody(BaseModel):
     error: str
     error_type: str
+    error_id: str | None = Field(
+        default=None, description="A server fault's (500) id, under which the server's log holds it."
+    )
 
 
 class OpenAIErrorDetail(BaseModel):
     message: str
     type: str
     code: str
+    error_id: str | None = Field(
+        default=None, description="A server fault's (500) id, under which the server's log holds it."
+    )
 
 
 class OpenAIErrorBody(BaseModel):
@@ -155,19 +173,33 @@ def error_parts(exc: ServiceError, scope: Scope) -> tuple[int, bytes, list[tuple
     row = row_for(exc)
     scope[SCOPE_ERROR_TYPE] = row.error_type
     path = str(scope.get("path", ""))
+    message, error_id = told(exc)
+    detail: dict[str, Any] = {"error_id": error_id} if error_id is not None else {}
     if path in OPENAI_PATHS or path.startswith("/v1/"):
         payload: dict[str, Any] = {
-            "error": {"message": exc.message, "type": row.openai_type, "code": row.error_type}
+            "error": {"message": message, "type": row.openai_type, "code": row.error_type, **detail}
         }
     else:
-        payload = {"error": exc.message, "error_type": row.error_type}
+        payload = {"error": message, "error_type": row.error_type, **detail}
     body = orjson.dumps(payload)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if error_id is not None:
+        headers.append((b"x-error-id", error_id.encode()))
     if row.status == 429:
         headers.append((b"retry-after", str(RETRY_AFTER_S).encode()))
     if row.status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
     return row.status, body, headers
+
+
+def told(exc: ServiceError) -> tuple[str, str | None]:
+    """What a client is told of ``exc``, and its error id (None but for a server fault): a server fault is
+    logged here (once, if its site has not logged it) with its whole text under that id, and answered
+    with :data:`~app.errors.FAULT_MESSAGE` and the id alone."""
+    if not isinstance(exc, InternalError):
+        return exc.message, None
+    log_fault(exc)
+    return f"{FAULT_MESSAGE} {exc.error_id}", exc.error_id
 
 
 def error_response(
@@ -194,71 +226,6 @@ def openapi_responses(*errors: type[ServiceError], openai: bool = False) -> dict
     return out
 
 
-# Parts of a pydantic error location that name a type tried in a union, not a field (pydantic's own,
-# and the schemas' tags; no request field has one of these names).
-_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "tuple", "body"}) | UNION_TAGS
-
-
-# pydantic's type errors, as what the field must be.
-_MUST_BE: dict[str, str] = {
-    "string_type": "a string",
-    "int_type": "an integer",
-    "int_parsing": "an integer",
-    "float_type": "a number",
-    "bool_type": "true or false",
-    "list_type": "an array",
-    "dict_type": "an object",
-    "model_type": "an object",
-    "model_attributes_type": "an object",
-}
-
-# pydantic's wording, and ours.
-_REWORDED = (
-    ("Value error, ", ""),
-    ("Assertion failed, ", ""),
-    ("Input should be", "must be"),
-    ("List should have", "must have"),
-    ("String should have", "must have"),
-)
-
-
-def _reworded(message: str) -> str:
-    for old, new in _REWORDED:
-        message = message.replace(old, new)
-    return message
-
-
-def field_path(loc: Sequence[Any]) -> str:
-    """An error location as the client wrote the field: ``inputs[3]``, ``inputs.sentences[0]``."""
-    path = ""
-    for part in loc:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        elif not (isinstance(part, str) and ("[" in part or part in _TYPE_TAGS)):
-            path += f".{part}" if path else str(part)
-    return path
-
-
-def _field_message(err: Any) -> str:
-    """One pydantic error as ``<field> <what it must be>``, in the service's words."""
-    path = field_path(err.get("loc", ()))
-    kind = err.get("type", "")
-    given = err.get("input")
-    if kind in _MUST_BE:
-        what = f"must be {_MUST_BE[kind]}, not {json_kind(given)}"
-    elif kind == "missing":
-        what = "is required"
-    elif kind == "literal_error":
-        what = f"must be one of {err.get('ctx', {}).get('expected', '?')}, not {orjson.dumps(given).decode()}"
-    elif kind.endswith("_type"):  # the schemas' own forms (inputs_type, …) and pydantic's other types
-        what = f"{_reworded(str(err.get('msg', 'is invalid')))}, not {json_kind(given)}"
-    else:
-        what = _reworded(str(err.get("msg", "is invalid")))
-        if isinstance(given, int | float) and not isinstance(given, bool) and "must" in what:
-            what += f", not {given}"
-    return f"{path} {what}" if path else what
-
-
 def validation_message(errors: Sequence[Any]) -> str:
     """One message for a request's validation errors (pydantic's, with ``body`` first in each location),
     in the service's words rather than pydantic's: the field as the client wrote it, what it must be,
@@ -280,7 +247,7 @@ def validation_message(errors: Sequence[Any]) -> str:
         if tuple(err.get("loc", ())) == ("body",) and not isinstance(err.get("input"), dict):
             parts.append(f"the body must be a JSON object, not {json_kind(err.get('input'))}")
             continue
-        part = _field_message(err)
+        part = field_message(err)
         if part not in parts:
             parts.append(part)
     return "; ".join(parts) or "invalid request"
@@ -372,16 +339,15 @@ TOO_DEEP = (
 )
 
 
-def server_fault() -> InternalError:
-    """What a client is told of a fault of the server's own (a bug, not its request), over HTTP (500) and
-    gRPC (INTERNAL) alike: that it happened and where it is recorded, never the exception, whose class and
-    text are the server's insides (they go to the log)."""
-    return InternalError("internal error: the server failed on this request; the fault is in its log")
+def server_fault(exc: BaseException, where: str) -> InternalError:
+    """An unexpected exception ``exc`` (a bug, not the request's fault) on ``where`` (e.g. ``POST /embed``)
+    as the :class:`InternalError` it answers, over HTTP (500) and gRPC (INTERNAL) alike; logged now, with
+    its traceback, under the error id the client is told (:func:`told`)."""
+    return log_fault(InternalError(f"{where}: {type(exc).__name__}: {exc}"), exc)
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> Response:
-    log.exception("server fault on %s %s", request.method, request.url.path, exc_info=exc)
-    return error_response(server_fault(), request)
+    return error_response(server_fault(exc, f"{request.method} {request.url.path}"), request)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -10,6 +10,14 @@ batch: a thread of its own would cost two hand-offs per batch and save nothing.
 Only the outputs some item of the batch needs are fetched: a pooled vector needs ``[batch, hidden]`` per
 layer (the graph's ``cls_{i}`` / ``mean_{i}`` outputs), not ``[batch, sequence, hidden]``; a graph
 exported without them is pooled in numpy from the per-token states.
+
+**A fault fails its batch, not the thread.** Any exception while a batch is served (the run, the cost
+model's refit, metrics, post-processing, tracing, the trimmer) fails that batch's requests that are not
+answered yet with one :class:`~app.errors.InternalError`, logged once with its error id, and the thread
+takes the next batch. Should the thread die anyway (a ``BaseException``), :func:`refuse_after` records
+why in ``fault`` (the worker's ``/health`` turns 503 and it is replaced: :mod:`app.serving.server`) and
+answers the batch it held and every one queued after it 503 (:class:`~app.errors.Unavailable`) until the
+engine stops, so no request waits for ever.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from app.engine import pooling
 from app.engine.batching import Batcher
 from app.engine.postprocess import FinishedBatch, split_batch
 from app.engine.work import Job, Seq
-from app.errors import InternalError
+from app.errors import InternalError, ServiceError, Unavailable, log_fault
 from app.model import allocator
 from app.model.manifest import HEAD_OUTPUT, POOLER_OUTPUT
 from app.model.runtime import OnnxModel
@@ -68,6 +76,7 @@ class Inference:
         self.batcher = batcher
         self.tracing = tracing if tracing is not None and tracing.enabled else None
         self.stats = InferenceStats()
+        self.fault: str | None = None  # why its inference thread stopped serving (None: it serves)
         self.trimmer = allocator.Trimmer(trim_every)
         self._thread = threading.Thread(target=self._run, name="zhembed-inference", daemon=True)
         self._names = {layer: model.output_name(layer) for layer in range(1, model.num_layers + 1)}
@@ -88,25 +97,33 @@ class Inference:
             self._thread.join(timeout=30)
 
     def _run(self) -> None:
-        if self.calibrate is not None:
-            self.calibrate()
-        while (batch := self.batcher.next_batch()) is not None:
-            self.serve(batch)
-            self.trimmer.after_batch()
+        held: list[Seq] = []
+        try:
+            if self.calibrate is not None:
+                self.calibrate()
+            while (batch := self.batcher.next_batch()) is not None:
+                held = batch
+                self.serve(batch, self.trimmer)
+        except BaseException as exc:  # the thread is dying: say so, and answer what waits (see the module)
+            refuse_after(exc, held, [self], self.batcher.next_batch)
 
-    def serve(self, batch: list[Seq]) -> None:
+    def serve(self, batch: list[Seq], trimmer: allocator.Trimmer | None = None) -> None:
         """Run one batch this model's queue handed out, write its results and wake its finished requests
-        (on the inference thread)."""
+        (on the inference thread), then let ``trimmer`` count it. Any exception fails only this batch's
+        requests not answered yet (see the module)."""
         live = [seq for seq in batch if not seq.job.cancelled]
         self.stats.dropped_cancelled += len(batch) - len(live)
-        if not live:
-            return
         try:
-            finished = self.run_batch(live)
-        except Exception as exc:  # a server fault: fail these requests loudly, keep serving
-            log.exception("inference failed for a batch of %d", len(live))
-            self._fail(live, InternalError(f"inference failed: {type(exc).__name__}: {exc}"))
-            return
+            if live:
+                self._serve(live)
+            if trimmer is not None:
+                trimmer.after_batch()
+        except Exception as exc:  # a server fault: fail these requests loudly (an error id), keep serving
+            where = f"a batch of {len(live)} on model {self.name}" if self.name else f"a batch of {len(live)}"
+            fail_jobs(live, log_fault(InternalError(f"{where} failed: {type(exc).__name__}: {exc}"), exc))
+
+    def _serve(self, live: list[Seq]) -> None:
+        finished = self.run_batch(live)
         seconds = finished.finished_at - finished.started_at
         self.batcher.ran(seconds)
         self.metrics.batch_ran(
@@ -115,12 +132,7 @@ class Inference:
             finished.started_at - np.fromiter((item.enqueued_at for item in live), np.float64, len(live)),
             [item.job.urgency for item in live],
         )
-        try:
-            done = split_batch(finished)
-        except Exception as exc:  # a broken invariant: fail these requests loudly, keep serving
-            log.exception("post-processing failed for a batch of %d", len(live))
-            self._fail(live, InternalError(f"post-processing failed: {exc}"))
-            return
+        done = split_batch(finished)
         for job, count in done:
             job.finish(count)
         if self.tracing is not None:
@@ -141,11 +153,6 @@ class Inference:
             spans,
             model,
         )
-
-    @staticmethod
-    def _fail(batch: list[Seq], error: InternalError) -> None:
-        for job in {id(seq.job): seq.job for seq in batch}.values():
-            job.fail(error)
 
     def run_batch(self, items: list[Seq]) -> FinishedBatch:
         """Pad ``items`` into one batch, run the encoder (and the masked-LM head on masked positions, the
@@ -227,3 +234,28 @@ class Inference:
             finished_at=finished,
             cpu_s=cpu,
         )
+
+
+def fail_jobs(batch: list[Seq], error: ServiceError) -> None:
+    """Fail each job of ``batch`` with ``error`` (one answered already ignores it)."""
+    for job in {id(seq.job): seq.job for seq in batch}.values():
+        job.fail(error)
+
+
+def refuse_after(
+    exc: BaseException, batch: list[Seq], stages: list[Inference], take: Callable[[], list[Seq] | None]
+) -> None:
+    """What an inference thread does once ``exc`` has ended its serving: record why in each of ``stages``
+    (its models'; their /health turns 503), answer ``batch`` (the one it held) and each batch ``take``
+    hands out after it with 503, until ``take`` returns None (the engine stops)."""
+    reason = f"the inference thread stopped: {type(exc).__name__}"
+    log.critical("%s; this worker answers 503 until it is replaced", reason, exc_info=exc)
+    for stage in stages:
+        stage.fault = reason
+    error = Unavailable(f"{reason}; this worker is being replaced: retry")
+    fail_jobs(batch, error)
+    try:
+        while (taken := take()) is not None:
+            fail_jobs(taken, error)
+    except BaseException:  # nothing is left to answer what is queued now: the replacement will
+        log.critical("the inference thread could not go on refusing work", exc_info=True)

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 
 from app.engine.batching import Batcher
 from app.engine.clock import Clock
-from app.engine.inference import Inference
+from app.engine.inference import Inference, refuse_after
 from app.engine.pending import Offer
 from app.engine.priority import URGENCIES
 from app.engine.work import Seq
@@ -85,6 +85,10 @@ def rank(offer: Offer) -> tuple[float, ...]:
     if offer.overdue:
         return (1.0, (offer.now - offer.oldest.enqueued_at) / offer.batcher.budget_s())
     return (0.0, offer.window.efficiency, -offer.oldest.enqueued_at)
+
+
+def _batch(picked: tuple[Lane, list[Seq]] | None) -> list[Seq] | None:
+    return picked[1] if picked is not None else None
 
 
 MAIN, EXPRESS = 0, 1  # the inference thread and the first express one, as keys of what each runs
@@ -142,18 +146,29 @@ class Scheduler:
                 thread.join(timeout=30)
 
     def _run(self) -> None:
-        for lane in self.lanes:  # each model's cost model, measured (or read) before any batch runs
-            if lane.inference.calibrate is not None:
-                lane.inference.calibrate()
-        while (picked := self.next_batch()) is not None:
-            lane, batch = picked
-            lane.inference.serve(batch)
-            self.trimmer.after_batch()
+        batch: list[Seq] = []
+        try:
+            for lane in self.lanes:  # each model's cost model, measured (or read) before any batch runs
+                if lane.inference.calibrate is not None:
+                    lane.inference.calibrate()
+            while (picked := self.next_batch()) is not None:
+                lane, batch = picked
+                lane.inference.serve(batch, self.trimmer)  # a fault fails only the batch's requests
+        except BaseException as exc:  # the thread is dying: every model says so and answers what waits
+            refuse_after(
+                exc, batch, [lane.inference for lane in self.lanes], lambda: _batch(self.next_batch())
+            )
 
     def _run_express(self, k: int) -> None:
-        while (picked := self.next_express(k)) is not None:
-            lane, batch = picked
-            lane.inference.serve(batch)
+        batch: list[Seq] = []
+        try:
+            while (picked := self.next_express(k)) is not None:
+                lane, batch = picked
+                lane.inference.serve(batch)
+        except BaseException as exc:  # its next_express frees the lane it ran, then refuses what it takes
+            refuse_after(
+                exc, batch, [lane.inference for lane in self.lanes], lambda: _batch(self.next_express(k))
+            )
 
     def _seen(self) -> list[float]:
         """When work of each urgency last arrived at any queue."""

@@ -228,15 +228,26 @@ def _build_cache(settings: Settings, metrics: Metrics) -> VectorCache:
 
 async def _warm(served: Models, warmup: bool, metrics: Metrics, cluster: Cluster | None) -> None:
     """Warm every model (one after the other: they share the inference thread), then mark them ready
-    together: no model answers before every one can."""
+    together: no model answers before every one can.
+
+    A warm-up that fails (say, out of memory on the largest batch) is no worker: the model records why
+    (``/health`` answers 503 with it), and the process stops, with a non-zero exit status, to be
+    replaced: a worker of several before it accepts a connection (this raises, its lifespan fails and
+    uvicorn exits 3), a single process with exit status 1 once its server sees the fault
+    (:mod:`app.serving.server`)."""
     for index, service in enumerate(served.services):
-        await (
-            service.engine.wait_calibrated()
-        )  # the batch cost model: measured once, then read from its cache
-        if warmup:
-            await service.warmup()
-        if cluster is not None:
-            service.engine.admission.join(cluster.ledger_for(index))
+        try:
+            await service.engine.wait_calibrated()  # the batch cost model: measured once, then cached
+            if warmup:
+                await service.warmup()
+            if cluster is not None:
+                service.engine.admission.join(cluster.ledger_for(index))
+        except Exception as exc:
+            service.warmup_failed(exc)
+            log.critical("%s: this process cannot serve; it stops, to be replaced", service.fault)
+            if cluster is not None:
+                raise
+            return
     _quiet_gc()
     for service in served.services:
         service.ready = True

@@ -36,9 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ManifestError, SettingsError) as exc:
         print(f"zhembed: cannot start: {exc}", file=sys.stderr)
         return 2
-    http_server(create_app(settings, models=models), settings).run()
-    log.info("stopped")
-    return 0
+    server = http_server(create_app(settings, models=models), settings)
+    server.run()
+    log.info("stopped, exit status %d", server.exit_status)
+    return server.exit_status
 
 
 if __name__ == "__main__":

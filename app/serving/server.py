@@ -10,6 +10,13 @@ Retirement (a worker of several, on SIGUSR1 from its supervisor, once the worker
 go on accepting on theirs), answers every request on the connections it holds, each response with
 ``Connection: close`` (:mod:`app.api.drain`), and shuts down as after a drain once it holds no
 connection, or after ``shutdown_grace_s`` at most of waiting for them. Nothing is refused with 503.
+
+Failure (a model whose warm-up failed, an inference thread that died:
+:attr:`app.tasks.service.Service.fault`): the server stops as after a drain's end (the listener closes,
+the requests in flight finish) and the process exits 1, so that what runs it starts another: the
+supervisor for a worker of several (:mod:`app.serving.slots`), the orchestrator for a single process.
+Until then ``/health`` answers 503 with why. A worker of several whose lifespan failed (its warm-up
+raises there) exits 3 (uvicorn's own start-up failure), and is replaced alike.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from fastapi import FastAPI
 
 from app.api.drain import Drain
 from app.settings import Settings
+from app.tasks.service import fault_of
 
 log = logging.getLogger("app")
 
@@ -45,14 +53,18 @@ class DrainingServer(uvicorn.Server):
         drain_s: float,
         retire_s: float | None = None,
         on_retire: Callable[[], None] = lambda: None,
+        fault: Callable[[], str | None] = lambda: None,
     ) -> None:
         """``retire_s``: with it, SIGUSR1 retires this worker (see the module docstring), waiting this long
-        at most for its connections; ``on_retire`` runs once when the retirement begins."""
+        at most for its connections; ``on_retire`` runs once when the retirement begins; ``fault``: why
+        the app cannot serve any more (None: it can), read every tick (a tenth of a second)."""
         super().__init__(config)
         self.drain = drain
         self.drain_s = drain_s
         self.retire_s = retire_s
         self.on_retire = on_retire
+        self.fault = fault
+        self.failed: str | None = None  # the fault it stopped for
         self._announced = False
         self._retire_asked = False
         self._retiring_since: float | None = None
@@ -75,7 +87,17 @@ class DrainingServer(uvicorn.Server):
             return
         self.drain.begin()
 
+    @property
+    def exit_status(self) -> int:
+        """What the process exits with once :meth:`run` returns: 1 when it stopped for a fault, or its
+        start failed (the lifespan raised, the port could not be bound); else 0."""
+        return 1 if self.failed is not None or not self.started else 0
+
     async def on_tick(self, counter: int) -> bool:
+        if self.failed is None and (reason := self.fault()) is not None:
+            self.failed = reason
+            log.critical("stopping for a fault (%s): exit status 1, to be replaced", reason)
+            self.should_exit = True
         if self.drain.draining and not self._announced:
             self._announced = True
             log.info(
@@ -139,4 +161,5 @@ def http_server(app: FastAPI, settings: Settings) -> DrainingServer:
         settings.shutdown_drain_s,
         retire_s=settings.shutdown_grace_s if worker else None,
         on_retire=lambda: app.state.metrics.ready(False),
+        fault=lambda: fault_of(models.services) if (models := getattr(app.state, "models", None)) else None,
     )

@@ -17,9 +17,10 @@ from app.serving.memory import memory_bytes
 
 log = logging.getLogger("app")
 
-# A worker that dies sooner than this after its start died starting. It is started again, since the cause
-# may have passed (the OOM killer, an operator's kill -9), but not for ever: the server stops at the
-# EARLY_DEATHS-th such death with no worker ready in between (a model it cannot load, a port it cannot use).
+# A worker that dies before it was ever ready (e.g. its warm-up failed), or sooner than this after its
+# start, died starting. It is started again, since the cause may have passed (the OOM killer, an operator's
+# kill -9), but not for ever: the server stops at the EARLY_DEATHS-th such death with no worker ready in
+# between (a model it cannot load or run, a port it cannot use), however long each took to die.
 MIN_UPTIME_S = 10.0
 EARLY_DEATHS = 3
 # How often each worker's memory is read: a few reads of /proc per worker, and memory grows over minutes.
@@ -49,6 +50,7 @@ class Slot:
     replacing: str | None  # why it was started in place of another; None for one of the first
     replaces: int | None = None  # the slot of the worker it will take over from once ready (memory)
     retiring_since: float | None = None  # when it was told to retire
+    was_ready: bool = False  # its ready flag was seen set: it did not die starting
 
 
 class Slots:
@@ -142,6 +144,9 @@ class Slots:
         ):
             self._early_deaths.clear()  # a worker started since got ready: whatever it was has passed
         for index, slot in enumerate(self.slots):
+            if slot is not None and self.shared.ready[index]:
+                slot.was_ready = True
+        for index, slot in enumerate(self.slots):
             if slot is not None and not slot.proc.is_alive() and not self._exited(index, slot, now):
                 self.failed = True
                 return False
@@ -165,7 +170,7 @@ class Slots:
             self._forget(index, proc)
             self.slots[index] = None
             return True
-        if now - slot.started < MIN_UPTIME_S:
+        if not slot.was_ready or now - slot.started < MIN_UPTIME_S:
             self._early_deaths.append(now)
             if len(self._early_deaths) >= EARLY_DEATHS:
                 log.error(

@@ -29,10 +29,12 @@ What the supervisor keeps, with N > 1 as with one process:
   once ready: a supervisor cannot write prometheus-client's multiprocess files, a dead worker's counters
   stay in them), ``zhembed_worker_memory_bytes`` shows what was measured.
 
-A worker that exits on its own (a crash) is replaced in its slot (``reason="crash"``), and the
-replacement of a worker past the bound that crashes while starting is started again; a worker that dies
-within ``MIN_UPTIME_S`` of its start stops the server instead. The supervisor exits 0 when every
-serving worker did.
+A worker that exits on its own (a crash, or exit status 1 once it cannot serve: its warm-up failed or its
+inference thread died, :mod:`app.serving.server`) is replaced in its slot (``reason="crash"``), and the
+replacement of a worker past the bound that crashes while starting is started again; but the
+``EARLY_DEATHS``-th worker in a row to die before it was ready (or within ``MIN_UPTIME_S`` of its start)
+stops the server, exit status 1 (:mod:`app.serving.slots`). The supervisor exits 0 when every serving
+worker did.
 """
 
 from __future__ import annotations
@@ -180,4 +182,7 @@ def _worker(
         log.info("stopped (signal %d) while starting", stop[0])
         return
     app = create_app(settings, cluster=Cluster(shared, index, replacing), models=models)
-    http_server(app, settings).run(sockets=[listener])
+    server = http_server(app, settings)
+    server.run(sockets=[listener])
+    if server.exit_status:  # a fault, or a start that failed: the supervisor starts another in its slot
+        sys.exit(server.exit_status)

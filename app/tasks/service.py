@@ -10,6 +10,7 @@ their timings; wire encodings and header names belong to :mod:`app.api`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 
 import numpy as np
@@ -17,6 +18,7 @@ import numpy as np
 from app.cache.vectors import VectorCache
 from app.engine.engine import Engine
 from app.engine.work import Need
+from app.errors import InternalError, log_fault
 from app.model.runtime import MLM_ROWS, OnnxModel
 from app.settings import Settings
 from app.tasks.answers import Answer, TokenVectors
@@ -31,7 +33,7 @@ from app.tasks.tokens import Tokens
 from app.telemetry.metrics import Metrics
 from app.telemetry.timings import Timings
 
-__all__ = ["Answer", "Service", "Timings", "TokenVectors"]
+__all__ = ["Answer", "Service", "Timings", "TokenVectors", "fault_of"]
 
 # Texts embedded at start-up: short, medium and long Chinese inputs, alone and batched.
 _WARMUP_TEXTS = ("你好", "今天天气很好，我们去公园散步吧。", "北京是中华人民共和国的首都。" * 12)
@@ -54,6 +56,22 @@ class Service(Core):
         self.heads = Heads(self)
         self.tokens = Tokens(self)
         self.sparse = SparseEmbeddings(self)
+        self.warmup_fault: str | None = None  # why its warm-up failed (:meth:`warmup_failed`)
+
+    @property
+    def fault(self) -> str | None:
+        """Why this model cannot serve, for good (None: it can): its warm-up failed, or its inference
+        thread died. ``/health`` answers 503 with it, and the process stops to be replaced
+        (:mod:`app.serving.server`)."""
+        return self.warmup_fault or self.engine.inference.fault
+
+    def warmup_failed(self, exc: Exception) -> InternalError:
+        """Record that the warm-up failed with ``exc``: logged (once) under an error id, which ``fault``
+        names. Returns the error logged."""
+        error = exc if isinstance(exc, InternalError) else InternalError(f"{type(exc).__name__}: {exc}")
+        log_fault(error, exc)
+        self.warmup_fault = f"the warm-up of {self.served_name} failed (error id {error.error_id})"
+        return error
 
     async def warmup(self) -> None:
         """Embed and fill a few inputs of typical shapes so the first real request pays no set-up (the app
@@ -87,3 +105,8 @@ class Service(Core):
             await self.run([filled], [Need(mask_positions=tuple(range(1, masks + 1)))])
         if self.model.has_sparse:  # its own graph, with or without the masked-LM head's
             await self.run([ids], [Need(sparse=True)])
+
+
+def fault_of(services: Iterable[Service]) -> str | None:
+    """Why one of ``services`` cannot serve (the first that cannot; None: each can)."""
+    return next((fault for service in services if (fault := service.fault) is not None), None)

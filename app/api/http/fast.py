@@ -152,9 +152,8 @@ class DataPath:
             response = await endpoint(body, Request(scope, receive), service)
         except ServiceError as exc:
             return await gates.answer_error(exc, scope, send)
-        except Exception as exc:  # a server fault: logged, answered 500 like every other route's
-            log.exception("server fault on POST %s", scope["path"], exc_info=exc)
-            return await gates.answer_error(server_fault(), scope, send)
+        except Exception as exc:  # a server fault: logged with an error id, answered 500 with the id alone
+            return await gates.answer_error(server_fault(exc, f"POST {scope['path']}"), scope, send)
         headers = response.raw_headers
         if gates.drain.closing:  # accepted before the signal (or retirement), answered after: it closes
             headers = with_close(headers)

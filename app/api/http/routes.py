@@ -34,12 +34,12 @@ from app.api.schemas.heads import (
     TokenClassificationResponse,
 )
 from app.api.schemas.tokenize import TokenizeRequest, TokenizeResponse
-from app.errors import EmptyInput, NotReady, UnknownModel, Unsupported, ValidationFailed
+from app.errors import EmptyInput, NotReady, Unavailable, UnknownModel, Unsupported, ValidationFailed
 from app.model.tokenizer import TextInput
 from app.tasks.info import describe_all
 from app.tasks.models import Models
 from app.tasks.options import FloatEncoding
-from app.tasks.service import Service, Timings, TokenVectors
+from app.tasks.service import Service, Timings, TokenVectors, fault_of
 from app.telemetry.metrics import CONTENT_TYPE, Metrics
 
 router = APIRouter()
@@ -302,15 +302,26 @@ async def tokenize(body: TokenizeRequest, request: Request, service: ServiceDep)
     return json_response(answer.value, answer.timings)
 
 
-@router.get("/health")
-async def health() -> Response:
-    """Liveness: the process answers."""
+def _fault(request: Request) -> None:
+    """Raise :class:`~app.errors.Unavailable` with why, once a model of this process cannot serve."""
+    models: Models | None = getattr(request.app.state, "models", None)
+    if models is not None and (reason := fault_of(models.services)) is not None:
+        raise Unavailable(reason)
+
+
+@router.get("/health", responses=openapi_responses(Unavailable))
+async def health(request: Request) -> Response:
+    """Liveness: the process answers and can serve; 503, with why, once a model's warm-up failed or its
+    inference thread died (the process then stops, exit status 1, to be replaced)."""
+    _fault(request)
     return json_response({"status": "ok"})
 
 
 @router.get("/ready", responses=openapi_responses(NotReady))
 async def ready(request: Request, models: ModelsDep) -> Response:
-    """Readiness: every model is loaded and warmed up (in every worker, when there are several)."""
+    """Readiness: every model is loaded and warmed up (in every worker, when there are several), and
+    none has failed (:func:`health`)."""
+    _fault(request)
     if not models.ready:
         raise NotReady("the model is still warming up")
     cluster: Workers | None = request.app.state.cluster

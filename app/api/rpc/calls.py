@@ -27,7 +27,7 @@ from pydantic import BaseModel, ValidationError
 
 from app.api.auth import ApiKeys
 from app.api.drain import Drain, shutting_down
-from app.api.errors import row_for, server_fault, validation_message
+from app.api.errors import row_for, server_fault, told, validation_message
 from app.api.urgency import urgency
 from app.engine.priority import URGENCY
 from app.errors import NotReady, ServiceError, Unauthorized, ValidationFailed
@@ -171,10 +171,9 @@ class Calls:
             raise
         except grpc.aio.AbortError:
             raise
-        except Exception:  # a server fault: logged, answered INTERNAL, as HTTP answers 500
-            log.exception("server fault on gRPC %s", method)
+        except Exception as exc:  # a server fault: logged, answered INTERNAL, as HTTP answers 500
             code = "INTERNAL"
-            await self._fail(context, server_fault())
+            await self._fail(context, server_fault(exc, f"gRPC {method}"))
             raise
         finally:
             self._done(method, code, started, span)
@@ -222,10 +221,9 @@ class Calls:
             raise
         except grpc.aio.AbortError:
             raise
-        except Exception:
-            log.exception("server fault on gRPC %s", method)
+        except Exception as exc:
             code = "INTERNAL"
-            await self._fail(context, server_fault())
+            await self._fail(context, server_fault(exc, f"gRPC {method}"))
         finally:
             if reader is not None:
                 reader.cancel()
@@ -235,13 +233,18 @@ class Calls:
             self._done(method, code, started, span)
 
     async def _fail(self, context: grpc.aio.ServicerContext, exc: ServiceError) -> None:
-        """Abort the call with ``exc``'s status code and message (raises ``AbortError``)."""
+        """Abort the call with ``exc``'s status code and message (raises ``AbortError``); a server fault
+        with the message and error id the table tells (:func:`~app.api.errors.told`), the id also in the
+        trailing metadata ``error-id``."""
         row = row_for(exc)
         self.metrics.failure(row.error_type)
+        message, error_id = told(exc)
         metadata: tuple[tuple[str, str], ...] = (("error-type", row.error_type),)
+        if error_id is not None:
+            metadata += (("error-id", error_id),)
         if row.status == 429:
             metadata += (("retry-after", "1"),)
-        await context.abort(grpc.StatusCode[row.grpc], exc.message, metadata)
+        await context.abort(grpc.StatusCode[row.grpc], message, metadata)
 
 
 Work = Callable[[Service, Any], Coroutine[Any, Any, Any]]

@@ -26,7 +26,7 @@ from app.api.rpc import ours, tei
 from app.api.rpc.calls import Calls
 from app.settings import Settings
 from app.tasks.models import Models
-from app.tasks.service import Service
+from app.tasks.service import Service, fault_of
 from app.telemetry.metrics import Metrics
 from app.telemetry.observe import Observer
 
@@ -85,13 +85,15 @@ class Grpc:
         return self.port
 
     async def _health(self) -> None:
-        """Keep every service's health in step with readiness and the drain."""
+        """Keep every service's health in step with readiness, the drain and the models' faults (NOT_SERVING
+        once ``/health`` answers 503)."""
         current = None
         while True:
             service = self._service()
             models = self._models() if self._models is not None else None
             ready = models.ready if models is not None else service is not None and service.ready
-            serving = service is not None and ready and not self.drain.draining
+            failed = fault_of(models.services if models is not None else [service] if service else [])
+            serving = service is not None and ready and not self.drain.draining and failed is None
             status = (
                 health_pb2.HealthCheckResponse.SERVING
                 if serving

@@ -3,10 +3,16 @@ messages in the service's words."""
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 import httpx
+import orjson
 import pytest
 
-from app.api.errors import ERROR_TABLE, RETRY_AFTER_S, field_path, validation_message
+from app.api.errors import ERROR_TABLE, RETRY_AFTER_S, error_parts, validation_message
+from app.api.field_errors import field_path
+from app.errors import InternalError
 from tests.app.conftest import Running
 
 
@@ -223,3 +229,21 @@ def test_an_error_names_the_field_as_the_client_wrote_it(loc: tuple[object, ...]
 )
 def test_validation_messages_are_in_the_services_words(error: dict[str, object], message: str) -> None:
     assert validation_message([error]) == message
+
+
+@pytest.mark.parametrize("path", ["/embed", "/v1/embeddings"])
+def test_a_server_fault_tells_an_error_id_in_either_shape_and_logs_the_text_once(
+    path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    fault = InternalError("node /encoder/Gather_3: index 600 out of [-512, 511] in /srv/models/x.onnx")
+    scope: dict[str, Any] = {"path": path}
+    with caplog.at_level(logging.ERROR, logger="app.errors"):
+        for _ in range(2):  # e.g. two requests of one failed batch: one error, logged once
+            status, body, headers = error_parts(fault, scope)
+    answered = orjson.loads(body)
+    detail = answered["error"] if path.startswith("/v1/") else answered
+    message = detail["message"] if path.startswith("/v1/") else detail["error"]
+    assert status == 500 and detail["error_id"] == fault.error_id == dict(headers)[b"x-error-id"].decode()
+    assert fault.error_id in message and "Gather" not in body.decode() and "/srv" not in body.decode()
+    (record,) = [r for r in caplog.records if fault.error_id in r.getMessage()]
+    assert "Gather_3" in record.getMessage() and record.fields == {"error_id": fault.error_id}  # type: ignore[attr-defined]

@@ -21,6 +21,7 @@ from app.engine.batching import Batcher
 from app.engine.costs import CostModel
 from app.engine.scheduler import Scheduler
 from app.engine.work import Job, Need, Seq
+from app.errors import Unavailable
 from app.telemetry.metrics import Metrics
 from tests.app.conftest import wait_until
 from tests.app.engine.fake_clock import FakeClock
@@ -36,8 +37,9 @@ class Served:
     def __init__(self) -> None:
         self.batches: list[list[Seq]] = []
         self.calibrate = None
+        self.fault: str | None = None
 
-    def serve(self, batch: list[Seq]) -> None:
+    def serve(self, batch: list[Seq], trimmer: Any = None) -> None:
         self.batches.append(batch)
 
 
@@ -307,3 +309,31 @@ def test_each_other_model_may_run_beside_the_long_batch_on_an_express_thread_of_
     scheduler.start()  # and it starts one express thread per model but one
     scheduler.stop()
     assert scheduler.express_threads == 2
+
+
+class Killed(BaseException):
+    """What no ``except Exception`` catches: the thread dies of it."""
+
+
+class Dies(Served):
+    def serve(self, batch: list[Seq], trimmer: Any = None) -> None:
+        raise Killed()
+
+
+def test_a_dead_thread_marks_every_model_and_answers_what_its_queues_hold_503() -> None:
+    scheduler, q, _ = two(FakeClock())
+    for lane in scheduler.lanes:
+        lane.inference = Dies()  # type: ignore[assignment]
+    held, queued = seq(FakeClock(), 10), seq(FakeClock(), 12)
+    q["a"].submit([held])
+    q["b"].submit([queued])
+    scheduler.start()
+    wait_until(lambda: q["a"].depth == q["b"].depth == 0)
+    later = seq(FakeClock(), 8)
+    q["b"].submit([later])  # after the death: refused too, not left waiting
+    wait_until(lambda: q["b"].depth == 0)
+    scheduler.stop()
+    LOOP.run_until_complete(asyncio.sleep(0))  # the jobs' failures, handed to their loop
+    for item in (held, queued, later):
+        assert isinstance(item.job.error, Unavailable) and "Killed" in item.job.error.message
+    assert all(lane.inference.fault == "the inference thread stopped: Killed" for lane in scheduler.lanes)

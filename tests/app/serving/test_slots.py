@@ -211,3 +211,15 @@ def test_a_stuck_retiring_worker_is_killed() -> None:
     f.step(0.1)
     f.step(f.slots.retire_kill_s + 1)
     assert f.killed == [(old.pid, RETIRE_SIGNAL), (old.pid, signal.SIGKILL)]
+
+
+def test_workers_that_die_before_getting_ready_stop_the_server_however_long_each_took() -> None:
+    f = Fakes(bound_mb=0)
+    for _ in range(EARLY_DEATHS - 1):  # e.g. a warm-up that fails after minutes: exit status 1, never ready
+        f.step(10 * MIN_UPTIME_S)
+        f.proc(1).exitcode = 1
+        f.step(0.1)
+    assert [(i, why) for i, why, _ in f.started[2:]] == [(1, "crash")] * (EARLY_DEATHS - 1)
+    f.now += 10 * MIN_UPTIME_S
+    f.proc(1).exitcode = 1
+    assert f.slots.step() is False and f.slots.failed

@@ -22,6 +22,7 @@ from app.api.http.openai_schemas import OpenAIEmbeddingRequest
 from app.api.http.routes import router
 from app.api.schemas.embeddings import EmbedRequest
 from app.engine.priority import URGENCY
+from app.errors import FAULT_MESSAGE
 from app.serving.factory import create_app
 from app.settings import Settings
 from app.tasks.answers import Answer
@@ -319,18 +320,23 @@ def test_a_client_that_leaves_mid_body_gets_499_and_is_counted() -> None:
     assert app.state.metrics.failures.labels("client_closed")._value.get() == 1
 
 
-def test_a_server_fault_is_logged_and_answered_500(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_server_fault_is_logged_and_answered_500_with_its_error_id(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     app, service = stub_app()
     service.fault = RuntimeError("boom")
-    with caplog.at_level(logging.ERROR, logger="app.api.http.fast"):
+    with caplog.at_level(logging.ERROR, logger="app.errors"):
         answered = call(app, "/embed", [b'{"inputs": "a"}'], JSON)
     assert answered.status == 500
+    error_id = answered.headers[b"x-error-id"].decode()
     assert answered.json() == {
-        "error": "internal error: the server failed on this request; the fault is in its log",
+        "error": f"{FAULT_MESSAGE} {error_id}",
         "error_type": "internal",
+        "error_id": error_id,
     }
     assert "RuntimeError" not in answered.body.decode() and "boom" not in answered.body.decode()
-    assert "server fault on POST /embed" in caplog.text
+    (record,) = [r for r in caplog.records if error_id in r.getMessage()]
+    assert "POST /embed: RuntimeError: boom" in record.getMessage() and record.exc_info is not None
     metrics = app.state.metrics
     assert metrics.requests.labels("/embed", "500", "http", "3")._value.get() == 1
     assert metrics.failures.labels("internal")._value.get() == 1

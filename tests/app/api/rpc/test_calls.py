@@ -1,5 +1,5 @@
 """What every gRPC call shares: a fault of the server's own is answered INTERNAL in the words HTTP's 500
-uses, never with the exception's class or text (they go to the log)."""
+uses, with an error id, never with the exception's class or text (they go to the log, under that id)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import grpc
 import pytest
 
 from app.api.drain import Drain
-from app.api.errors import server_fault
 from app.api.rpc.calls import Calls
+from app.errors import FAULT_MESSAGE
 from app.telemetry.metrics import Metrics
 
 
@@ -39,18 +39,24 @@ def _calls() -> Calls:
     return Calls(lambda: object(), Metrics(), Drain(), None)  # type: ignore[arg-type, return-value]
 
 
-def test_a_unary_fault_is_internal_without_the_exception(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_unary_fault_is_internal_with_an_error_id_and_without_the_exception(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     context = Context()
-    with caplog.at_level(logging.ERROR, logger="app.api.rpc.calls"), pytest.raises(grpc.aio.AbortError):
+    with caplog.at_level(logging.ERROR, logger="app.errors"), pytest.raises(grpc.aio.AbortError):
         asyncio.run(_calls().unary("/tei.v1.Embed/Embed", context, _fault))
     assert context.aborted is not None
-    code, details, _ = context.aborted
-    assert code == grpc.StatusCode.INTERNAL and details == server_fault().message
+    code, details, metadata = context.aborted
+    error_id = dict(metadata)["error-id"]
+    assert code == grpc.StatusCode.INTERNAL and details == f"{FAULT_MESSAGE} {error_id}"
     assert "KeyError" not in details and "secret" not in details
-    assert "server fault on gRPC /tei.v1.Embed/Embed" in caplog.text and "KeyError" in caplog.text
+    (record,) = [r for r in caplog.records if error_id in r.getMessage()]
+    assert (
+        "gRPC /tei.v1.Embed/Embed: KeyError" in record.getMessage() and "secret-path" in record.getMessage()
+    )
 
 
-def test_a_stream_fault_is_internal_without_the_exception() -> None:
+def test_a_stream_fault_is_internal_with_an_error_id_and_without_the_exception() -> None:
     context = Context()
 
     async def requests() -> AsyncIterator[int]:
@@ -64,7 +70,6 @@ def test_a_stream_fault_is_internal_without_the_exception() -> None:
 
     with pytest.raises(grpc.aio.AbortError):
         asyncio.run(drain())
-    assert context.aborted is not None and context.aborted[:2] == (
-        grpc.StatusCode.INTERNAL,
-        server_fault().message,
-    )
+    assert context.aborted is not None
+    code, details, metadata = context.aborted
+    assert code == grpc.StatusCode.INTERNAL and details == f"{FAULT_MESSAGE} {dict(metadata)['error-id']}"
