@@ -25,7 +25,8 @@ import uvicorn
 
 from app.serving.factory import create_app
 from app.settings import Settings
-from tests.app.conftest import Running, free_port, serving, wait_until
+from loadtest.server import free_port
+from tests.app.conftest import Running, serving, wait_until
 
 # Past the tiny model's 128 position embeddings.
 TOO_LONG = 512

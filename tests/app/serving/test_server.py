@@ -11,7 +11,8 @@ from fastapi import FastAPI
 from app.api.drain import Drain
 from app.serving.server import http_server
 from app.settings import Settings
-from tests.app.conftest import free_port, wait_until
+from loadtest.server import free_port
+from tests.app.conftest import wait_until
 
 
 def test_a_server_whose_model_reports_a_fault_stops_with_exit_status_1() -> None:
