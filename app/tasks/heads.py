@@ -22,7 +22,7 @@ from app.tasks import entities
 from app.tasks.answers import Answer, timed, timings_of
 from app.tasks.core import Core
 from app.tasks.options import Direction, LongText, Names, listed
-from app.tasks.prepare import TOO_LONG_HEAD, check_some, from_encodings
+from app.tasks.prepare import TOO_LONG_TRUNCATE, check_some, from_encodings
 from app.telemetry.timings import Timings
 
 
@@ -115,7 +115,7 @@ class Heads:
         head = self.core.head("/token-classification", "tagger")
         names = listed("inputs", inputs)
         texts = self.core.texts(inputs, names)
-        rules = self.core.rules(TOO_LONG_HEAD, long_text, direction)
+        rules = self.core.rules(TOO_LONG_TRUNCATE, long_text, direction)
         with self.core.engine.admit(len(texts)):
             encodings, tokenization_ms = await self.core.tokenize(texts)
             prepared = from_encodings(encodings, rules, names.item)
@@ -157,7 +157,7 @@ class Heads:
         item = dict(zip(keys, inputs, strict=True))
         position = {k: i for i, k in reversed(list(enumerate(keys)))}  # a key's first input, for messages
         # The head routes run an input the tokenizer leaves nothing of, as transformers' pipelines do.
-        rules = self.core.rules(TOO_LONG_HEAD, long_text, direction, refuse_empty=False)
+        rules = self.core.rules(TOO_LONG_TRUNCATE, long_text, direction, refuse_empty=False)
         jobs: list[Job] = []
         tokenization_ms = 0.0
 

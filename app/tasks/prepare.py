@@ -37,7 +37,8 @@ TOO_LONG_OPENAI = (
     "this route does not truncate: shorten it, or use POST /embed with long_text 'truncate' or 'chunk'"
 )
 TOO_LONG_MASKS = "fill-mask cannot truncate: shorten the text around the masks"
-TOO_LONG_HEAD = "send truncate: true to keep its start (truncation_direction left keeps its end)"
+# The routes that take TEI's truncate and no long_text (the heads, sparse vectors): one refusal.
+TOO_LONG_TRUNCATE = "send truncate: true to keep its start (truncation_direction left keeps its end)"
 
 # Names input ``i`` as the request wrote it (``inputs[2]``); called only to word a problem.
 Name = Callable[[int], str]

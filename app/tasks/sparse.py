@@ -20,10 +20,7 @@ from app.errors import ServiceError, Unsupported, ValidationFailed
 from app.tasks.answers import Answer, timed, timings_of
 from app.tasks.core import Core
 from app.tasks.options import Direction, LongText, Names, listed
-from app.tasks.prepare import from_encodings, text_problems
-
-TOO_LONG_SPARSE = "send truncate: true to keep its start (truncation_direction left keeps its end)"
-
+from app.tasks.prepare import TOO_LONG_TRUNCATE, from_encodings, text_problems
 
 # The k largest of many weights (_sampled_largest): one weight in SAMPLE_STRIDE is sampled, and the
 # sample's weight ranked SAMPLE_SIGMAS standard deviations (and SAMPLE_MARGIN) past the e of the k largest
@@ -239,7 +236,7 @@ class SparseEmbeddings:
         self.check_long_text(long_text)
         names = listed("inputs", inputs)
         texts = self.core.texts(inputs, names)
-        rules = self.core.rules(TOO_LONG_SPARSE, long_text, direction)
+        rules = self.core.rules(TOO_LONG_TRUNCATE, long_text, direction)
         prefix = cache_keys.space(self.core.model_digest, self._options(long_text, direction))
         first = {text: i for i, text in reversed(list(enumerate(texts)))}
         jobs = []

@@ -62,19 +62,31 @@ class Named(StrictRequest):
     )
 
 
-class TruncateFields(StrictRequest):
-    """TEI's ``truncate`` and ``truncation_direction``, on the routes that take no ``long_text``."""
+class Truncation(StrictRequest):
+    """TEI's ``truncate`` and ``truncation_direction``: declared here once, for every route that takes them."""
 
     truncate: bool = Field(default=False, description="TEI: truncate inputs over the model's length.")
     truncation_direction: Literal["right", "left", "Right", "Left"] = Field(
-        default="right", description="Which end truncation keeps: right keeps the start."
+        default="right",
+        description="Which end truncation keeps: right keeps the start, left the end; a prompt is kept "
+        "either way ([CLS] prompt … tail [SEP]).",
     )
 
-    def long_text(self) -> LongText:
-        return "truncate" if self.truncate else "error"
+    def truncation(self, default: LongText = "error") -> LongText:
+        """What ``truncate`` asks for when sent (true truncates, false refuses); ``default`` when not."""
+        if "truncate" in self.model_fields_set:
+            return "truncate" if self.truncate else "error"
+        return default
 
     def direction(self) -> Direction:
         return "left" if self.truncation_direction.lower() == "left" else "right"
+
+
+class TruncateFields(Truncation):
+    """The routes that take no ``long_text``: ``truncate`` alone decides."""
+
+    def long_text(self) -> LongText:
+        return self.truncation()
 
 
 class Token(BaseModel):

@@ -3,7 +3,7 @@ normalisation, dimensions, encodings) and answers."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Self
 
 from pydantic import BaseModel, Discriminator, Field, Tag, model_validator
 
@@ -15,11 +15,11 @@ from app.api.schemas.common import (
     Text,
     Token,
     TruncateFields,
+    Truncation,
     text_or_list,
 )
 from app.engine import pooling
 from app.tasks.options import (
-    Direction,
     EmbedAllOptions,
     EmbedOptions,
     Encoding,
@@ -37,7 +37,7 @@ DIMENSIONS = (
 )
 
 
-class LayerFields(StrictRequest):
+class LayerFields(Truncation):
     """The layer and long-text options shared by /embed, /similarity and /embed_all."""
 
     layers: list[int] | None = Field(
@@ -64,22 +64,9 @@ class LayerFields(StrictRequest):
         "`truncate` is true, error if it is false, else the model's (truncate for a sentence-transformers "
         "folder, as its encode does; error otherwise).",
     )
-    truncate: bool = Field(default=False, description="TEI: truncate inputs over the model's length.")
-    truncation_direction: Literal["right", "left", "Right", "Left"] = Field(
-        default="right",
-        description="Which end truncation keeps: right keeps the start, left the end; a prompt is kept "
-        "either way ([CLS] prompt … tail [SEP]).",
-    )
 
     def _long_text(self, default: LongText) -> LongText:
-        if self.long_text is not None:
-            return self.long_text
-        if "truncate" in self.model_fields_set:  # TEI's flag, sent: true truncates, false refuses
-            return "truncate" if self.truncate else "error"
-        return default
-
-    def _direction(self) -> Direction:
-        return "left" if self.truncation_direction.lower() == "left" else "right"
+        return self.long_text if self.long_text is not None else self.truncation(default)
 
     def _layers(self) -> tuple[int, ...] | None:
         return tuple(self.layers) if self.layers is not None else None
@@ -107,7 +94,7 @@ class PoolingFields(LayerFields):
             layer_combine=self.layer_combine,
             layer_weights=self._weights(),
             long_text=self._long_text(defaults.long_text),
-            truncation_direction=self._direction(),
+            truncation_direction=self.direction(),
             normalize=self._normalize(defaults.normalize),
             prompt_name=self.prompt_name if self.prompt_name is not None else defaults.prompt_name,
             dimensions=self._dimensions(),
@@ -183,7 +170,7 @@ class EmbedAllRequest(LayerFields, Named):
             layer_combine=self.layer_combine,
             layer_weights=self._weights(),
             long_text=self._long_text(long_text),
-            truncation_direction=self._direction(),
+            truncation_direction=self.direction(),
             normalize=self.normalize,
             special_tokens=self.special_tokens,
             return_tokens=self.return_tokens,

@@ -7,6 +7,10 @@ from dataclasses import replace
 import pytest
 from pydantic import ValidationError
 
+# Imported for their request schemas: the test below walks every StrictRequest subclass loaded.
+import app.api.http.openai_routes
+import app.api.http.routes  # noqa: F401
+from app.api.schemas.common import StrictRequest, Truncation
 from app.api.schemas.embeddings import EmbedAllRequest, EmbedRequest, SimilarityRequest
 from app.api.schemas.fill_mask import MAX_TARGETS, FillMaskRequest
 from app.tasks.options import EmbedAllOptions, EmbedOptions
@@ -84,6 +88,28 @@ def test_long_text_wins_over_truncate_and_defaults_to_error() -> None:
 def test_embed_all_options() -> None:
     body = EmbedAllRequest.model_validate({"inputs": ["x"], "special_tokens": True, "norms": True})
     assert body.options() == EmbedAllOptions(special_tokens=True, norms=True)
+
+
+def _requests(base: type[StrictRequest]) -> list[type[StrictRequest]]:
+    return [base, *(c for sub in base.__subclasses__() for c in _requests(sub))]
+
+
+def test_the_truncation_fields_are_declared_once_for_every_request_that_takes_them() -> None:
+    fields = set(Truncation.model_fields)
+    taking = {r for r in _requests(StrictRequest) if fields & set(r.model_fields)}
+    assert {r.__name__ for r in taking} >= {
+        "EmbedRequest",
+        "EmbedAllRequest",
+        "SimilarityRequest",
+        "RootRequest",
+        "EmbedSparseRequest",
+        "PredictRequest",
+        "RerankRequest",
+        "TokenClassificationRequest",
+    }
+    for request in taking - {Truncation}:
+        assert issubclass(request, Truncation), request
+        assert not fields & set(vars(request).get("__annotations__", {})), f"{request} declares them again"
 
 
 @pytest.mark.parametrize(
