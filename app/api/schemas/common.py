@@ -68,8 +68,8 @@ class Truncation(StrictRequest):
     truncate: bool = Field(default=False, description="TEI: truncate inputs over the model's length.")
     truncation_direction: Literal["right", "left", "Right", "Left"] = Field(
         default="right",
-        description="Which end truncation keeps: right keeps the start, left the end; a prompt is kept "
-        "either way ([CLS] prompt … tail [SEP]).",
+        description="Which end truncation keeps: right keeps the start, left the end (a prompt, on the "
+        "routes that take one, is kept either way: [CLS] prompt … tail [SEP]).",
     )
 
     def truncation(self, default: LongText = "error") -> LongText:
