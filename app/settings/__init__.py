@@ -242,6 +242,15 @@ class Settings(BaseSettings):
         description="Most token vectors one /embed_all request may return (with layer_combine concat a "
         "token counts once per layer); beyond it the request gets 422.",
     )
+    # A token is ~60 bytes of /tokenize JSON ({"id", "text", "special", "start", "stop"}) and a dict built
+    # for it (~1 µs): 65,536 are ~4 MB and ~60 ms off the event loop; without it 64 inputs of 8192
+    # characters could ask for half a million.
+    max_tokenize_tokens: int = Field(
+        default=65536,
+        ge=1,
+        description="Most tokens one /tokenize request (or gRPC Tokenize call) may return, over all its "
+        "inputs; beyond it the request gets 422.",
+    )
     max_body_bytes: int = Field(
         default=2 * 1024 * 1024,
         ge=1,
