@@ -75,10 +75,13 @@ class Tokens:
             width = len(resolved.layers) if resolved.mix.how == "concat" else 1
             check_token_bound(sum(len(r) for r in rows), width, self.core.settings.max_embed_all_tokens)
             job = await self.core.run(prepared.ids, Need(layers=resolved.layers, tokens=True))
-        answer = [
-            token_vectors(enc, k, r, states, resolved.mix, options)
-            for enc, k, r, states in zip(encodings, kept, rows, job.token_states, strict=True)
-        ]
+        # Off the event loop: layers combined over up to max_embed_all_tokens rows, tens of milliseconds.
+        answer = await asyncio.to_thread(
+            lambda: [
+                token_vectors(enc, k, r, states, resolved.mix, options)
+                for enc, k, r, states in zip(encodings, kept, rows, job.token_states, strict=True)
+            ]
+        )
         return Answer(answer, timings_of([job], tokenization_ms))
 
 

@@ -205,7 +205,8 @@ async def embed_sparse(body: EmbedSparseRequest, request: Request, service: Serv
     answer = await unless_disconnected(
         request, service.sparse.embed_sparse(body.inputs, body.long_text(), body.direction(), body.top_k)
     )
-    return json_body(sparse_json(answer.value), answer.timings)
+    # Up to 64 vectors of a weight per vocabulary entry: encoded off the event loop, a vector per call.
+    return json_body(await asyncio.to_thread(sparse_json, answer.value), answer.timings)
 
 
 @router.post(
