@@ -43,7 +43,9 @@ def test_filled_texts_are_the_whole_decodes(tiny_model: Any, skip_special: bool)
             ids[position] = mask
             if position > 1:
                 ids[position - 1] = mask  # another mask beside it, visible with skip_special False
-            assert pieces.filled(ids.tolist(), position, tokens) == whole.filled(ids, position, tokens), (
+            assert pieces.filled(ids.tolist(), position, tokens) == whole.filled(
+                ids.tolist(), position, tokens
+            ), (
                 text,
                 position,
             )
