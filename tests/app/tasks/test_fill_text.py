@@ -29,9 +29,13 @@ def candidates(tokenizer: Any) -> list[int]:
     return sorted({t for t in [*specials, *reads, *pieces, *spread] if t is not None})
 
 
+@pytest.mark.parametrize("clean_up", [True, False])
 @pytest.mark.parametrize("skip_special", [True, False])
-def test_filled_texts_are_the_whole_decodes(tiny_model: Any, skip_special: bool) -> None:
+def test_filled_texts_are_the_whole_decodes(
+    tiny_model: Any, skip_special: bool, clean_up: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     tokenizer = tiny_model.tokenizer
+    monkeypatch.setattr(tokenizer, "clean_up_spaces", clean_up)  # bert-base-chinese's config: True
     mask = tiny_model.manifest.tokenizer.mask_id
     tokens = candidates(tokenizer)
     assert MaskTexts.fits(tokenizer)
