@@ -23,17 +23,38 @@ _ROWS = 16
 def json_pieces(payload: Any) -> bytes:
     """``orjson.dumps(payload, option=OPT_SERIALIZE_NUMPY)``, encoded a piece at a time: a list holding
     containers an item at a time, another list a slice of items at a time, an array of rows a few rows
-    at a time, a dict holding a list or an array a value at a time; anything else in one call."""
-    if isinstance(payload, list):
-        if any(_container(item) for item in payload):
-            return b"[" + b",".join([json_pieces(item) for item in payload]) + b"]"
-        return _sliced(payload, _SLICE)
-    if isinstance(payload, np.ndarray) and payload.ndim > 1:
-        return _sliced(payload, _ROWS)
-    if _container(payload):
-        entries = [orjson.dumps(key) + b":" + json_pieces(value) for key, value in payload.items()]
-        return b"{" + b",".join(entries) + b"}"
-    return orjson.dumps(payload, option=_OPTIONS)
+    at a time, a dict holding a list or an array a value at a time; anything else in one call. The
+    pieces are joined once, at the end (each join of a level would copy the whole answer again)."""
+    out: list[bytes] = []
+    _write(payload, out)
+    return b"".join(out)
+
+
+def _write(payload: Any, out: list[bytes]) -> None:
+    """Append ``payload``'s JSON to ``out``, a piece at a time (:func:`json_pieces`)."""
+    if isinstance(payload, list) and any(_container(item) for item in payload):
+        out.append(b"[")
+        for i, item in enumerate(payload):
+            if i:
+                out.append(b",")
+            _write(item, out)
+        out.append(b"]")
+    elif isinstance(payload, list) or (isinstance(payload, np.ndarray) and payload.ndim > 1):
+        size = _SLICE if isinstance(payload, list) else _ROWS
+        out.append(b"[")
+        for start in range(0, len(payload), size):
+            if start:
+                out.append(b",")
+            out.append(orjson.dumps(payload[start : start + size], option=_OPTIONS)[1:-1])
+        out.append(b"]")
+    elif _container(payload):
+        out.append(b"{")
+        for i, (key, value) in enumerate(payload.items()):
+            out.append(b"," + orjson.dumps(key) + b":" if i else orjson.dumps(key) + b":")
+            _write(value, out)
+        out.append(b"}")
+    else:
+        out.append(orjson.dumps(payload, option=_OPTIONS))
 
 
 def _container(value: Any) -> bool:
@@ -43,9 +64,3 @@ def _container(value: Any) -> bool:
     if isinstance(value, np.ndarray):
         return value.ndim > 1
     return isinstance(value, dict) and any(isinstance(v, list | np.ndarray) for v in value.values())
-
-
-def _sliced(items: list[Any] | np.ndarray, size: int) -> bytes:
-    """``items`` as a JSON array, ``size`` of them per call."""
-    inner = [orjson.dumps(items[i : i + size], option=_OPTIONS)[1:-1] for i in range(0, len(items), size)]
-    return b"[" + b",".join(inner) + b"]"
