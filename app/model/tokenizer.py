@@ -29,6 +29,9 @@ _CLEANUPS = (
     (" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"),
     (" n't", "n't"), (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"),
 )  # fmt: skip
+# Every character the clean-ups read: a character outside these is never part of a replacement, so the
+# text on either side of one cleans up apart (app/tasks/fill_text.py builds on that).
+CLEANUP_CHARS = frozenset("".join(old for old, _ in _CLEANUPS))
 
 
 # One input to encode: a text, or a pair of texts ([CLS] a [SEP] b [SEP], token types 0 then 1).
@@ -88,7 +91,10 @@ class TextTokenizer:
         return self._tok.token_to_id(token)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        text = self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+        return self.clean(self._tok.decode(ids, skip_special_tokens=skip_special_tokens))
+
+    def clean(self, text: str) -> str:
+        """Decoded ``text`` cleaned up as :meth:`decode` leaves it (when the tokenizer config asks)."""
         if self.clean_up_spaces:
             for old, new in _CLEANUPS:
                 text = text.replace(old, new)

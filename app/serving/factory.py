@@ -44,6 +44,7 @@ from app.serving.memory import memory_bytes
 from app.settings import Settings, SettingsError
 from app.tasks.models import Models
 from app.tasks.service import Service
+from app.telemetry.loop_lag import LoopLag
 from app.telemetry.metrics import Metrics
 from app.telemetry.observe import Observer
 from app.telemetry.otel_config import from_environment
@@ -128,6 +129,7 @@ def create_app(
         )
         app.state.service = service
         app.state.models = served
+        lag = LoopLag(metrics.loop_lag.observe).start()  # this worker's loop, for as long as it serves
         rpc = None
         if settings.grpc_port is not None:
             from app.api.rpc.server import Grpc  # here: grpc costs its import only when gRPC is on
@@ -146,6 +148,7 @@ def create_app(
         try:
             yield
         finally:
+            lag.cancel()
             if warm is not None:
                 warm.cancel()
             if rpc is not None:  # the calls in flight finish within what is left of the grace period

@@ -243,6 +243,15 @@ class Settings(BaseSettings):
         "per layer asked for, whatever layer_combine (every layer's rows are held before they are mixed); "
         "beyond it the request gets 422.",
     )
+    # A token is ~60 bytes of /tokenize JSON ({"id", "text", "special", "start", "stop"}) and a dict built
+    # for it (~1 µs): 65,536 are ~4 MB and ~60 ms off the event loop; without it 64 inputs of 8192
+    # characters could ask for half a million.
+    max_tokenize_tokens: int = Field(
+        default=65536,
+        ge=1,
+        description="Most tokens one /tokenize request (or gRPC Tokenize call) may return, over all its "
+        "inputs; beyond it the request gets 422.",
+    )
     max_body_bytes: int = Field(
         default=2 * 1024 * 1024,
         ge=1,

@@ -8,10 +8,12 @@ into scores, :mod:`app.tasks.entities` token scores into entities.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any, cast
 
 import numpy as np
+from tokenizers import Encoding as TokenEncoding
 
 from app.cache import keys as cache_keys
 from app.engine.postprocess import head_scores
@@ -122,8 +124,30 @@ class Heads:
             prepared.refuse()
             kept = [prepared.positions(k) for k in range(len(texts))]
             job = await self.core.run(prepared.ids, Need(head=True))
+        # Off the event loop: up to 64 × 512 tokens aggregated in Python (transformers' pipeline's way).
+        answer = await asyncio.to_thread(
+            self._entities, texts, encodings, kept, job.token_states, head.labels, strategy, ignore_labels
+        )
+        value: list[Any] = answer[0] if isinstance(inputs, str) else answer
+        return Answer(value, timings_of([job], tokenization_ms))
+
+    def _entities(
+        self,
+        texts: list[str],
+        encodings: list[TokenEncoding],
+        kept: list[np.ndarray],
+        token_states: list[np.ndarray | None],
+        labels: dict[int, str],
+        strategy: entities.AggregationStrategy,
+        ignore_labels: list[str],
+    ) -> list[Any]:
+        """Each input's entities from its kept tokens' logits (:func:`app.tasks.entities.entities`).
+
+        Raises:
+            InternalError: an input came back without its token logits.
+        """
         answer = []
-        for text, enc, k, states in zip(texts, encodings, kept, job.token_states, strict=True):
+        for text, enc, k, states in zip(texts, encodings, kept, token_states, strict=True):
             if states is None:
                 raise InternalError("a tagger job came back without its token logits")
             offsets, special = enc.offsets, enc.special_tokens_mask
@@ -134,14 +158,13 @@ class Heads:
                     [offsets[j] for j in k],
                     [special[j] for j in k],
                     head_scores(states[0], "softmax").astype(np.float32),
-                    head.labels,
+                    labels,
                     cast(entities.Vocabulary, self.vocabulary),
                     strategy,
                     ignore_labels,
                 )
             )
-        value: list[Any] = answer[0] if isinstance(inputs, str) else answer
-        return Answer(value, timings_of([job], tokenization_ms))
+        return answer
 
     async def _logits(
         self,

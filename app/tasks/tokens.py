@@ -4,6 +4,7 @@ that run (:mod:`app.tasks.prepare`), how they are combined and described."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import numpy as np
@@ -27,12 +28,19 @@ class Tokens:
 
     @timed
     async def tokenize(self, inputs: str | list[str], add_special_tokens: bool) -> Answer[list[Any]]:
-        """Tokens with ids, text and character offsets, per input."""
+        """Tokens with ids, text and character offsets, per input.
+
+        Raises:
+            ValidationFailed: more tokens in all than ``max_tokenize_tokens``.
+        """
         self.core.check_ready()
         texts = self.core.texts(inputs, listed("inputs", inputs))
         with self.core.engine.admit(len(texts)):
             encodings, tokenization_ms = await self.core.tokenize(texts, add_special_tokens)
-        return Answer(token_table(encodings), Timings(tokenization_ms=tokenization_ms))
+        check_tokenize_bound(encodings, self.core.settings.max_tokenize_tokens)
+        # Off the event loop: a dict per token, up to max_tokenize_tokens of them (~1 µs each).
+        table = await asyncio.to_thread(token_table, encodings)
+        return Answer(table, Timings(tokenization_ms=tokenization_ms))
 
     @timed
     async def embed_all(
@@ -67,10 +75,13 @@ class Tokens:
             held = len(resolved.layers)  # each layer's rows are computed and held, whatever the mix
             check_token_bound(sum(len(r) for r in rows), held, self.core.settings.max_embed_all_tokens)
             job = await self.core.run(prepared.ids, Need(layers=resolved.layers, tokens=True))
-        answer = [
-            token_vectors(enc, k, r, states, resolved.mix, options)
-            for enc, k, r, states in zip(encodings, kept, rows, job.token_states, strict=True)
-        ]
+        # Off the event loop: layers combined over up to max_embed_all_tokens rows, tens of milliseconds.
+        answer = await asyncio.to_thread(
+            lambda: [
+                token_vectors(enc, k, r, states, resolved.mix, options)
+                for enc, k, r, states in zip(encodings, kept, rows, job.token_states, strict=True)
+            ]
+        )
         return Answer(answer, timings_of([job], tokenization_ms))
 
 
@@ -85,6 +96,20 @@ def check_long_text(options: EmbedAllOptions) -> None:
             "long_text 'chunk' is not available on /embed_all: a token's vector depends on the whole "
             "sequence around it, so windows embedded apart would not give the text's token vectors; "
             "send long_text 'truncate' (or truncate: true), or split the text yourself"
+        )
+
+
+def check_tokenize_bound(encodings: list[TokenEncoding], limit: int) -> None:
+    """Refuse a /tokenize answer of more than ``limit`` (``max_tokenize_tokens``) tokens in all.
+
+    Raises:
+        ValidationFailed: over the bound.
+    """
+    tokens = sum(len(e) for e in encodings)
+    if tokens > limit:
+        raise ValidationFailed(
+            f"this request would return {tokens} tokens; the limit is {limit} per request "
+            "(max_tokenize_tokens): send fewer or shorter inputs"
         )
 
 

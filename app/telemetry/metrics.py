@@ -30,23 +30,10 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 # Seconds. A cache hit answers in well under a millisecond, a CPU batch of long inputs in a second or
 # more: 0.25 ms … 10 s, roughly ×2–2.5 per step.
-LATENCY_BUCKETS = (
-    0.00025,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-)
+LATENCY_BUCKETS: tuple[float, ...] = (0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05)
+LATENCY_BUCKETS += (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# Seconds the event loop ran late (app.telemetry.loop_lag): 1 ms … 5 s; 20 ms is the most a request may hold it.
+LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 # Inputs in one batch: powers of two up to far beyond any sensible max_batch_size.
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # Tokens in one batch, padding included: up to the largest CUDA token budget we expect.
@@ -209,6 +196,13 @@ class Metrics:
             "supervisor measures it every 2 s (labelled by pid); with one process, at scrape time.",
             registry=r,
             multiprocess_mode="liveall",
+        )
+        self.loop_lag = Histogram(
+            PREFIX + "event_loop_lag_seconds",
+            "How much later than due the worker's event loop woke a timer, measured 20 times a second: the "
+            "longest it was held by one piece of work.",
+            buckets=LOOP_LAG_BUCKETS,
+            registry=r,
         )
         for reason in REPLACEMENT_REASONS:
             self.worker_replacements.labels(reason)

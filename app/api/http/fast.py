@@ -76,6 +76,8 @@ FastRoutes = dict[str, tuple[type[BaseModel], Endpoint]]
 # A body with fewer opening brackets than this nests less deep, far below the stdlib parser's recursion
 # limit (1000 frames, less those of the stack below it): orjson may read it. No request nests past 4.
 _SHALLOW = 512
+# Bytes of a response body sent per ASGI message (a copy of ~0.1 ms).
+BODY_PIECE = 1 << 20
 _NO_BODY = {"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}
 
 
@@ -158,8 +160,23 @@ class DataPath:
         if gates.drain.closing:  # accepted before the signal (or retirement), answered after: it closes
             headers = with_close(headers)
         await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
-        await send({"type": "http.response.body", "body": response.body})
+        await send_body(send, response.body)
         return response.status_code
+
+
+async def send_body(send: Send, body: bytes | memoryview) -> None:
+    """``body`` as one ASGI message, or past :data:`BODY_PIECE` bytes as pieces of that size: the server
+    waits for the socket to drain before each next piece, so the event loop never copies tens of
+    megabytes into the transport's buffer at once (/embed_all's largest answer is 33 MB)."""
+    if len(body) <= BODY_PIECE:
+        await send({"type": "http.response.body", "body": body})
+        return
+    view = memoryview(body)
+    for start in range(0, len(body), BODY_PIECE):
+        end = start + BODY_PIECE
+        await send(
+            {"type": "http.response.body", "body": bytes(view[start:end]), "more_body": end < len(body)}
+        )
 
 
 def parsed(model: type[BaseModel], raw: bytes, content_type: bytes | None) -> BaseModel:

@@ -3,6 +3,7 @@ exceptions and become HTTP through :mod:`app.api.errors`; each route's OpenAPI e
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Annotated, Any, Protocol
 
@@ -13,6 +14,7 @@ from starlette.responses import Response
 from app.api.encoding import encode_rows, encode_vectors, sparse_json
 from app.api.errors import openapi_responses
 from app.api.http.disconnect import unless_disconnected
+from app.api.http.pieces import json_pieces
 from app.api.schemas.embeddings import (
     EmbedAllRequest,
     EmbedAllResponse,
@@ -119,6 +121,12 @@ def json_response(payload: Any, timings: Timings | None = None) -> JSONAnswer:
     return json_body(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), timings)
 
 
+async def json_response_aside(payload: Any, timings: Timings | None = None) -> JSONAnswer:
+    """:func:`json_response` for an answer that may be large (megabytes): encoded on a thread, a piece at
+    a time (:func:`~app.api.http.pieces.json_pieces`), so the event loop serves others meanwhile."""
+    return json_body(await asyncio.to_thread(json_pieces, payload), timings)
+
+
 def json_body(body: bytes, timings: Timings | None = None) -> JSONAnswer:
     """``body``, JSON already, with the headers of :func:`json_response`."""
     headers = timing_headers(timings) if timings is not None else []
@@ -197,7 +205,8 @@ async def embed_sparse(body: EmbedSparseRequest, request: Request, service: Serv
     answer = await unless_disconnected(
         request, service.sparse.embed_sparse(body.inputs, body.long_text(), body.direction(), body.top_k)
     )
-    return json_body(sparse_json(answer.value), answer.timings)
+    # Up to 64 vectors of a weight per vocabulary entry: encoded off the event loop, a vector per call.
+    return json_body(await asyncio.to_thread(sparse_json, answer.value), answer.timings)
 
 
 @router.post(
@@ -208,7 +217,10 @@ async def embed_all(body: EmbedAllRequest, request: Request, service: ServiceDep
     answer = await unless_disconnected(
         request, service.tokens.embed_all(body.inputs, body.options(service.defaults.long_text))
     )
-    return json_response([token_vectors_payload(a, body.encoding) for a in answer.value], answer.timings)
+    # Up to max_embed_all_tokens vectors (33 MB of JSON at 4,096 × 768): encoded off the event loop.
+    return await json_response_aside(
+        [token_vectors_payload(a, body.encoding) for a in answer.value], answer.timings
+    )
 
 
 @router.post(
@@ -276,7 +288,7 @@ async def token_classification(
             body.inputs, body.strategy(), body.ignored(), body.long_text(), body.direction()
         ),
     )
-    return json_response(answer.value, answer.timings)
+    return await json_response_aside(answer.value, answer.timings)
 
 
 @router.post(
@@ -290,16 +302,17 @@ async def fill_mask(body: FillMaskRequest, request: Request, service: ServiceDep
     answer = await unless_disconnected(
         request, service.fill_mask.fill(body.inputs, body.wanted_top_k(), body.target_list())
     )
-    return json_response(answer.value, answer.timings)
+    # Up to 128 masks × top_k 50 candidates, each with its whole sequence: megabytes of JSON.
+    return await json_response_aside(answer.value, answer.timings)
 
 
 @router.post(
     "/tokenize", response_model=TokenizeResponse, responses=openapi_responses(UnknownModel, EmptyInput)
 )
 async def tokenize(body: TokenizeRequest, request: Request, service: ServiceDep) -> Response:
-    """Tokens with ids and character offsets, per input."""
-    answer = await service.tokens.tokenize(body.inputs, body.add_special_tokens)
-    return json_response(answer.value, answer.timings)
+    """Tokens with ids and character offsets, per input (at most ``max_tokenize_tokens`` in all)."""
+    answer = await unless_disconnected(request, service.tokens.tokenize(body.inputs, body.add_special_tokens))
+    return await json_response_aside(answer.value, answer.timings)
 
 
 def _fault(request: Request) -> None:

@@ -93,3 +93,51 @@ def test_targets_are_distinct() -> None:
 def test_no_target_left_is_refused() -> None:
     with pytest.raises(ValidationFailed, match="none of the targets"):
         target_ids([], [[], []])
+
+
+def old_predictions(
+    tokenizer: Any, ids: np.ndarray, positions: tuple[int, ...], probs: np.ndarray, top_k: int
+) -> list[list[Candidate]]:
+    """The algorithm before issue 50: every candidate's whole sequence decoded."""
+    from app.tasks.layers import top_k as top_k_of
+
+    out = []
+    for position, row in zip(positions, probs, strict=True):
+        tokens, scores = top_k_of(row, top_k)
+        filled_in = []
+        for token, score in zip(tokens, scores, strict=True):
+            filled = ids.copy()
+            filled[position] = token
+            filled_in.append(
+                {
+                    "score": score,
+                    "token": token,
+                    "token_str": tokenizer.decode([token], skip_special_tokens=False),
+                    "sequence": tokenizer.decode(filled.tolist(), skip_special_tokens=len(positions) == 1),
+                }
+            )
+        out.append(filled_in)
+    return out
+
+
+@pytest.mark.parametrize("masks", [1, 128])
+def test_the_largest_request_answers_as_before_without_decoding_a_sequence(
+    tiny_model: Any, masks: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tokenizer = tiny_model.tokenizer
+    (enc,) = tokenizer.encode_batch(["北京是中国的首都" + "[MASK]" * masks], offsets=False)
+    ids = np.asarray(enc.ids, dtype=np.int64)
+    positions = tuple(int(p) for p in np.flatnonzero(ids == tiny_model.manifest.tokenizer.mask_id))
+    probs = np.random.default_rng(5).random((masks, VOCAB), dtype=np.float32)
+    probs[:, :106] += 1.0  # the special tokens and the first punctuation among the candidates
+    expected = old_predictions(tokenizer, ids, positions, probs, top_k=50)
+    decoded: list[int] = []
+    decode = tokenizer.decode
+
+    def counted(token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        decoded.append(len(token_ids))
+        return decode(token_ids, skip_special_tokens)
+
+    monkeypatch.setattr(tokenizer, "decode", counted)
+    assert predictions(tokenizer, ids, positions, probs, top_k=50) == expected
+    assert max(decoded) == 1  # only token_str, one token at a time: no candidate's whole sequence

@@ -9,7 +9,7 @@ import pytest
 
 from app.errors import InternalError, ValidationFailed
 from app.tasks.options import EmbedAllOptions, LayerMix
-from app.tasks.tokens import check_token_bound, returned_rows, token_vectors
+from app.tasks.tokens import check_token_bound, check_tokenize_bound, returned_rows, token_vectors
 
 
 def test_rows_leave_out_special_tokens_unless_asked(tiny_model: Any) -> None:
@@ -44,3 +44,12 @@ def test_token_vectors_combine_normalise_and_describe(tiny_model: Any) -> None:
     assert bare.tokens is None and bare.norms is None
     with pytest.raises(InternalError):
         token_vectors(enc, kept, rows, None, LayerMix(), options)
+
+
+def test_tokenize_refuses_more_tokens_than_its_bound(tiny_model: Any) -> None:
+    encodings = tiny_model.tokenizer.encode_batch(["你好", "北京"])  # 4 tokens each
+    check_tokenize_bound(encodings, 8)
+    with pytest.raises(
+        ValidationFailed, match=r"8 tokens; the limit is 7 per request \(max_tokenize_tokens\)"
+    ):
+        check_tokenize_bound(encodings, 7)

@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from pydantic import SecretStr
 from starlette.types import ASGIApp, Message
 
-from app.api.http.fast import DataPath, fast_routes
+from app.api.http.fast import BODY_PIECE, DataPath, fast_routes, send_body
 from app.api.http.openai_routes import router as openai_router
 from app.api.http.openai_schemas import OpenAIEmbeddingRequest
 from app.api.http.routes import router
@@ -430,3 +430,25 @@ def test_draining_leaves_unread_a_body_held_back_for_100_continue_or_over_the_li
     big = [b"x" * (LIMIT // 2 + 1)] * 6
     over = call(app, "/embed", big, JSON)
     assert over.status == 503 and over.pulled == 2  # two chunks are past the limit: no more read
+
+
+def sent_bodies(body: bytes) -> list[Message]:
+    messages: list[Message] = []
+
+    async def send(message: Message) -> None:
+        messages.append(message)
+
+    asyncio.run(send_body(send, body))
+    return messages
+
+
+def test_a_large_body_goes_out_in_pieces_the_server_drains_between() -> None:
+    body = bytes(range(256)) * (BODY_PIECE // 128 + 3)  # two pieces and a part
+    messages = sent_bodies(body)
+    assert [len(m["body"]) for m in messages] == [BODY_PIECE, BODY_PIECE, len(body) - 2 * BODY_PIECE]
+    assert [m["more_body"] for m in messages] == [True, True, False]
+    assert b"".join(m["body"] for m in messages) == body
+
+
+def test_a_small_body_is_one_message() -> None:
+    assert sent_bodies(b"[1]") == [{"type": "http.response.body", "body": b"[1]"}]
