@@ -15,8 +15,9 @@ more useful work per second than running everything at once. On a CPU, where a b
 tokens, a short and a long group then run apart; on a GPU, where a batch costs about its launch,
 everything runs together.
 
-An ``anchor`` (an item that has waited past its budget) must be in the window; a ``cap`` bounds the
-window's cost (less urgent work while more urgent work is about).
+An ``anchor`` (an item that has waited past its budget, or background's oldest) must be in the window; a
+``cap`` bounds the window's cost (less urgent work while more urgent work is about); a ``thrift`` asks for
+the cheapest window nearly as efficient as the best (a batch for background's floor, :mod:`app.engine.floor`).
 """
 
 from __future__ import annotations
@@ -129,9 +130,11 @@ class Planner:
         counts: np.ndarray,
         anchor: int | None = None,
         cap: float | None = None,
+        thrift: float | None = None,
     ) -> Window:
         """The window to run (see the module). ``anchor`` (an index into ``lengths``) must be in it; ``cap``
-        (the model's unit) bounds its cost.
+        (the model's unit) bounds its cost; ``thrift``: the cheapest window whose useful work per cost is
+        at least this share of the best's (of equal costs, the more efficient), instead of the best.
 
         Raises:
             InternalError: no window is allowed (cannot happen: one sequence alone always is).
@@ -155,7 +158,11 @@ class Planner:
         total = np.cumsum(worth * counts)
         # Worth of every run after the starting one up to the top, and the starting run's share.
         useful = total[:, None] - total[run] + (ends[run] - starts) * worth[run]
-        best = int(np.argmax(np.where(valid, useful / cost, -np.inf)))
+        score = np.where(valid, useful / cost, -np.inf)
+        best = int(np.argmax(score))
+        if thrift is not None and valid.flat[best]:
+            cheapest = np.where(score >= thrift * score.flat[best], cost, np.inf)
+            best = int(np.argmax(np.where(cheapest == cheapest.min(), score, -np.inf)))
         if not valid.flat[best]:
             raise InternalError(f"no batch window among {len(lengths)} lengths")
         top, size = divmod(best, width)
