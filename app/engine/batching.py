@@ -261,7 +261,8 @@ class Batcher:
         whole = group[0].urgency in BACKGROUND  # its requests whole, the oldest first
         cap = self._cap(group[-1].urgency, now, seen)
         anchor = at if overdue or whole else None
-        window = self.planner.choose(lengths, counts, anchor, cap, THRIFT if floor else None)
+        thrift = THRIFT if floor else None  # a floor batch: the cheapest efficient one that pays what is owed
+        window = self.planner.choose(lengths, counts, anchor, cap, thrift, self.floor.owed)
         n = int(counts.sum())
         fits_all = n < self.max_batch_size and self.planner.limits.allows(n, int(lengths[-1]))
         full = not (fits_all and window.size == n)

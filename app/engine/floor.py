@@ -9,9 +9,10 @@ had waiting, so none finished. The floor is a deficit account, per queue, in the
   background inputs it held (what they cost in the best batch they could be in:
   :meth:`~app.engine.planner.Planner.worth`, whether they rode along as fill or had a batch of their own).
   So background gets ``share`` of the time in useful work, whatever its batches' shapes.
-- While something is owed, the next batch is background's: the cheapest window whose useful work per
-  second is nearly the best the queue offers (:data:`THRIFT`; on a CPU, a few inputs; on a GPU, where a
-  batch costs about its launch, a full one), so a floor batch delays more urgent work by little, often.
+- While something is owed, the next batch is background's: of the windows whose useful work per second
+  is nearly the best the queue offers (:data:`THRIFT`), the cheapest that pays what is owed (on a CPU, a
+  few inputs; on a GPU, where a batch costs about its launch, a full one). So background runs in one
+  small batch after each more urgent one, or after every few, and delays more urgent work by little.
 - What is owed is bounded both ways by one full batch (a window over the last few batches, not a bank):
   filling more than its share never silences background for long, and a long wait never owes a burst.
   Nothing waiting, nothing owed.

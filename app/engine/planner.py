@@ -131,10 +131,12 @@ class Planner:
         anchor: int | None = None,
         cap: float | None = None,
         thrift: float | None = None,
+        least: float = 0.0,
     ) -> Window:
         """The window to run (see the module). ``anchor`` (an index into ``lengths``) must be in it; ``cap``
-        (the model's unit) bounds its cost; ``thrift``: the cheapest window whose useful work per cost is
-        at least this share of the best's (of equal costs, the more efficient), instead of the best.
+        (the model's unit) bounds its cost; ``thrift``: instead of the best, of the windows whose useful work
+        per cost is at least this share of the best's, the cheapest whose useful work is at least ``least``
+        (none: the most useful), and of equal costs the more efficient.
 
         Raises:
             InternalError: no window is allowed (cannot happen: one sequence alone always is).
@@ -161,7 +163,10 @@ class Planner:
         score = np.where(valid, useful / cost, -np.inf)
         best = int(np.argmax(score))
         if thrift is not None and valid.flat[best]:
-            cheapest = np.where(score >= thrift * score.flat[best], cost, np.inf)
+            good = score >= thrift * score.flat[best]
+            enough = good & (useful >= least)
+            pool = enough if enough.any() else good & (useful == useful[good].max())
+            cheapest = np.where(pool, cost, np.inf)
             best = int(np.argmax(np.where(cheapest == cheapest.min(), score, -np.inf)))
         if not valid.flat[best]:
             raise InternalError(f"no batch window among {len(lengths)} lengths")
