@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 # A background class is planned over its oldest inputs, this many full batches' worth: enough to group
 # similar lengths, few enough that its oldest requests finish first. The scan is bounded too: inputs taken
 # from a front's middle stay in the arrivals until those before them are taken.
-FRONT_BATCHES = 4
-FRONT_SCAN = 4
+FRONT_BATCHES = 2
+FRONT_SCAN = 2
 
 
 @dataclass

@@ -106,11 +106,11 @@ def test_background_requests_finish_whole_and_the_oldest_first() -> None:
         queue.submit(seqs)
     ran = saturate(queue, clock, CPU_LIKE, 300)
     order = finished(ran, jobs)
-    assert len(order) >= 5  # at the floor's rate: each request is ~1.4 full batches of work
+    assert len(order) >= 15  # at the floor's rate: 10% of ~28 s, a request ~0.165 s of useful work
     assert order == list(range(len(order)))
     started = {id(s.job) for b in ran for s in b if s.job.urgency == 7}
-    # Its requests are planned over a front of four batches' worth: at most that many in progress.
-    assert len(started) - len(order) <= 4
+    # Its requests are planned over a front of two batches' worth: two of eight texts in progress at most.
+    assert len(started) - len(order) <= 2
 
 
 def test_a_floor_batch_on_a_cpu_is_a_few_inputs_between_interactive_batches() -> None:
