@@ -16,8 +16,8 @@ Pending sequences wait in one class per urgency (0 most urgent … 7 background;
    setting ``max_queue_delay_ms``, or derived: :data:`DERIVED_BUDGET_BATCHES` of the modelled time of one
    full batch of the mean length seen) is never passed over again: the batch must hold it.
 4. **Background fills and yields.** A batch with room takes less urgent sequences no longer than its own
-   longest, as many as the oldest item's remaining budget pays for (the model says what each adds: on a
-   GPU nearly nothing, on a CPU its tokens). While more urgent work has been seen within
+   longest (background's in arrival order), as many as the oldest item's remaining budget pays for (the
+   model says what each adds: on a GPU nearly nothing, on a CPU its tokens). While more urgent work has been seen within
    :data:`ACTIVE_S`, a batch of less urgent work (aged or not) costs at most the budget, so an urgent
    arrival waits at most that for the batch in progress.
 5. **Company.** When the queue holds too little to fill the batch, the assembler waits for company, at
@@ -35,7 +35,8 @@ Every time it decides by is read, and every wait done, through a :class:`~app.en
 (real time unless a test hands it a simulated one).
 
 Cost per batch does not grow with the queue: a plan is a few numpy operations over the distinct lengths
-of the class served, and cancelled sequences are swept out only when a request is cancelled.
+of the class served (of a background class, over its front: a bounded scan of its oldest arrivals), and
+cancelled sequences are swept out only when a request is cancelled.
 """
 
 from __future__ import annotations
@@ -260,6 +261,8 @@ class Batcher:
         overdue = now - oldest.enqueued_at > self.budget_s()
         whole = group[0].urgency in BACKGROUND  # its requests whole, the oldest first
         cap = self._cap(group[-1].urgency, now, seen)
+        if floor and cap is not None:  # as much as its oldest alone, over THRIFT: on a GPU, a full batch
+            cap = max(cap, self.planner.model.cost(1, oldest.length) / THRIFT)
         anchor = at if overdue or whole else None
         thrift = THRIFT if floor else None  # a floor batch: the cheapest efficient one that pays what is owed
         window = self.planner.choose(lengths, counts, anchor, cap, thrift, self.floor.owed)

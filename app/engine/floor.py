@@ -13,7 +13,8 @@ had waiting, so none finished. The floor is a deficit account, per queue, in the
   is nearly the best the queue offers (:data:`THRIFT`), the cheapest that pays what is owed (on a CPU, a
   few inputs; on a GPU, where a batch costs about its launch, a full one). So background runs in one
   small batch after each more urgent one, or after every few, and delays more urgent work by little.
-- What is owed is bounded both ways by one full batch (a window over the last few batches, not a bank):
+- What is owed is bounded both ways by one full batch (at a share of 0.1, a window over about the last
+  ten, not a bank):
   filling more than its share never silences background for long, and a long wait never owes a burst.
   Nothing waiting, nothing owed.
 

@@ -76,7 +76,8 @@ def test_the_floor_summary_holds_whole_requests_to_the_share_of_capacity_and_the
         return row
 
     cells = {
-        "ours interactive alone": cell(100, p99=20),
+        "ours interactive alone (1)": cell(100, p99=19),
+        "ours interactive alone (2)": cell(100, p99=21),
         "ours background alone": cell(200),
         "ours background mixed": cell(19.8, requests=3),
         "ours interactive mixed": cell(90, p99=29),
