@@ -1,5 +1,6 @@
-"""What the batch queue (:mod:`app.engine.batching`) holds: the pending sequences of one urgency, the
-batch it offers to run next, and the counters of what the assembler did."""
+"""What the batch queue (:mod:`app.engine.batching`) holds: the pending sequences of one urgency (and, of a
+background class, its front: its oldest, served first), how a planned batch and its fill are taken out of
+them, the batch it offers to run next, and the counters of what the assembler did."""
 
 from __future__ import annotations
 
