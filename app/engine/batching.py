@@ -50,7 +50,7 @@ import numpy as np
 from app.engine.clock import Clock
 from app.engine.costs import CostModel, Refitter
 from app.engine.floor import THRIFT, Floor
-from app.engine.pending import FRONT_BATCHES, BatchStats, Offer, Pending, fill, pending_lengths, take
+from app.engine.pending import BatchStats, Offer, Pending, fill, front_size, pending_lengths, take
 from app.engine.planner import Planner
 from app.engine.priority import BACKGROUND, URGENCIES
 from app.engine.work import Seq
@@ -112,6 +112,7 @@ class Batcher:
         self._classes = [Pending(u) for u in URGENCIES]
         self._background = self._classes[BACKGROUND.start :]
         self.floor = Floor(background_share)
+        self._front = front_size(max_batch_size)  # background's, planned over (app.engine.pending)
         self._taken: set[int] = set()  # ids of sequences batched (or dropped) but still in an arrivals deque
         self._depth = 0
         self._cond = cond if cond is not None else threading.Condition()
@@ -256,7 +257,7 @@ class Batcher:
         if oldest.job.cancelled:
             self._drop_cancelled()
             return None
-        lengths, counts = pending_lengths(group, self._taken, FRONT_BATCHES * self.max_batch_size)
+        lengths, counts = pending_lengths(group, self._taken, self._front)
         at = int(np.searchsorted(lengths, oldest.length))
         overdue = now - oldest.enqueued_at > self.budget_s()
         whole = group[0].urgency in BACKGROUND  # its requests whole, the oldest first

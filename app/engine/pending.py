@@ -20,11 +20,18 @@ if TYPE_CHECKING:
     from app.engine.batching import Batcher
 
 
-# A background class is planned over its oldest inputs, this many full batches' worth: enough to group
-# similar lengths, few enough that its oldest requests finish first. The scan is bounded too: inputs taken
-# from a front's middle stay in the arrivals until those before them are taken.
-FRONT_BATCHES = 2
+# A background class is planned over its oldest inputs, this many full batches' worth (at most FRONT_MOST):
+# enough to group similar lengths as well as the whole queue would (alone, it runs as fast as before), few
+# enough that its oldest requests finish first. The scan is bounded too: inputs taken from a front's middle
+# stay in the arrivals until those before them are taken.
+FRONT_BATCHES = 8
+FRONT_MOST = 256
 FRONT_SCAN = 2
+
+
+def front_size(max_batch_size: int) -> int:
+    """How many of a background class's oldest inputs a queue of ``max_batch_size`` plans over."""
+    return min(FRONT_BATCHES * max_batch_size, FRONT_MOST)
 
 
 @dataclass

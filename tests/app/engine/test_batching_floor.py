@@ -109,7 +109,7 @@ def test_background_requests_finish_whole_and_the_oldest_first() -> None:
     assert len(order) >= 15  # at the floor's rate: 10% of ~28 s, a request ~0.165 s of useful work
     assert order == list(range(len(order)))
     started = {id(s.job) for b in ran for s in b if s.job.urgency == 7}
-    # Its requests are planned over a front of two batches' worth: two of eight texts in progress at most.
+    # A floor batch is the cheapest that holds the oldest: one request after the other, two in progress.
     assert len(started) - len(order) <= 2
 
 
