@@ -17,8 +17,9 @@ Pending sequences wait in one class per urgency (0 most urgent … 7 background;
    full batch of the mean length seen) is never passed over again: the batch must hold it.
 4. **Background fills and yields.** A batch with room takes less urgent sequences no longer than its own
    longest (background's in arrival order), as many as the oldest item's remaining budget pays for (the
-   model says what each adds: on a GPU nearly nothing, on a CPU its tokens). While more urgent work has been seen within
-   :data:`ACTIVE_S`, a batch of less urgent work (aged or not) costs at most the budget, so an urgent
+   model says what each adds: on a GPU nearly nothing, on a CPU its tokens). While more urgent work has
+   been seen within :data:`ACTIVE_S`, a batch of less urgent work (aged or not) costs at most the budget
+   (a floor batch, at least its oldest input alone over :data:`~app.engine.floor.THRIFT`), so an urgent
    arrival waits at most that for the batch in progress.
 5. **Company.** When the queue holds too little to fill the batch, the assembler waits for company, at
    most ``max_wait_ms`` counted from the oldest item's arrival, and only while more inputs are being
