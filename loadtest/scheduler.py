@@ -1,12 +1,20 @@
 """The scheduler's cells against the raw ceiling and another tree's service (``--today``), as ratios.
 
     python -m loadtest.scheduler [--model DIR] [--today TREE] [--today-all] [--duration 20] [--warmup 3] \
-        [--background 64x32] [--quick]
+        [--background 64x32] [--floor] [--quick]
 
 Prints a line per cell (sentences/s counted by the server, p50 / p99 ms, mean batch, engine tokens/s),
 then a table of issue 28's targets (target, this branch, against, ratio, goal, PASS / MISS), the cells
 whose engine ran under 0.8 of the run's median speed (DISTURBED), and JSON in loadtest/results/.
 docs/performance.md says what each cell is and why.
+
+``--floor`` runs the background-floor cells alone (issue 50), on this tree's service and, with ``--today``,
+on that tree's, in turns: interactive 8 x 1 alone, the u=7 background alone (its sentences/s there are the
+engine's capacity for it), both at once, and interactive alone again (its reference is the mean of its
+two rounds, as the machine drifts). Its targets, per service: the background's sentences/s in
+whole requests (counted by the client, as answers came) beside the interactive load at least
+``background_share`` (0.1) of its capacity, whole requests finished, and the interactive p99 beside it
+within 1.5 x its p99 alone.
 """
 
 from __future__ import annotations
@@ -216,12 +224,7 @@ def summarise(
         return (figures[f"{who} 8x1 (1)"] + figures[f"{who} 8x1 (2)"]) / 2
 
     def row(what: str, ours: float, against: float | None, goal: str = "") -> None:
-        """``ours`` over ``against`` (None: ``ours`` is the ratio), held to ``goal`` ("": for reference)."""
-        ratio = ours if against is None else (ours / against if against else NAN)
-        ok = {">=": operator.ge, "<=": operator.le}[goal[:2]](ratio, float(goal[3:])) if goal else None
-        rows.append(
-            {"what": what, "ours": ours, "against": against, "ratio": ratio, "target": goal, "ok": ok}
-        )
+        target(rows, what, ours, against, goal)
 
     for key in ("32x1", "8x16"):
         row(f"{key} sentences/s vs raw b={best}", rate[f"ours {key}"], raw, ">= 0.95")
@@ -238,14 +241,87 @@ def summarise(
     return rows
 
 
+def run_floor(opts: argparse.Namespace) -> dict[str, Any]:
+    """The background-floor cells on ours and (``--today``) today's, in turns; their rows and targets."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    corpus = load_corpus()
+    opts.corpus, starts = random.Random(0).sample(corpus, len(corpus)), itertools.count(0, STRIDE)
+    (bg,) = opts.background
+    background, interactive = Cell(bg.clients, bg.texts, urgency=7), Cell(8, 1)
+    cells: dict[str, Row] = {}
+    out: dict[str, Any] = {}
+    with contextlib.ExitStack() as stack:
+        ours, today = servers(opts, bg.inputs + 64, stack)
+        services = [("ours", ours)] + ([("today", today)] if today is not None else [])
+        out["cost_model"] = cost_model(ours, "cost model at start")
+        print(TABLE.header, flush=True)
+        for step in ("interactive alone (1)", "background alone", "mixed", "interactive alone (2)"):
+            for who, svc in services:
+                named = {
+                    "interactive alone (1)": {f"{who} interactive alone (1)": interactive},
+                    "interactive alone (2)": {f"{who} interactive alone (2)": interactive},
+                    "background alone": {f"{who} background alone": background},
+                    "mixed": {f"{who} background mixed": background, f"{who} interactive mixed": interactive},
+                }[step]
+                cells.update(run_cells(svc, named, opts, starts))
+    out["cells"] = {k: c.as_json() for k, c in cells.items()}
+    out["summary"] = [row for who, _ in services for row in summarise_floor(cells, who)]
+    speeds = {k: c.extra["engine_tokens_per_s"] for k, c in cells.items()}
+    median = float(np.nanmedian(list(speeds.values())))
+    out["disturbed"] = [k for k, v in speeds.items() if v < DISTURBED * median]
+    return out
+
+
+def summarise_floor(cells: dict[str, Row], who: str) -> list[dict[str, Any]]:
+    """Issue 50's background-floor targets for ``who`` ("ours" or "today")."""
+
+    def client(name: str) -> float:  # sentences/s of whole requests, as the client got their answers
+        return float(cells[f"{who} {name}"].extra["client_sentences_per_s"])
+
+    mixed, alone = cells[f"{who} background mixed"], cells[f"{who} background alone"]
+    rounds = [cells[f"{who} interactive alone ({n})"] for n in (1, 2)]  # before and after: the drift
+    p99 = {"mixed": cells[f"{who} interactive mixed"].p99_ms or NAN}
+    p99["alone"] = sum(r.p99_ms or NAN for r in rounds) / 2
+    alone_rate = sum(float(r.extra["client_sentences_per_s"]) for r in rounds) / 2
+    rows: list[dict[str, Any]] = []
+    target(
+        rows,
+        f"{who}: background whole-request sent/s beside vs alone",
+        client("background mixed"),
+        client("background alone"),
+        ">= 0.10",
+    )
+    target(
+        rows, f"{who}: background requests finished beside interactive", float(mixed.requests), None, ">= 1"
+    )
+    target(rows, f"{who}: interactive p99 beside background vs alone", p99["mixed"], p99["alone"], "<= 1.5")
+    target(
+        rows,
+        f"{who}: background inputs computed beside vs alone",
+        mixed.sentences_per_s or 0.0,
+        alone.sentences_per_s or NAN,
+    )
+    target(
+        rows, f"{who}: interactive sent/s beside background vs alone", client("interactive mixed"), alone_rate
+    )
+    return rows
+
+
+def target(rows: list[dict[str, Any]], what: str, ours: float, against: float | None, goal: str = "") -> None:
+    """Append ``ours`` over ``against`` (None: ``ours`` is the ratio), held to ``goal`` ("": for reference)."""
+    ratio = ours if against is None else (ours / against if against else NAN)
+    ok = {">=": operator.ge, "<=": operator.le}[goal[:2]](ratio, float(goal[3:])) if goal else None
+    rows.append({"what": what, "ours": ours, "against": against, "ratio": ratio, "target": goal, "ok": ok})
+
+
 def print_summary(rows: list[dict[str, Any]]) -> None:
-    print(f"\n| {'target':<52} | {'this branch':>11} | {'against':>9} | {'ratio':>6} | {'goal':>7} | |")
-    print(f"|{'-' * 54}|{'-' * 13}|{'-' * 11}|{'-' * 8}|{'-' * 9}|---|")
+    print(f"\n| {'target':<56} | {'this branch':>11} | {'against':>9} | {'ratio':>6} | {'goal':>7} | |")
+    print(f"|{'-' * 58}|{'-' * 13}|{'-' * 11}|{'-' * 8}|{'-' * 9}|---|")
     for r in rows:
         against = f"{r['against']:.1f}" if r["against"] is not None else ""
         verdict = "" if r["ok"] is None else mark(r["ok"])
         print(
-            f"| {r['what']:<52} | {r['ours']:>11.2f} | {against:>9} | {r['ratio']:>6.2f} | {r['target']:>7} | {verdict} |"
+            f"| {r['what']:<56} | {r['ours']:>11.2f} | {against:>9} | {r['ratio']:>6.2f} | {r['target']:>7} | {verdict} |"
         )
 
 
@@ -258,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--raw-texts", type=int, default=320, help="texts of each raw pass")
     p.add_argument("--raw-seconds", type=float, default=5.0, help="least seconds of raw passes per size")
     p.add_argument("--background", type=parse_cells, default="64x32", help="clients x texts, at u=7")
+    p.add_argument("--floor", action="store_true", help="the background-floor cells alone (issue 50)")
     args = p.parse_args(argv)
     if args.quick:
         args.duration, args.warmup, args.raw_texts, args.raw_seconds = 1.5, 0.5, 64, 0.2
@@ -269,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         # The cost model is measured afresh in every run, and written only under the run's own folder.
         args.model = linked(model, Path(tmp) / "model")
         args.logs, args.cost_cache = RESULTS / "logs", Path(tmp) / "cache"
-        result = run(args)
+        result = run_floor(args) if args.floor else run(args)
     print_summary(result["summary"])
     if result["disturbed"]:
         print(

@@ -5,8 +5,10 @@ Pending sequences wait in one class per urgency (0 most urgent … 7 background;
 
 1. **Who is served.** The most urgent class with work pending, unless a less urgent one has *aged* past
    it: a class counts one level more urgent for each ``urgency_aging_ms`` since it was last served, so
-   background work always runs eventually, even under interactive work that never pauses. Classes at the
-   same level are planned as one.
+   background work always runs eventually. Classes at the same level are planned as one. And background
+   (``u=4`` … ``u=7``) has a *floor*: while it is owed ``background_share`` of the modelled time, it gets
+   the next batch, a small one (:mod:`app.engine.floor`). A background class is planned over its oldest
+   inputs, its oldest always in the batch, so its requests finish whole and in order.
 2. **Which batch.** The planner (:mod:`app.engine.planner`) picks, by the measured cost model
    (:mod:`app.engine.costs`), the window of similar lengths that does the most useful work per second:
    in a short queue, lengths are grouped only where that beats running everything at once.
@@ -14,9 +16,10 @@ Pending sequences wait in one class per urgency (0 most urgent … 7 background;
    setting ``max_queue_delay_ms``, or derived: :data:`DERIVED_BUDGET_BATCHES` of the modelled time of one
    full batch of the mean length seen) is never passed over again: the batch must hold it.
 4. **Background fills and yields.** A batch with room takes less urgent sequences no longer than its own
-   longest, as many as the oldest item's remaining budget pays for (the model says what each adds: on a
-   GPU nearly nothing, on a CPU its tokens). While more urgent work has been seen within
-   :data:`ACTIVE_S`, a batch of less urgent work (aged or not) costs at most the budget, so an urgent
+   longest (background's in arrival order), as many as the oldest item's remaining budget pays for (the
+   model says what each adds: on a GPU nearly nothing, on a CPU its tokens). While more urgent work has
+   been seen within :data:`ACTIVE_S`, a batch of less urgent work (aged or not) costs at most the budget
+   (a floor batch, at least its oldest input alone over :data:`~app.engine.floor.THRIFT`), so an urgent
    arrival waits at most that for the batch in progress.
 5. **Company.** When the queue holds too little to fill the batch, the assembler waits for company, at
    most ``max_wait_ms`` counted from the oldest item's arrival, and only while more inputs are being
@@ -33,7 +36,8 @@ Every time it decides by is read, and every wait done, through a :class:`~app.en
 (real time unless a test hands it a simulated one).
 
 Cost per batch does not grow with the queue: a plan is a few numpy operations over the distinct lengths
-of the class served, and cancelled sequences are swept out only when a request is cancelled.
+of the class served (of a background class, over its front: a bounded scan of its oldest arrivals), and
+cancelled sequences are swept out only when a request is cancelled.
 """
 
 from __future__ import annotations
@@ -46,9 +50,10 @@ import numpy as np
 
 from app.engine.clock import Clock
 from app.engine.costs import CostModel, Refitter
-from app.engine.pending import BatchStats, Offer, Pending, pending_lengths
+from app.engine.floor import THRIFT, Floor
+from app.engine.pending import BatchStats, Offer, Pending, fill, front_size, pending_lengths, take
 from app.engine.planner import Planner
-from app.engine.priority import URGENCIES
+from app.engine.priority import BACKGROUND, URGENCIES
 from app.engine.work import Seq
 from app.telemetry.metrics import Metrics
 
@@ -79,6 +84,7 @@ class Batcher:
         clock: Clock | None = None,
         max_batch_attention: int = 0,
         cond: threading.Condition | None = None,
+        background_share: float = 0.1,
     ) -> None:
         """``capacity`` bounds the pending sequences; admission keeps the engine below it.
 
@@ -90,6 +96,7 @@ class Batcher:
         time); the sequences' ``enqueued_at`` must come from it too.
         ``max_batch_attention``: size × longest² bound on a batch (0: none; :class:`~app.engine.planner.Limits`).
         ``cond``: the condition it waits on, shared by the queues one scheduler serves (or its own).
+        ``background_share``: background's floor, a share of the modelled time (:mod:`app.engine.floor`).
         """
         self.clock = clock or Clock()
         self._now = self.clock.now
@@ -104,6 +111,9 @@ class Batcher:
         self.capacity = capacity
         self.stats = BatchStats()
         self._classes = [Pending(u) for u in URGENCIES]
+        self._background = self._classes[BACKGROUND.start :]
+        self.floor = Floor(background_share)
+        self._front = front_size(max_batch_size)  # background's, planned over (app.engine.pending)
         self._taken: set[int] = set()  # ids of sequences batched (or dropped) but still in an arrivals deque
         self._depth = 0
         self._cond = cond if cond is not None else threading.Condition()
@@ -239,35 +249,58 @@ class Batcher:
         :meth:`seen`), so that this one's less urgent batches are held to the budget while another model
         has more urgent work about; None: this queue's own only.
         """
-        group, aged = self._group(now)
-        oldest = min((self._oldest(c) for c in group), key=lambda s: s.enqueued_at)
+        group, aged = self._group(now, self._classes)
+        level = group[0].urgency - int((now - group[0].since) / self.aging_s)
+        floor = self.floor.due() and group[-1].urgency not in BACKGROUND and self._contended()
+        if floor:  # background is owed its floor: its batch goes first, at the level it goes before
+            group, aged = self._group(now, self._background)[0], False
+        oldest = min((c.oldest(self._taken) for c in group), key=lambda s: s.enqueued_at)
         if oldest.job.cancelled:
             self._drop_cancelled()
             return None
-        lengths, counts = pending_lengths(group)
+        lengths, counts = pending_lengths(group, self._taken, self._front)
         at = int(np.searchsorted(lengths, oldest.length))
         overdue = now - oldest.enqueued_at > self.budget_s()
+        whole = group[0].urgency in BACKGROUND  # its requests whole, the oldest first
         cap = self._cap(group[-1].urgency, now, seen)
-        window = self.planner.choose(lengths, counts, at if overdue else None, cap)
+        if floor and cap is not None:  # as much as its oldest alone, over THRIFT: on a GPU, a full batch
+            cap = max(cap, self.planner.model.cost(1, oldest.length) / THRIFT)
+        anchor = at if overdue or whole else None
+        thrift = THRIFT if floor else None  # a floor batch: the cheapest efficient one that pays what is owed
+        window = self.planner.choose(lengths, counts, anchor, cap, thrift, self.floor.owed)
         n = int(counts.sum())
         fits_all = n < self.max_batch_size and self.planner.limits.allows(n, int(lengths[-1]))
         full = not (fits_all and window.size == n)
         due_at = oldest.enqueued_at + self.max_wait_s
-        due = full or due_at <= now or not self.company_expected()
-        level = group[0].urgency - int((now - group[0].since) / self.aging_s)
+        due = floor or full or due_at <= now or not self.company_expected()
         seconds = window.cost * self._scale if self._scale is not None else float("inf")
-        return Offer(
-            self, now, group, aged, oldest, lengths, counts, window, overdue, cap, due, due_at, level, seconds
-        )
+        planned = (lengths, counts, window, overdue, cap, due, due_at, level, seconds, floor)
+        return Offer(self, now, group, aged, oldest, *planned)
 
     def cut(self, offer: Offer, waited: bool) -> list[Seq]:
         """Take the batch :meth:`offer` planned (the lock still held since) out of the queue, with the less
         urgent sequences that ride along, and count it."""
         group, lengths, window, now = offer.group, offer.lengths, offer.window, offer.now
-        batch = self._take(group, self.planner.take(lengths, offer.counts, window), now)
+        contended = self._contended()
+        plan = self.planner.take(lengths, offer.counts, window)
+        batch = take(group, plan, now, self._taken, self.stats.by_urgency)
+        self._depth -= len(batch)
         filled = self._fill(batch, group, int(lengths[window.top]), offer.oldest, now)
         self._count(batch, waited, offer.overdue, offer.cap is not None, offer.aged, filled)
+        self.stats.floor += offer.floor
+        if not any(c.depth for c in self._background):
+            self.floor.clear()
+        elif contended:  # what background got of what it is owed, in worth (app.engine.floor)
+            mine = np.array([s.length for s in batch if s.job.urgency in BACKGROUND], dtype=np.int64)
+            worth = float(self.planner.worth(mine).sum()) if len(mine) else 0.0
+            self.floor.account(self._last_cost, worth, self.planner.full_batch_cost(self._mean_length))
         return batch
+
+    def _contended(self) -> bool:
+        """Whether background work waits beside more urgent work."""
+        return any(c.depth for c in self._background) and any(
+            c.depth for c in self._classes[: BACKGROUND.start]
+        )
 
     def listen(self, on: bool) -> None:
         """While the scheduler waits (:mod:`app.engine.scheduler`): wake it on arrivals that may matter."""
@@ -277,10 +310,10 @@ class Batcher:
         """When work of each urgency last arrived here (``-inf``: never)."""
         return [c.seen for c in self._classes]
 
-    def _group(self, now: float) -> tuple[list[Pending], bool]:
-        """The classes served next (the most urgent level after aging), and whether aging put a less
-        urgent class beside or ahead of the most urgent one pending."""
-        present = [c for c in self._classes if c.depth]
+    def _group(self, now: float, classes: list[Pending]) -> tuple[list[Pending], bool]:
+        """Of ``classes``, those served next (the most urgent level after aging), and whether aging put a
+        less urgent class beside or ahead of the most urgent one pending."""
+        present = [c for c in classes if c.depth]
         levels = [c.urgency - int((now - c.since) / self.aging_s) for c in present]
         best = min(levels)
         group = [c for c, level in zip(present, levels, strict=True) if level == best]
@@ -295,12 +328,6 @@ class Batcher:
             return None
         budget = self.budget_s()
         return budget / self._scale if budget != float("inf") else None
-
-    def _oldest(self, cls: Pending) -> Seq:
-        arrivals = cls.arrivals
-        while id(arrivals[0]) in self._taken:
-            self._taken.discard(id(arrivals.popleft()))
-        return arrivals[0]
 
     def _drop_cancelled(self) -> None:
         dropped = 0
@@ -323,31 +350,10 @@ class Batcher:
         self._depth -= dropped
         self.stats.dropped_cancelled += dropped
 
-    def _take(self, group: list[Pending], plan: list[tuple[int, int]], now: float) -> list[Seq]:
-        """Remove the planned sequences from the queue: per length the oldest first, across ``group``."""
-        batch: list[Seq] = []
-        for length, take in plan:
-            holders = [c for c in group if length in c.buckets]
-            for _ in range(take):
-                cls = holders[0]
-                if len(holders) > 1:  # several classes at one level: the oldest sequence of this length
-                    cls = min(holders, key=lambda c: c.buckets[length][0].enqueued_at)
-                bucket = cls.buckets[length]
-                seq = bucket.popleft()
-                self._taken.add(id(seq))
-                batch.append(seq)
-                cls.depth -= 1
-                cls.since = now  # served: it ages from here
-                self.stats.by_urgency[cls.urgency] += 1
-                if not bucket:
-                    del cls.buckets[length]
-                    holders.remove(cls)
-        self._depth -= len(batch)
-        return batch
-
     def _fill(self, batch: list[Seq], group: list[Pending], top: int, oldest: Seq, now: float) -> int:
-        """Add less urgent sequences no longer than ``top`` to ``batch``, longest first, as many as the
-        room, the token budget and what is left of ``oldest``'s queue-delay budget allow; how many."""
+        """Add less urgent sequences no longer than ``top`` to ``batch``, as many as the room, the token
+        budget and what is left of ``oldest``'s queue-delay budget allow: a background class's in arrival
+        order up to the first longer one, another's longest first; how many."""
         room = self.planner.limits.room(top) - len(batch)
         others = [c for c in self._classes if c.depth and c not in group]
         if room <= 0 or not others or self._scale is None:
@@ -355,25 +361,7 @@ class Batcher:
         slack = (self.budget_s() - (now - oldest.enqueued_at)) / self._scale
         each = float(self.planner.model.per_sequence(np.array([top]))[0])
         room = min(room, int(slack // each) if each > 0 else room)
-        added = 0
-        for cls in others:
-            for length in sorted((n for n in cls.buckets if n <= top), reverse=True):
-                bucket = cls.buckets[length]
-                while bucket and added < room:
-                    seq = bucket.popleft()
-                    self._taken.add(id(seq))
-                    batch.append(seq)
-                    cls.depth -= 1
-                    added += 1
-                    self.stats.by_urgency[cls.urgency] += 1
-                if not bucket:
-                    del cls.buckets[length]
-                if added == room:
-                    break
-            if added:
-                cls.since = now
-            if added == room:
-                break
+        added = fill(batch, others, top, room, now, self._taken, self.stats.by_urgency)
         self._depth -= added
         return added
 

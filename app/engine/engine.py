@@ -86,6 +86,7 @@ class Engine:
             overhead_tokens=settings.batch_overhead_tokens,
             max_queue_delay_ms=settings.max_queue_delay_ms,
             urgency_aging_ms=settings.urgency_aging_ms,
+            background_share=settings.background_share,
             clock=scheduler.clock if scheduler is not None else None,
             cond=scheduler.cond if scheduler is not None else None,
         )
@@ -223,6 +224,7 @@ class Engine:
             "inputs_filled_into_more_urgent_batches": b.filled,
             "batches_capped_for_more_urgent_work": b.capped,
             "batches_of_aged_work": b.aged,
+            "batches_for_the_background_floor": b.floor,
             "batches_beside_another_models": b.beside,
             "batched_by_urgency": {str(u): b.by_urgency[u] for u in URGENCIES if b.by_urgency[u]},
             "queue_depth_by_urgency": {
@@ -240,4 +242,5 @@ class Engine:
             if self.settings.max_queue_delay_ms is not None
             else "derived: half a full batch of the mean length seen, by the cost model",
             "urgency_aging_ms": self.settings.urgency_aging_ms,
+            "background_share": self.settings.background_share,
         }

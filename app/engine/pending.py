@@ -1,8 +1,10 @@
-"""What the batch queue (:mod:`app.engine.batching`) holds: the pending sequences of one urgency, the
-batch it offers to run next, and the counters of what the assembler did."""
+"""What the batch queue (:mod:`app.engine.batching`) holds: the pending sequences of one urgency (and, of a
+background class, its front: its oldest, served first), how a planned batch and its fill are taken out of
+them, the batch it offers to run next, and the counters of what the assembler did."""
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -10,11 +12,26 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from app.engine.planner import Window
-from app.engine.priority import URGENCIES
+from app.engine.priority import BACKGROUND, URGENCIES
 from app.engine.work import Seq
+from app.errors import InternalError
 
 if TYPE_CHECKING:
     from app.engine.batching import Batcher
+
+
+# A background class is planned over its oldest inputs, this many full batches' worth (at most FRONT_MOST):
+# enough to group similar lengths as well as the whole queue would (alone, it runs as fast as before), few
+# enough that its oldest requests finish first. The scan is bounded too: inputs taken from a front's middle
+# stay in the arrivals until those before them are taken.
+FRONT_BATCHES = 8
+FRONT_MOST = 256
+FRONT_SCAN = 2
+
+
+def front_size(max_batch_size: int) -> int:
+    """How many of a background class's oldest inputs a queue of ``max_batch_size`` plans over."""
+    return min(FRONT_BATCHES * max_batch_size, FRONT_MOST)
 
 
 @dataclass
@@ -33,6 +50,7 @@ class BatchStats:
     capped: int = 0  # batches of less urgent work held to the budget while more urgent work was about
     aged: int = 0  # batches that served aged work beside or ahead of more urgent pending work
     beside: int = 0  # batches the express thread ran beside another model's (app.engine.scheduler)
+    floor: int = 0  # batches of background work run for its floor (app.engine.floor)
     by_urgency: list[int] = field(default_factory=lambda: [0] * len(URGENCIES))  # sequences batched
 
 
@@ -49,16 +67,122 @@ class Pending:
         self.since = 0.0  # when it was last served, or became non-empty: what it ages from
         self.seen = -float("inf")  # when its last sequence arrived
 
+    def oldest(self, taken: set[int]) -> Seq:
+        """Its oldest pending sequence (it has one), the taken ones before it popped from the arrivals."""
+        arrivals = self.arrivals
+        while id(arrivals[0]) in taken:
+            taken.discard(id(arrivals.popleft()))
+        return arrivals[0]
 
-def pending_lengths(group: list[Pending]) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct pending lengths of ``group`` (sorted) and how many of each."""
-    if len(group) == 1:
+    def front(self, taken: set[int], limit: int) -> dict[int, int]:
+        """How many of each length among its ``limit`` oldest pending sequences (scanning at most
+        :data:`FRONT_SCAN` × ``limit`` arrivals, taken ones included), its leftmost arrival pending.
+
+        What a background class is planned over, so that its requests are served whole, the oldest first:
+        a bucket holds its length in arrival order, so a front's sequences of one length are the head of
+        that length's bucket, which is what a batch takes."""
+        counts: dict[int, int] = {}
+        found = 0
+        for seq in itertools.islice(self.arrivals, FRONT_SCAN * limit):
+            if id(seq) in taken:
+                continue
+            counts[seq.length] = counts.get(seq.length, 0) + 1
+            found += 1
+            if found == limit:
+                break
+        return counts
+
+
+def take(
+    group: list[Pending], plan: list[tuple[int, int]], now: float, taken: set[int], counts: list[int]
+) -> list[Seq]:
+    """Remove the planned sequences from ``group``: per length the oldest first, across its classes; each
+    is added to ``taken`` and counted in ``counts`` by urgency."""
+    batch: list[Seq] = []
+    for length, k in plan:
+        holders = [c for c in group if length in c.buckets]
+        for _ in range(k):
+            cls = holders[0]
+            if len(holders) > 1:  # several classes at one level: the oldest sequence of this length
+                cls = min(holders, key=lambda c: c.buckets[length][0].enqueued_at)
+            bucket = cls.buckets[length]
+            seq = bucket.popleft()
+            taken.add(id(seq))
+            batch.append(seq)
+            cls.depth -= 1
+            cls.since = now  # served: it ages from here
+            counts[cls.urgency] += 1
+            if not bucket:
+                del cls.buckets[length]
+                holders.remove(cls)
+    return batch
+
+
+def fill(
+    batch: list[Seq],
+    others: list[Pending],
+    top: int,
+    room: int,
+    now: float,
+    taken: set[int],
+    counts: list[int],
+) -> int:
+    """Move up to ``room`` sequences no longer than ``top`` from ``others`` (the more urgent first) into
+    ``batch``: a background class's in arrival order up to the first longer one (its requests whole), another's
+    longest first. How many; each is counted in ``counts`` by urgency."""
+    added = 0
+    for cls in others:
+        before = added
+        if cls.urgency in BACKGROUND:
+            while added < room and cls.depth:
+                seq = cls.oldest(taken)
+                if seq.length > top:
+                    break
+                bucket = cls.buckets[seq.length]
+                if bucket[0] is not seq:
+                    raise InternalError("a background class's oldest sequence is not first of its length")
+                cls.arrivals.popleft()
+                bucket.popleft()
+                if not bucket:
+                    del cls.buckets[seq.length]
+                batch.append(seq)
+                cls.depth -= 1
+                added += 1
+        else:
+            for length in sorted((n for n in cls.buckets if n <= top), reverse=True):
+                bucket = cls.buckets[length]
+                while bucket and added < room:
+                    seq = bucket.popleft()
+                    taken.add(id(seq))
+                    batch.append(seq)
+                    cls.depth -= 1
+                    added += 1
+                if not bucket:
+                    del cls.buckets[length]
+                if added == room:
+                    break
+        if added > before:
+            counts[cls.urgency] += added - before
+            cls.since = now
+        if added == room:
+            break
+    return added
+
+
+def pending_lengths(group: list[Pending], taken: set[int], front: int) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct pending lengths of ``group`` (sorted) and how many of each: all of a class's, or of a
+    background class (:data:`~app.engine.priority.BACKGROUND`) its ``front`` oldest (:meth:`Pending.front`)."""
+    if len(group) == 1 and group[0].urgency not in BACKGROUND:
         pending = sorted((n, len(b)) for n, b in group[0].buckets.items())
     else:
         merged: dict[int, int] = {}
         for c in group:
-            for n, b in c.buckets.items():
-                merged[n] = merged.get(n, 0) + len(b)
+            if c.urgency in BACKGROUND:
+                for n, k in c.front(taken, front).items():
+                    merged[n] = merged.get(n, 0) + k
+            else:
+                for n, b in c.buckets.items():
+                    merged[n] = merged.get(n, 0) + len(b)
         pending = sorted(merged.items())
     lengths = np.array([n for n, _ in pending], dtype=np.int64)
     counts = np.array([k for _, k in pending], dtype=np.int64)
@@ -74,7 +198,9 @@ class Offer:
     ``level``: the urgency it serves, after aging (lower runs first); ``due``: it runs now (full, past the
     company wait, or nobody else coming), else at ``due_at`` at the latest; ``overdue``: it holds an input
     past its queue-delay budget; ``window.efficiency``: the share of its modelled cost that is useful work;
-    ``seconds``: its modelled time (infinite while the constant model has no scale yet).
+    ``seconds``: its modelled time (infinite while the constant model has no scale yet); ``floor``: it
+    serves background work owed its floor (:mod:`app.engine.floor`), at the level of the more urgent work
+    it goes before.
     """
 
     batcher: Batcher
@@ -91,3 +217,4 @@ class Offer:
     due_at: float
     level: int
     seconds: float
+    floor: bool = False

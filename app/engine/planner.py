@@ -15,8 +15,9 @@ more useful work per second than running everything at once. On a CPU, where a b
 tokens, a short and a long group then run apart; on a GPU, where a batch costs about its launch,
 everything runs together.
 
-An ``anchor`` (an item that has waited past its budget) must be in the window; a ``cap`` bounds the
-window's cost (less urgent work while more urgent work is about).
+An ``anchor`` (an item that has waited past its budget, or background's oldest) must be in the window; a
+``cap`` bounds the window's cost (less urgent work while more urgent work is about); a ``thrift`` asks for
+the cheapest window nearly as efficient as the best (a batch for background's floor, :mod:`app.engine.floor`).
 """
 
 from __future__ import annotations
@@ -129,9 +130,13 @@ class Planner:
         counts: np.ndarray,
         anchor: int | None = None,
         cap: float | None = None,
+        thrift: float | None = None,
+        least: float = 0.0,
     ) -> Window:
         """The window to run (see the module). ``anchor`` (an index into ``lengths``) must be in it; ``cap``
-        (the model's unit) bounds its cost.
+        (the model's unit) bounds its cost; ``thrift``: instead of the best, of the windows whose useful work
+        per cost is at least this share of the best's, the cheapest whose useful work is at least ``least``
+        (none: the most useful), and of equal costs the more efficient.
 
         Raises:
             InternalError: no window is allowed (cannot happen: one sequence alone always is).
@@ -155,7 +160,14 @@ class Planner:
         total = np.cumsum(worth * counts)
         # Worth of every run after the starting one up to the top, and the starting run's share.
         useful = total[:, None] - total[run] + (ends[run] - starts) * worth[run]
-        best = int(np.argmax(np.where(valid, useful / cost, -np.inf)))
+        score = np.where(valid, useful / cost, -np.inf)
+        best = int(np.argmax(score))
+        if thrift is not None and valid.flat[best]:
+            good = score >= thrift * score.flat[best]
+            enough = good & (useful >= least)
+            pool = enough if enough.any() else good & (useful == useful[good].max())
+            cheapest = np.where(pool, cost, np.inf)
+            best = int(np.argmax(np.where(cheapest == cheapest.min(), score, -np.inf)))
         if not valid.flat[best]:
             raise InternalError(f"no batch window among {len(lengths)} lengths")
         top, size = divmod(best, width)

@@ -5,8 +5,10 @@ key's default) and sets :data:`URGENCY` in the request's task; the engine reads 
 admission (:meth:`app.engine.engine.Engine.admit`) and each :class:`~app.engine.work.Job` it creates. The
 tasks in between never see it. What the engine does with it: admission refuses less urgent requests first
 (:func:`admission_limit`), and the assembler serves the most urgent work first, fills its batches with less
-urgent work where the cost model says that is nearly free, and ages waiting work so none starves
-(:mod:`app.engine.batching`).
+urgent work where the cost model says that is nearly free, ages waiting work so none starves
+(:mod:`app.engine.batching`), and keeps a floor for work less urgent than the default (:data:`BACKGROUND`):
+a share of the modelled time under any load, spent on its requests whole, the oldest first
+(:mod:`app.engine.floor`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from contextvars import ContextVar
 
 DEFAULT_URGENCY = 3  # RFC 9218 §4.1: "The default value is 3"
 URGENCIES = range(8)  # 0 … 7; also the bounded label set of the urgency metrics
+# Background: less urgent than the default (u=4 … u=7). Its requests are served whole, the oldest first,
+# and together get the setting background_share of the modelled time while more urgent work is pending.
+BACKGROUND = range(DEFAULT_URGENCY + 1, len(URGENCIES))
 
 # The urgency of the request served in this task; the default outside any request (warm-up).
 URGENCY: ContextVar[int] = ContextVar("zhembed_urgency", default=DEFAULT_URGENCY)

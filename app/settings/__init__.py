@@ -213,6 +213,15 @@ class Settings(BaseSettings):
         "urgency was last served, so background requests (Priority u=7) run even while interactive "
         "ones never pause: after 4 s a u=7 batch ranks with u=3 work.",
     )
+    background_share: float = Field(
+        default=0.1,
+        ge=0,
+        lt=1,
+        description="Background's floor: work less urgent than the default (Priority u=4 to u=7) gets at "
+        "least this share of the engine's modelled time while more urgent work keeps it busy, in small "
+        "batches between the urgent ones, its requests served whole and the oldest first; 0: none (aging "
+        "alone).",
+    )
 
     express_share: float = Field(
         default=0.25,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from loadtest.harness.report import Row
-from loadtest.scheduler import summarise
+from loadtest.scheduler import summarise, summarise_floor
 from tests.loadtest.conftest import run_module
 
 CELLS = [
@@ -67,3 +67,26 @@ def test_the_summary_holds_each_target_against_its_own_reference() -> None:
     assert rows["interactive 8x1 p99 beside background"]["ratio"] == pytest.approx(22.6 / 15)
     assert not rows["interactive 8x1 p99 beside background"]["ok"]  # 1.51 > 1.5
     assert not rows["background sentences/s beside interactive"]["ok"]  # 0.69 < 0.7
+
+
+def test_the_floor_summary_holds_whole_requests_to_the_share_of_capacity_and_the_p99_to_alone() -> None:
+    def cell(rate: float, requests: int = 10, p99: float = 15.0) -> Row:
+        row = Row("x", clients=8, texts=1, sentences_per_s=rate, p50_ms=10.0, p99_ms=p99, requests=requests)
+        row.extra["client_sentences_per_s"] = rate
+        return row
+
+    cells = {
+        "ours interactive alone (1)": cell(100, p99=19),
+        "ours interactive alone (2)": cell(100, p99=21),
+        "ours background alone": cell(200),
+        "ours background mixed": cell(19.8, requests=3),
+        "ours interactive mixed": cell(90, p99=29),
+    }
+    rows = {r["what"].split(": ")[1].split(" beside")[0]: r for r in summarise_floor(cells, "ours")}
+    assert rows["background whole-request sent/s"]["ratio"] == pytest.approx(0.099)
+    assert not rows["background whole-request sent/s"]["ok"]  # 0.099 < 0.10 of its capacity
+    assert rows["background requests finished"]["ok"]
+    assert rows["interactive p99"]["ratio"] == pytest.approx(1.45) and rows["interactive p99"]["ok"]
+    cells["ours background mixed"] = cell(30, requests=0)
+    rows = {r["what"].split(": ")[1].split(" beside")[0]: r for r in summarise_floor(cells, "ours")}
+    assert not rows["background requests finished"]["ok"]  # inputs computed, but no request whole

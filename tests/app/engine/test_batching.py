@@ -324,6 +324,7 @@ def test_background_ages_and_never_starves() -> None:
         costs=CPU_LIKE,
         max_queue_delay_ms=1_000,
         urgency_aging_ms=7.8125,  # 2**-7 s, and a step of 2**-9 s: exact in binary
+        background_share=0.0,  # aging alone: no floor (test_the_floor_* below)
     )
     waiting = item(20, urgency=7, age_s=0)
     batcher.submit([waiting])

@@ -337,3 +337,27 @@ def test_a_dead_thread_marks_every_model_and_answers_what_its_queues_hold_503() 
     for item in (held, queued, later):
         assert isinstance(item.job.error, Unavailable) and "Killed" in item.job.error.message
     assert all(lane.inference.fault == "the inference thread stopped: Killed" for lane in scheduler.lanes)
+
+
+def test_the_background_floor_holds_per_model_beside_another_models_interactive_work() -> None:
+    """a's background beside a's interactive work gets its floor of a's modelled time, at the level of
+    the work it goes before, while b's interactive flood takes its turns too."""
+    clock = FakeClock()
+    scheduler, q, _ = two(clock, max_queue_delay_ms=100)
+    each(q["a"], [seq(clock, 20, urgency=7) for _ in range(200)])
+    a_cost = a_worth = 0.0
+    for _ in range(200):
+        for name in ("a", "b"):  # interactive work on both models that never pauses
+            while q[name].depth_of(3) < 8:
+                q[name].submit([seq(clock, 20)])
+        got = scheduler.next_batch()
+        assert got is not None
+        lane, batch = got
+        cost = CPU_LIKE.cost(len(batch), max(s.length for s in batch))
+        clock.advance(cost)
+        if lane.name == "a":
+            a_cost += cost
+            mine = np.array([s.length for s in batch if s.job.urgency == 7], dtype=np.int64)
+            a_worth += float(q["a"].planner.worth(mine).sum()) if len(mine) else 0.0
+    assert q["a"].stats.floor > 0 and q["b"].stats.floor == 0
+    assert a_worth >= 0.1 * a_cost - q["a"].planner.full_batch_cost(20)
