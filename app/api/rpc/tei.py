@@ -16,9 +16,10 @@ from typing import Any
 
 import grpc
 import numpy as np
+from tokenizers import Encoding as TokenEncoding
 
 from app import __version__
-from app.api.rpc import wire
+from app.api.rpc import limits, wire
 from app.api.rpc.calls import Calls, streaming, unary, validated
 from app.api.rpc.proto import tei_pb2 as pb
 from app.api.rpc.proto import tei_pb2_grpc as rpc
@@ -233,14 +234,28 @@ class Rerank(rpc.RerankServicer):
         self, request_iterator: AsyncIterator[pb.RerankStreamRequest], context: grpc.aio.ServicerContext
     ) -> pb.RerankResponse:
         # The texts of every message, ranked against the first message's query with its options; read
-        # within the call, so that one message that does not parse is refused as the call's error.
+        # within the call, so that one message that does not parse is refused as the call's error, and only
+        # up to the request limits (:func:`limits.stream_texts`).
         async def work(service: Service) -> pb.RerankResponse:
-            messages = [m async for m in request_iterator]
-            if not messages:
+            first, texts = await limits.stream_texts(request_iterator, service.settings)
+            if first is None:
                 raise EmptyInput("the stream sent no texts: send at least one RerankStreamRequest")
-            return await self._rerank(service, messages[0], [m.text for m in messages])
+            return await self._rerank(service, first, texts)
 
         return await self.calls.unary("/tei.v1.Rerank/RerankStream", context, work)
+
+
+def _encode_response(encoding: TokenEncoding) -> pb.EncodeResponse:
+    """``Tokenize``'s answer: each token's id, text, whether special, and character span (built off the
+    loop: thousands of messages for the longest input)."""
+    return pb.EncodeResponse(
+        tokens=[
+            pb.SimpleToken(id=i, text=text, special=bool(special), start=start, stop=stop)
+            for i, text, special, (start, stop) in zip(
+                encoding.ids, encoding.tokens, encoding.special_tokens_mask, encoding.offsets, strict=True
+            )
+        ]
+    )
 
 
 class Tokenize(rpc.TokenizeServicer):
@@ -252,21 +267,12 @@ class Tokenize(rpc.TokenizeServicer):
         prompt = None
         if request.HasField("prompt_name"):
             prompt = prompt_text(request.prompt_name, service.model.manifest.defaults.prompts)
-        answer = await service.tokens.tokenize((prompt or "") + request.inputs, request.add_special_tokens)
-        tokens = [
-            pb.SimpleToken(id=t["id"], text=t["text"], special=t["special"], start=t["start"], stop=t["stop"])
-            for t in answer.value[0]
-        ]
-        return pb.EncodeResponse(tokens=tokens)
+        text = (prompt or "") + request.inputs
+        return await limits.tokenized(service, text, request.add_special_tokens, _encode_response)
 
     @staticmethod
     async def _decode(service: Service, request: pb.DecodeRequest) -> pb.DecodeResponse:
-        vocab = service.model.manifest.config.vocab_size
-        if bad := [i for i in request.ids if i >= vocab]:
-            raise ValidationFailed(f"id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
-        text = service.model.tokenizer.decode(
-            list(request.ids), skip_special_tokens=request.skip_special_tokens
-        )
+        text = await limits.decoded(service, request.ids, request.skip_special_tokens)
         return pb.DecodeResponse(text=text)
 
     Tokenize = unary("/tei.v1.Tokenize/Tokenize", _tokenize)
