@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -110,7 +110,10 @@ def test_a_stream_that_is_not_read_holds_no_answer_beyond_its_permits() -> None:
 
     async def scenario() -> None:
         calls = Calls(lambda: service, Metrics(), Drain(), None)  # type: ignore[arg-type, return-value]
-        stream = calls.stream("/tei.v1.Embed/EmbedStream", context, requests(), work)
+        stream = cast(
+            AsyncGenerator[int, None],
+            calls.stream("/tei.v1.Embed/EmbedStream", context, requests(), work),
+        )
         sent.append(await anext(stream))  # the first answer is being written: the client reads no more
         for _ in range(1000):  # let every task of the stream run as far as it can
             await asyncio.sleep(0)
