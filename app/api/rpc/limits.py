@@ -4,15 +4,16 @@ HTTP reads a whole body under ``max_body_bytes`` and checks its inputs against t
 client stream has no body, so :func:`stream_texts` reads it a message at a time and stops at the first that
 passes a limit, with the HTTP route's error (INVALID_ARGUMENT, the one table's row for its 422). TEI's
 ``Tokenize`` and ``Decode`` are admitted like any other call (a permit per input) and do their work off the
-loop: the tokenisation thread encodes, a worker thread builds the answer or decodes, so that the longest
-input allowed holds the loop for no more than a hand-off (:mod:`app.api.rpc.tei`).
+loop: the tokenisation thread encodes, one thread of this module builds the answer or decodes, so that the
+longest input allowed holds the loop for no more than a hand-off (:mod:`app.api.rpc.tei`).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Protocol, TypeVar
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol, TypeVar
 
 from tokenizers import Encoding
 
@@ -23,6 +24,17 @@ from app.tasks.prepare import text_problem
 from app.tasks.service import Service
 
 T = TypeVar("T")
+
+# One thread builds answers and decodes for every call of the process, one at a time: the work holds the
+# GIL (protobuf messages, tokenizers' decode), and several threads that hold it starve the event loop more
+# than one does (the loop waits for at most one holder's switch interval, not a convoy of them).
+_ANSWERS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zhembed-rpc-answers")
+
+
+async def off_loop(work: Callable[..., T], *args: Any) -> T:
+    """``work(*args)`` on the answers' thread (:data:`_ANSWERS`), awaited."""
+    return await asyncio.get_running_loop().run_in_executor(_ANSWERS, work, *args)
+
 
 # [CLS] and [SEP]: what Tokenize adds to an input's own tokens.
 SPECIAL_TOKENS = 2
@@ -80,7 +92,7 @@ async def tokenized(
     texts = service.texts(text, listed("inputs", text))
     with service.engine.admit(len(texts)):
         (encoding,), _ = await service.tokenize(texts, add_special_tokens)
-        return await asyncio.to_thread(answer, encoding)
+        return await off_loop(answer, encoding)
 
 
 async def decoded(service: Service, ids: Sequence[int], skip_special_tokens: bool) -> str:
@@ -97,7 +109,7 @@ async def decoded(service: Service, ids: Sequence[int], skip_special_tokens: boo
             "(ZHEMBED_MAX_INPUT_CHARS) and its [CLS] and [SEP]: decode them in parts"
         )
     with service.engine.admit(1):
-        return await asyncio.to_thread(_decode, service, ids, skip_special_tokens)
+        return await off_loop(_decode, service, ids, skip_special_tokens)
 
 
 def _decode(service: Service, ids: Sequence[int], skip_special_tokens: bool) -> str:
