@@ -121,10 +121,8 @@ class Embed(rpc.EmbedServicer):
         )
         answer = await service.tokens.embed_all(body.inputs, body.options(service.defaults.long_text))
         rows = answer.value[0].vectors
-        return pb.EmbedAllResponse(
-            token_embeddings=[pb.TokenEmbedding(embeddings=row.tolist()) for row in rows],
-            metadata=metadata(answer.timings, len(request.inputs), len(rows)),
-        )
+        done = metadata(answer.timings, len(request.inputs), len(rows))
+        return await limits.off_loop(_embed_all_response, rows, done)
 
     Embed = unary("/tei.v1.Embed/Embed", _embed)
     EmbedStream = streaming("/tei.v1.Embed/EmbedStream", _embed)
@@ -158,6 +156,13 @@ class Embed(rpc.EmbedServicer):
 
     EmbedSparse = unary("/tei.v1.Embed/EmbedSparse", _sparse)
     EmbedSparseStream = streaming("/tei.v1.Embed/EmbedSparseStream", _sparse)
+
+
+def _embed_all_response(rows: np.ndarray, done: pb.Metadata) -> pb.EmbedAllResponse:
+    """``EmbedAll``'s answer, built off the loop: up to the model's length × hidden size numbers."""
+    return pb.EmbedAllResponse(
+        token_embeddings=[pb.TokenEmbedding(embeddings=row) for row in rows.tolist()], metadata=done
+    )
 
 
 def _predictions(answer: list[dict[str, Any]]) -> list[pb.Prediction]:
