@@ -1,7 +1,8 @@
 """The gRPC rows of the loop-lag probe (issue 50): each gRPC method's heaviest request the limits allow,
 sent while ``GET /health`` is probed on the same worker; ``/health``'s p50 and p99 while it runs.
 
-    python -m loadtest.loop_lag_grpc --model models/bert-base-chinese-twin [--cwd ../main] [--methods Tokenize,Decode]
+    python -m loadtest.loop_lag_grpc [--model models/bert-base-chinese-twin] [--cwd ../main]
+                                     [--methods Tokenize,Decode] [--repeat 3] [--quick]
 
 ``grpc_rows(settings)`` gives the rows (method, the request in words, a coroutine function that sends it on
 a channel) for a probe that already drives HTTP routes; run alone, each row is sent ``--repeat`` times in
@@ -14,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,8 +27,9 @@ import httpx
 import numpy as np
 
 from app.settings import Settings
-from loadtest.harness import parser
+from loadtest.harness import TWIN, parser
 from loadtest.harness.service import service_env
+from loadtest.quick_model import tiny_model
 from loadtest.server import HOST, ServiceProcess, free_port
 
 # Requests of one stream that run at once on the server (app.api.rpc.calls.STREAM_WINDOW).
@@ -198,29 +202,32 @@ async def measure(row: GrpcRow, grpc_port: int, http_port: int, repeat: int) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser("loadtest.loop_lag_grpc", __doc__)
-    p.add_argument("--model", type=Path, default=Path("models/bert-base-chinese-twin"))
+    p = parser(
+        "loadtest.loop_lag_grpc", __doc__, quick="the tiny model (exported into a temp dir)", model=TWIN
+    )
     p.add_argument("--cwd", type=Path, default=None, help="the checkout whose server runs (default: this)")
     p.add_argument("--methods", default="", help="comma-separated row methods to run (default: all)")
-    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=3, help="times each row's request is sent while probed")
     args = p.parse_args(argv)
-    settings = Settings(model=str(args.model))
-    grpc_port = free_port()
-    env = service_env(
-        args.model.resolve(), "fp32", 512, grpc_port=grpc_port, intra_op_threads=1, warmup=False
-    )
-    rows = grpc_rows(settings)
     wanted = {m.strip() for m in args.methods.split(",") if m.strip()}
-    log = Path("results/logs/loop-lag-grpc.log").resolve()
-    with ServiceProcess("app", env, log, cwd=args.cwd) as svc:
-        print(f"{'method':20} {'request':58} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7}  answer")
-        for row in rows:
+    with ExitStack() as stack:
+        model = stack.enter_context(tiny_model()) if args.quick else args.model.resolve()
+        settings = Settings(model=str(model))
+        grpc_port = free_port()
+        env = service_env(model, "fp32", 512, grpc_port=grpc_port, intra_op_threads=1, warmup=False)
+        log = Path(tempfile.gettempdir()) / f"zhembed-loop-lag-grpc-{time.time_ns()}.log"
+        svc = stack.enter_context(ServiceProcess("app", env, log, cwd=args.cwd))
+        print(f"{'method':20} {'request':58} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7}  answer", flush=True)
+        for row in grpc_rows(settings):
             if wanted and row.method.split()[-1] not in wanted:
                 continue
             answer, lags = asyncio.run(measure(row, grpc_port, svc.port, args.repeat))
             ms = np.asarray(lags) * 1e3
             p50, p99 = np.percentile(ms, [50, 99])
-            print(f"{row.method:20} {row.request:58} {p50:7.1f} {p99:7.1f} {ms.max():7.1f}  {answer}")
+            print(
+                f"{row.method:20} {row.request:58} {p50:7.1f} {p99:7.1f} {ms.max():7.1f}  {answer}",
+                flush=True,
+            )
     return 0
 
 
