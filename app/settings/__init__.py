@@ -116,6 +116,14 @@ class Settings(BaseSettings):
         description="Port for gRPC (text-embeddings-inference's tei.v1 services, zhembed.v1, health and "
         "reflection) beside HTTP, in the same process and workers; unset: no gRPC.",
     )
+    # Twice the default admission budget: every call admitted at once, and as many again being read,
+    # written or refused. Each holds at most one request's inputs or answer (the request limits).
+    grpc_max_concurrent_rpcs: int = Field(
+        default=1024,
+        ge=1,
+        description="gRPC calls (streams included) one worker serves at once; beyond it a call is refused "
+        "RESOURCE_EXHAUSTED before any of it is read.",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level.")
     log_format: Literal["text", "json"] = Field(
         default="text",

