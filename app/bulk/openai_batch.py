@@ -140,6 +140,14 @@ def record(line: Line, status: int, body: bytes | None, error: dict[str, str] | 
     return b'%s,"response":%s,"error":%s}\n' % (head, response, orjson.dumps(error))
 
 
+def refused(line: Line) -> bytes:
+    """The output line of a line no route sees: its status, no body, and ``error`` ``{code, message}``."""
+    if line.error is None:
+        raise ValueError(f"line {line.number} is for its route to answer")
+    status, code, message = line.error
+    return record(line, status, None, {"code": code, "message": message})
+
+
 class Answerer:
     """Answers lines with the routes and one service."""
 
@@ -154,8 +162,7 @@ class Answerer:
             JobFault: the route answered 429 or 5xx.
         """
         if line.error is not None:
-            status, code, message = line.error
-            return record(line, status, None, {"code": code, "message": message}), False
+            return refused(line), False
         model, endpoint = self.routes[line.url]
         scope: dict[str, Any] = {"type": "http", "method": "POST", "path": line.url, "headers": []}
         try:
