@@ -159,12 +159,13 @@ async def answer_in_order(answerer: Answerer, lines: Iterator[Line], window: int
     queued = 0
     try:
         for line in lines:
-            pending.append((line.inputs, asyncio.ensure_future(answerer.answer(line))))
-            queued += line.inputs
-            while queued > window:
+            # Room first: the engine admits window + a margin of inputs (engine_settings), never more.
+            while pending and queued + line.inputs > window:
                 inputs, future = pending.popleft()
                 queued -= inputs
                 yield await future
+            pending.append((line.inputs, asyncio.ensure_future(answerer.answer(line))))
+            queued += line.inputs
         while pending:
             _, future = pending.popleft()
             yield await future

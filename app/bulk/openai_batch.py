@@ -65,16 +65,17 @@ def batch_routes() -> FastRoutes:
     return {url: served[url] for url in BATCH_URLS if url in served}
 
 
-def _loads(raw: bytes) -> Any:
-    """A line as JSON, read as the stdlib reads it where orjson refuses it (NaN, ...).
+def _loads(raw: bytes) -> tuple[Any, bool]:
+    """A line as JSON, and whether the stdlib read it: where orjson refuses a line (NaN, an integer past
+    64 bits, ...) the stdlib reads it, as the server's data path does for a body.
 
     Raises:
         ValueError: not JSON (the stdlib's message).
     """
     try:
-        return orjson.loads(raw)
+        return orjson.loads(raw), False
     except orjson.JSONDecodeError:
-        return json.loads(raw)
+        return json.loads(raw), True
 
 
 def read_lines(path: Path, routes: FastRoutes) -> Iterator[Line]:
@@ -90,7 +91,7 @@ def read_lines(path: Path, routes: FastRoutes) -> Iterator[Line]:
 
 def _line(number: int, raw: bytes, routes: FastRoutes, seen: set[str]) -> Line:
     try:
-        request = _loads(raw)
+        request, stdlib = _loads(raw)
     except (ValueError, RecursionError) as exc:
         return Line(number, None, error=(400, "invalid_json", f"line {number} is not JSON: {exc}"))
     if not isinstance(request, dict):
@@ -101,7 +102,8 @@ def _line(number: int, raw: bytes, routes: FastRoutes, seen: set[str]) -> Line:
     custom_id = request.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
         told = "has no custom_id" if custom_id is None else "has a custom_id that is not a non-empty string"
-        return Line(number, custom_id, error=(400, "invalid_custom_id", f"line {number} {told}"))
+        given = custom_id if isinstance(custom_id, str) else None
+        return Line(number, given, error=(400, "invalid_custom_id", f"line {number} {told}"))
     if custom_id in seen:
         message = f"custom_id {custom_id!r} is used by an earlier line; each line needs its own"
         return Line(number, custom_id, error=(400, "duplicate_custom_id", message))
@@ -118,7 +120,9 @@ def _line(number: int, raw: bytes, routes: FastRoutes, seen: set[str]) -> Line:
     body = request.get("body")
     many = [body.get(k) for k in ("input", "texts", "documents")] if isinstance(body, dict) else []
     inputs = max([len(v) for v in many if isinstance(v, list)] + [1])
-    return Line(number, custom_id, url, b"" if body is None else orjson.dumps(body), inputs=inputs)
+    # Written back as it was read, so the route's parser reads what the line held (NaN included).
+    raw_body = b"" if body is None else json.dumps(body).encode() if stdlib else orjson.dumps(body)
+    return Line(number, custom_id, url, raw_body, inputs=inputs)
 
 
 def ids_of(line: Line) -> tuple[str, str]:

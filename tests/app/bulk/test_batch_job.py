@@ -4,21 +4,23 @@ another job is refused."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import numpy as np
 import orjson
 import pytest
 
-from app.bulk.batch_job import Refused, manifest_path, written_prefix
+from app.bulk.batch_job import Refused, answer_in_order, manifest_path, written_prefix
 from app.bulk.cli import main
+from app.bulk.openai_batch import Answerer, Line
 from tests.app.bulk.conftest import write_jsonl
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -131,3 +133,28 @@ def test_written_lines_that_answer_other_requests_are_refused(tiny_model_dir: Pa
     lines = read_lines(requests, batch_routes())
     with pytest.raises(Refused, match="line 2 answers custom_id 'other'"):
         list(todo(lines, 2, "other", tmp_path / "results.jsonl"))
+
+
+class CountingAnswerer:
+    """Stands in for the routes: counts the inputs of the lines being answered at once."""
+
+    def __init__(self) -> None:
+        self.now = self.peak = 0
+
+    async def answer(self, line: Line) -> tuple[bytes, bool]:
+        self.now += line.inputs
+        self.peak = max(self.peak, self.now)
+        await asyncio.sleep(0)
+        self.now -= line.inputs
+        return b"%d\n" % line.number, True
+
+
+def test_lines_are_answered_in_order_with_at_most_window_inputs_in_flight() -> None:
+    answerer = CountingAnswerer()
+    lines = [Line(n, f"c{n}", "/v1/embeddings", b"{}", inputs=1 + n % 7) for n in range(1, 200)]
+
+    async def run() -> list[bytes]:
+        return [out async for out, _ in answer_in_order(cast(Answerer, answerer), iter(lines), 20)]
+
+    assert asyncio.run(run()) == [b"%d\n" % n for n in range(1, 200)]
+    assert 14 <= answerer.peak <= 20

@@ -84,3 +84,16 @@ def test_the_urls_served_are_the_http_routes_of_the_batch_urls() -> None:
     routes = batch_routes()
     assert "/v1/embeddings" in routes
     assert set(routes) <= {"/v1/embeddings", "/v1/rerank", "/v2/embed"}
+
+
+def test_a_line_only_the_stdlib_reads_reaches_the_route_as_it_was_written(tmp_path: Path) -> None:
+    from app.bulk.openai_batch import read_lines
+
+    requests = tmp_path / "requests.jsonl"
+    requests.write_bytes(
+        b'{"custom_id": "nan", "url": "/v1/embeddings", "body": {"input": "a", "dimensions": NaN}}\n'
+        b'{"custom_id": 123456789012345678901234567890, "url": "/v1/embeddings", "body": {}}\n'
+    )
+    nan, big = read_lines(requests, batch_routes())
+    assert nan.error is None and nan.body == b'{"input": "a", "dimensions": NaN}'
+    assert big.custom_id is None and big.error is not None and big.error[1] == "invalid_custom_id"
