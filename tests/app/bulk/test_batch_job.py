@@ -106,11 +106,16 @@ def test_killed_mid_run_then_run_again_answers_every_custom_id_once_as_the_route
             assert response["body"] == live.json()
 
 
-def test_a_torn_last_line_is_cut_and_counted_out(tmp_path: Path) -> None:
+@pytest.mark.parametrize("block", [3, 7, 18, 1 << 22])  # lines across blocks, and one block
+def test_a_torn_last_line_is_cut_and_counted_out(
+    tmp_path: Path, block: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("app.bulk.batch_job.READ_BLOCK", block)
     out = tmp_path / "results.jsonl"
-    out.write_bytes(b'{"custom_id":"a"}\n{"custom_id":"b"}\n{"custom_id":"c","respo')
-    assert written_prefix(out) == (2, "b")
-    assert out.read_bytes() == b'{"custom_id":"a"}\n{"custom_id":"b"}\n'
+    out.write_bytes(b'{"custom_id":"a"}\n{"custom_id":"bb"}\n{"custom_id":"c","respo')
+    assert written_prefix(out) == (2, "bb")
+    assert out.read_bytes() == b'{"custom_id":"a"}\n{"custom_id":"bb"}\n'
+    assert written_prefix(out) == (2, "bb")
 
 
 def test_an_output_of_another_input_is_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
