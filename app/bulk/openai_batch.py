@@ -109,7 +109,7 @@ def _line(number: int, raw: bytes, routes: FastRoutes, seen: set[str]) -> Line:
         return Line(number, custom_id, error=(400, "duplicate_custom_id", message))
     seen.add(custom_id)
     method, url = request.get("method", "POST"), request.get("url")
-    if url not in routes:
+    if not isinstance(url, str) or url not in routes:
         served = ", ".join(routes)
         message = f"url {url!r} is not served here; a line may name {served}"
         return Line(number, custom_id, error=(404, "unsupported_url", message))
@@ -119,7 +119,8 @@ def _line(number: int, raw: bytes, routes: FastRoutes, seen: set[str]) -> Line:
         )
     body = request.get("body")
     many = [body.get(k) for k in ("input", "texts", "documents")] if isinstance(body, dict) else []
-    inputs = max([len(v) for v in many if isinstance(v, list)] + [1])
+    lists = [v for v in many if isinstance(v, list) and v and not isinstance(v[0], int)]  # ids: one input
+    inputs = max([len(v) for v in lists] + [1])
     # Written back as it was read, so the route's parser reads what the line held (NaN included).
     raw_body = b"" if body is None else json.dumps(body).encode() if stdlib else orjson.dumps(body)
     return Line(number, custom_id, url, raw_body, inputs=inputs)

@@ -29,6 +29,7 @@ def test_malformed_lines_are_answered_each_on_its_line_and_the_job_goes_on(
         embeddings("ok-1", {"input": "重复"}),
         orjson.dumps({"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions", "body": {}}),
         orjson.dumps({"custom_id": "get", "method": "GET", "url": "/v1/embeddings", "body": {"input": "a"}}),
+        orjson.dumps({"custom_id": "list-url", "method": "POST", "url": ["/v1/embeddings"], "body": {}}),
         b"",
         embeddings("number", {"input": 5}),
         embeddings("bad-format", {"input": "a", "encoding_format": "hex"}),
@@ -41,7 +42,7 @@ def test_malformed_lines_are_answered_each_on_its_line_and_the_job_goes_on(
     assert main(batch_args(tiny_model_dir, requests, out)) == 3
     answers = read_output(out)
     assert [a["custom_id"] for a in answers] == [
-        "ok-1", None, None, None, "ok-1", "chat", "get", "number", "bad-format", "no-body", "ok-2",
+        "ok-1", None, None, None, "ok-1", "chat", "get", "list-url", "number", "bad-format", "no-body", "ok-2",
     ]  # fmt: skip
     codes = [(a["response"]["status_code"], (a["error"] or {}).get("code")) for a in answers]
     assert codes == [
@@ -52,6 +53,7 @@ def test_malformed_lines_are_answered_each_on_its_line_and_the_job_goes_on(
         (400, "duplicate_custom_id"),
         (404, "unsupported_url"),
         (405, "method_not_allowed"),
+        (404, "unsupported_url"),
         (422, None),
         (422, None),
         (422, None),
@@ -59,10 +61,10 @@ def test_malformed_lines_are_answered_each_on_its_line_and_the_job_goes_on(
     ]
     assert answers[1]["error"]["message"].startswith("line 2 is not JSON")
     assert answers[4]["error"]["message"].startswith("custom_id 'ok-1' is used by an earlier line")
-    for answer, body in [(answers[7], {"input": 5}), (answers[8], {"input": "a", "encoding_format": "hex"})]:
+    for answer, body in [(answers[8], {"input": 5}), (answers[9], {"input": "a", "encoding_format": "hex"})]:
         assert answer["response"]["body"] == client.post("/v1/embeddings", json=body).json()
     sent = {"input": ["北京", "上海"], "encoding_format": "base64"}
-    assert answers[10]["response"]["body"] == client.post("/v1/embeddings", json=sent).json()
+    assert answers[11]["response"]["body"] == client.post("/v1/embeddings", json=sent).json()
 
 
 def test_a_body_is_spliced_into_its_record_as_the_route_wrote_it() -> None:
