@@ -50,9 +50,11 @@ def parser() -> argparse.ArgumentParser:
     io.add_argument("--output", required=True, type=Path, help="the folder of the shards (created)")
     io.add_argument(
         "--format",
-        choices=["auto", *FORMATS],
+        choices=["auto", *FORMATS, "openai-batch"],
         default="auto",
-        help="default: by file name (.jsonl/.ndjson, .parquet, .csv, .tsv, .txt; .gz of the line formats)",
+        help="default: by file name (.jsonl/.ndjson, .parquet, .csv, .tsv, .txt; .gz of the line formats); "
+        "openai-batch: --input is an OpenAI Batch API input file and --output the batch output file "
+        "(JSON Lines) written, each line answered by the HTTP route its url names (docs/bulk.md)",
     )
     io.add_argument("--text-field", default="text", help="the field (column) holding the text; default text")
     io.add_argument("--id-field", default=None, help="the field holding each row's id; default FILE:LINE")
@@ -138,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     ):
         if value < 1:
             return _cannot_run(f"{name} must be at least 1, not {value}")
+    from app.bulk.batch_job import Refused as BatchRefused
+    from app.bulk.openai_batch import JobFault
     from app.bulk.runner import Refused
     from app.errors import ServiceError
     from app.model.manifest import ManifestError
@@ -145,8 +149,10 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return _run(args)
-    except (InputError, Refused, flags.UsageError, ManifestError, SettingsError) as exc:
+    except (InputError, Refused, BatchRefused, flags.UsageError, ManifestError, SettingsError) as exc:
         return _cannot_run(str(exc))
+    except JobFault as exc:
+        return _cannot_run(f"the service failed a line, so the job stops (run it again to continue): {exc}")
     except ServiceError as exc:  # the options checked against the model, before any row
         return _cannot_run(f"the options do not fit this model: {exc.message}")
     except KeyboardInterrupt:
@@ -162,6 +168,10 @@ def _cannot_run(message: str) -> int:
 def _run(args: argparse.Namespace) -> int:
     from app.bulk.runner import BulkSpec
 
+    if args.format == "openai-batch":
+        from app.bulk.batch_cli import run_batch
+
+        return run_batch(args)
     fields = Fields(args.text_field, args.id_field)
     forced = None if args.format == "auto" else args.format
     files = find_inputs(args.input, forced, fields, exclude=args.output)
