@@ -19,6 +19,7 @@ import pytest
 
 from app.api.errors import RETRY_AFTER_S
 from app.settings import Settings
+from loadtest import timeouts
 from tests.app.conftest import Running, gate_inference, metric, serving, total, wait_until
 
 LIMIT = 8
@@ -171,3 +172,22 @@ def test_clients_that_leave_keep_their_permits_while_their_texts_are_queued(
     with httpx.Client(base_url=small.url, timeout=60) as client:
         assert client.post("/embed", json={"inputs": ["之后"]}).status_code == 200
         assert total(client, "zhembed_queue_depth") == 0
+
+
+def test_clients_that_time_out_against_a_saturated_worker_get_no_500(
+    tiny_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 50's run, smaller (``python -m loadtest.timeouts`` is the 512-client one): clients with a 1 s
+    timeout against a worker held shut until they give up and 1.5 s more (two waves of give-ups: the
+    tokenisation thread holds the first wave's texts in its own call), then let go; each sends again at once
+    after a timeout. Only 200, 429 and 503 come back, and the worker is healthy after with nothing left."""
+    settings = tiny_settings.model_copy(
+        update={"max_concurrent_inputs": 16, "max_inputs_per_request": 4, "warmup": False}
+    )
+    with serving(settings) as running:
+        seen, state = timeouts.run(
+            running.url, running.service, clients=128, timeout_s=1.0, hold_s=1.5, tail_s=0.5
+        )
+    assert seen[timeouts.TIMEOUT] > 0 and seen["200"] > 0 and seen["429"] > 0, seen  # it happened
+    assert set(seen) <= timeouts.ALLOWED | {timeouts.TIMEOUT}, seen
+    assert timeouts.broken(seen, state) == []
