@@ -7,8 +7,7 @@ background work is encoded under any load), and encodes it in one ``encode_batch
 a request longer than that is encoded over several calls, so an urgent request never waits behind more
 than one call's worth of a background one's texts. Each entry keeps its request's permits
 (:meth:`app.engine.admission.Permits.keep`) until it has left this stage, so admission alone bounds the
-queue. Each
-request then gets its encodings in one of two ways: :meth:`Tokenization.encode` wakes the event loop
+queue. Each request then gets its encodings in one of two ways: :meth:`Tokenization.encode` wakes the event loop
 with them (for answers built from the tokens: /embed_all, fill-mask, /tokenize), :meth:`Tokenization.then`
 hands them to a callback right here on this thread, which queues the request's sequences for batching
 (/embed and the routes like it): the loop is not woken between tokenisation and batching, so a request
@@ -43,10 +42,10 @@ log = logging.getLogger(__name__)
 # Texts encoded per call: large enough to amortise the call, small enough that one huge request does
 # not hold up the next request's first encodings for long.
 _TEXTS_PER_CALL = 256
-# Characters encoded per call: what a more urgent request may wait behind. ~0.3-1 µs a character on one
-# core (offsets on or off; measured in docs/architecture.md), so at most ~5-16 ms, where 256 texts of
-# max_input_chars took seconds; a call's own overhead is a few µs, so the bound costs no throughput.
-# A single text longer than this is encoded alone.
+# Characters encoded per call: what a more urgent request may wait behind. 0.3-1 µs a character measured
+# on a shared core (docs/architecture.md), so ~5-16 ms, where 256 texts of max_input_chars took seconds;
+# one 8,192-character text cost the same per character as a call of four, so the bound costs no
+# throughput. A single text longer than this is encoded alone.
 CHARS_PER_CALL = 16384
 # Characters a request may hold and be encoded on the event loop, holding the GIL, without the hop to the
 # thread and back: ~2 µs a character, so at most ~0.5 ms of the loop, where the two hops wait for the GIL
@@ -86,7 +85,7 @@ class Tokenization:
         self._thread = threading.Thread(target=self._run, name="zhembed-tokenize", daemon=True)
         self.calls = 0
         self.inline_calls = 0
-        self.largest_call_chars = 0  # the most characters one call has encoded, for tests and /info
+        self.largest_call_chars = 0  # the most characters one call has encoded (a text over the bound alone)
         # Texts queued and texts done: each counter has one writer (the event loop, this thread), so
         # their difference is read without a lock by the batch assembler (pending_texts).
         self._queued = 0
