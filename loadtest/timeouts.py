@@ -1,15 +1,15 @@
 """Clients that give up: many clients with a short timeout against a saturated worker (issue 50).
 
-    python -m loadtest.timeouts [--model DIR] [--clients 512] [--timeout 1.0] [--hold 1.5] [--tail 1]
+    python -m loadtest.timeouts [--model DIR] [--clients 512] [--timeout 1.0] [--hold 3] [--tail 1]
                                 [--limit 64]
 
 A server on the tiny model (or ``--model DIR``) runs in this process with ``max_concurrent_inputs`` at
 ``--limit``, its tokeniser and inference held shut (saturated: what it admits waits) until clients have
-given up on it and then for ``--hold`` seconds more, and let go for ``--tail`` seconds, while
-``--clients`` clients in one event loop send ``POST /embed`` (one text, or four every fourth time): each gives up on a request
-after ``--timeout`` seconds (closing its connection, so the server cancels the request) and sends the next
-at once, and waits Retry-After after a 429. The
-promise under test: every answer is 200, 429 or 503 (never a 500: a permit lives as long as its work), and
+given up on it and then for ``--hold`` seconds more (or three waves of give-ups), and let go for
+``--tail`` seconds, while ``--clients`` clients in one event loop send ``POST /embed`` (one text, or four
+every fourth time): each gives up on a request after ``--timeout`` seconds (closing its connection, so the
+server cancels the request) and sends the next at once, and waits Retry-After after a 429. The promise
+under test: every answer is 200, 429 or 503 (never a 500: a permit lives as long as its work), and
 afterwards the worker is healthy with nothing in flight and nothing queued. Prints a table of what the
 clients got; exits 1 when the promise is broken.
 """
@@ -33,6 +33,9 @@ import httpx
 
 ALLOWED = {"200", "429", "503"}
 TIMEOUT = "timeout"  # the client gave up: no status
+# Waves of clients giving up the worker is held through, at most: the tokenisation thread may take the
+# first wave's texts into its own (held) call, the second fills its queue, the third finds it full.
+WAVES = 3
 
 
 async def storm(
@@ -42,17 +45,19 @@ async def storm(
     until: asyncio.Event,
     seen: Counter[str],
     retry_after_s: float = 1.0,
+    big_every: int = 4,
 ) -> None:
     """``clients`` concurrent clients send ``POST /embed`` to ``url`` until ``until`` is set, each answer
     counted in ``seen`` by status code (as text), or :data:`TIMEOUT`. The clients' own behaviour sets the
-    pace, not the server's speed: a timeout is followed by the next request, a 429 by ``retry_after_s``."""
+    pace, not the server's speed: a timeout is followed by the next request, a 429 by ``retry_after_s``.
+    A request holds one text, or four every ``big_every``-th time (0: never)."""
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
 
     async def client(index: int, c: httpx.AsyncClient) -> None:
         for j in itertools.count():
             if until.is_set():
                 return
-            size = 4 if (index + j) % 4 == 0 else 1  # mostly one text: a queue entry per permit
+            size = 4 if big_every and (index + j) % big_every == 0 else 1  # mostly a queue entry per permit
             texts = [f"客户 {index} 第 {j} 次 第 {k} 句" for k in range(size)]
             try:
                 response = await c.post("/embed", json={"inputs": texts}, timeout=timeout_s)
@@ -142,25 +147,30 @@ def serving(model: Path, limit: int) -> Iterator[tuple[str, Any]]:
 
 
 def run(
-    url: str, service: Any, clients: int, timeout_s: float, hold_s: float, tail_s: float
+    url: str, service: Any, clients: int, timeout_s: float, hold_s: float, tail_s: float, big_every: int = 4
 ) -> tuple[Counter[str], After]:
     """The storm against a worker held shut until clients have given up on it and sent more for
-    ``hold_s``, then let go for ``tail_s``; and what the worker looks like after it."""
+    ``hold_s`` (or until :data:`WAVES` waves of them gave up: only a worker that gives permits back too
+    early admits more than one), then let go for ``tail_s``; and what the worker looks like after it."""
     gate = threading.Event()
     undo = hold(service, gate)
     seen: Counter[str] = Counter()
 
+    waves = WAVES * service.engine.admission.limit  # timeouts of that many full waves of one text each
+
     async def control(until: asyncio.Event) -> None:
         while not seen[TIMEOUT]:  # held until clients gave up on what it admitted
             await asyncio.sleep(0.01)
-        await asyncio.sleep(hold_s)  # while they send more
+        opens = time.monotonic() + hold_s
+        while seen[TIMEOUT] < waves and time.monotonic() < opens:  # while they send more
+            await asyncio.sleep(0.01)
         gate.set()
         await asyncio.sleep(tail_s)
         until.set()
 
     async def scenario() -> None:
         until = asyncio.Event()
-        await asyncio.gather(storm(url, clients, timeout_s, until, seen), control(until))
+        await asyncio.gather(storm(url, clients, timeout_s, until, seen, big_every=big_every), control(until))
 
     try:
         asyncio.run(scenario())
@@ -198,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=512)
     parser.add_argument("--timeout", type=float, default=1.0, help="each client's timeout, seconds")
     parser.add_argument(
-        "--hold", type=float, default=1.5, help="seconds the worker stays shut after the first timeout"
+        "--hold", type=float, default=3.0, help="seconds the worker stays shut after the first timeout"
     )
     parser.add_argument("--tail", type=float, default=1.0, help="seconds the clients keep sending after")
     parser.add_argument("--limit", type=int, default=64, help="max_concurrent_inputs")

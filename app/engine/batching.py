@@ -191,7 +191,7 @@ class Batcher:
             self._cond.notify_all()
 
     def poke(self) -> None:
-        """A request was cancelled or failed: drop its pending sequences now, so they neither run nor count."""
+        """A request was cancelled or failed: drop its pending sequences, so they neither run nor count."""
         with self._cond:
             self._drop_cancelled()
             self._cond.notify_all()

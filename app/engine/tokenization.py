@@ -7,15 +7,15 @@ background work is encoded under any load), and encodes it in one ``encode_batch
 a request longer than that is encoded over several calls, so an urgent request never waits behind more
 than one call's worth of a background one's texts. Each entry keeps its request's permits
 (:meth:`app.engine.admission.Permits.keep`) until it has left this stage, so admission alone bounds the
-queue. Each request then gets its encodings in one of two ways: :meth:`Tokenization.encode` wakes the event loop
-with them (for answers built from the tokens: /embed_all, fill-mask, /tokenize), :meth:`Tokenization.then`
-hands them to a callback right here on this thread, which queues the request's sequences for batching
-(/embed and the routes like it): the loop is not woken between tokenisation and batching, so a request
-wakes it once, when its answer is ready. Every text of those routes goes through this thread, however few
-a request sends: requests on their way here are the company the batch assembler waits for
-(:attr:`Tokenization.pending_texts`); docs/performance.md has the measurements behind it. ``encode``
-encodes a short request (:data:`INLINE_CHARS`) on the event loop instead, holding the GIL: it would wake
-the loop anyway, and the two hops cost more than the encoding.
+queue. Each request then gets its encodings in one of two ways: :meth:`Tokenization.encode` wakes the
+event loop with them (for answers built from the tokens: /embed_all, fill-mask, /tokenize),
+:meth:`Tokenization.then` hands them to a callback right here on this thread, which queues the request's
+sequences for batching (/embed and the routes like it): the loop is not woken between tokenisation and
+batching, so a request wakes it once, when its answer is ready. Every text of those routes goes through
+this thread, however few a request sends: requests on their way here are the company the batch assembler
+waits for (:attr:`Tokenization.pending_texts`); docs/performance.md has the measurements behind it.
+``encode`` encodes a short request (:data:`INLINE_CHARS`) on the event loop instead, holding the GIL: it
+would wake the loop anyway, and the two hops cost more than the encoding.
 """
 
 from __future__ import annotations

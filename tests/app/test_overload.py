@@ -178,15 +178,16 @@ def test_clients_that_time_out_against_a_saturated_worker_get_no_500(
     tiny_settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 50's run, smaller (``python -m loadtest.timeouts`` is the 512-client one): clients with a 1 s
-    timeout against a worker held shut until they give up and 1.5 s more (two waves of give-ups: the
-    tokenisation thread holds the first wave's texts in its own call), then let go; each sends again at once
-    after a timeout. Only 200, 429 and 503 come back, and the worker is healthy after with nothing left."""
+    timeout against a worker held shut until they give up and then 3 s more (or three waves of give-ups,
+    which only a worker that gives permits back too early admits), then let go; each sends one text (a
+    queue entry per permit), and again at once after a timeout. Only 200, 429 and 503 come back, and the
+    worker is healthy after with nothing left."""
     settings = tiny_settings.model_copy(
         update={"max_concurrent_inputs": 16, "max_inputs_per_request": 4, "warmup": False}
     )
     with serving(settings) as running:
         seen, state = timeouts.run(
-            running.url, running.service, clients=128, timeout_s=1.0, hold_s=1.5, tail_s=0.5
+            running.url, running.service, clients=128, timeout_s=1.0, hold_s=3.0, tail_s=0.5, big_every=0
         )
     assert seen[timeouts.TIMEOUT] > 0 and seen["200"] > 0 and seen["429"] > 0, seen  # it happened
     assert set(seen) <= timeouts.ALLOWED | {timeouts.TIMEOUT}, seen
