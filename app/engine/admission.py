@@ -67,7 +67,10 @@ class Permits:
             if self._released:
                 return
             self._released = True
-        self.let_go()
+            self._holds -= 1
+            last = self._holds == 0
+        if last:
+            self._admission._give_back(self.count)
 
     def __enter__(self) -> Permits:
         self._token = HELD.set(self)

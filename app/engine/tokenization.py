@@ -28,7 +28,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tokenizers import Encoding
 
@@ -53,7 +53,7 @@ CHARS_PER_CALL = 16384
 INLINE_CHARS = 256
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Request:
     texts: TextInputs
     add_special_tokens: bool
@@ -66,7 +66,7 @@ class _Request:
     queued_at: float
     held: Permits | None  # its request's permits, kept until it has left this stage
     start: int = 0  # its first text not yet taken into a call
-    encodings: list[Encoding] = field(default_factory=list)  # of the texts encoded so far
+    encodings: list[Encoding] | None = None  # of its texts encoded so far, while it is cut over calls
     over: bool = False  # answered (done or failed) or dropped: out of the queue for good
 
 
@@ -206,30 +206,35 @@ class Tokenization:
         request that does not fit is cut, and continues next call); and the requests that left, dropped."""
         parts: list[tuple[_Request, int, int]] = []
         gone: list[_Request] = []
-        chars, texts = CHARS_PER_CALL, _TEXTS_PER_CALL
-        while self._entries and chars > 0 and texts > 0:
-            queue = min(
-                (q for q in self._waiting if q),
-                key=lambda q: (q[0].urgency - int((now - q[0].queued_at) / self.aging_s), q[0].urgency),
-            )
-            request = queue[0]
-            if not request.wanted():
-                gone.append(self._out(queue))
-                continue
-            first, left = request.start, len(request.texts) - request.start
-            if request.chars <= chars and left <= texts:
-                end = len(request.texts)
-            else:  # cut: as many of its texts as fit, and at least one in a call
-                fit = bisect.bisect_right(_running_chars(request.texts, first), chars)
-                end = first + max(min(fit, texts), 0 if parts else 1)
-                if end == first:
-                    break
-            taken = request.chars if end == len(request.texts) else _chars(request.texts[first:end])
-            parts.append((request, first, end))
-            request.start, request.chars = end, request.chars - taken
-            chars, texts = chars - taken, texts - (end - first)
-            if end == len(request.texts):
-                self._out(queue)
+        chars, texts, full = CHARS_PER_CALL, _TEXTS_PER_CALL, False
+        # Nothing is queued meanwhile (the lock is held): the order is decided once per call.
+        order = sorted(
+            (q for q in self._waiting if q),
+            key=lambda q: (q[0].urgency - int((now - q[0].queued_at) / self.aging_s), q[0].urgency),
+        )
+        for queue in order:
+            while queue and chars > 0 and texts > 0:
+                request = queue[0]
+                if not request.wanted():
+                    gone.append(self._out(queue))
+                    continue
+                first, left = request.start, len(request.texts) - request.start
+                if request.chars <= chars and left <= texts:
+                    end = len(request.texts)
+                else:  # cut: as many of its texts as fit, and at least one in a call
+                    fit = bisect.bisect_right(_running_chars(request.texts, first), chars)
+                    end = first + max(min(fit, texts), 0 if parts else 1)
+                    if end == first:  # not one more text fits
+                        full = True
+                        break
+                taken = request.chars if end == len(request.texts) else _chars(request.texts[first:end])
+                parts.append((request, first, end))
+                request.start, request.chars = end, request.chars - taken
+                chars, texts = chars - taken, texts - (end - first)
+                if end == len(request.texts):
+                    self._out(queue)
+            if full or chars <= 0 or texts <= 0:
+                break
         self.largest_call_chars = max(self.largest_call_chars, CHARS_PER_CALL - chars)
         return parts, gone
 
@@ -258,15 +263,18 @@ class Tokenization:
         self.calls += 1
         at = 0
         for r, first, end in parts:
-            r.encodings.extend(encodings[at : at + end - first])
+            part = encodings[at : at + end - first]
             at += end - first
             # Counted done before its sequences are queued: the assembler, woken by them, must not wait
             # for company that is this very request.
             self._done += end - first
+            if first or end < len(r.texts):  # cut over calls: gathered here
+                r.encodings = part if r.encodings is None else r.encodings + part
+                part = r.encodings
             if end < len(r.texts) or r.over:  # more of it next call; or failed in an earlier call
                 continue
             try:
-                r.done(r.encodings)
+                r.done(part)
             except Exception as exc:  # a callback's fault is its request's, not this thread's
                 log.exception("tokenisation callback failed")
                 r.failed(exc)
