@@ -1,7 +1,8 @@
 """Stage 1, admission: a non-blocking permit per input, taken before any work is queued.
 
 The bound (``max_concurrent_inputs``) is also what bounds every queue behind it: nothing enters the
-tokenisation or batch queues without permits, so they can never hold more than the bound's worth. With
+tokenisation or batch queues without permits, and a request's permits are given back only once none of
+its work is left in a queue (:class:`Permits`), so they can never hold more than the bound's worth. With
 several workers the bound is the server's, not each worker's: their permits are counted in one shared
 ledger, so a request is refused only when the whole server is full.
 
@@ -13,6 +14,7 @@ client is refused with 429 while interactive requests are still admitted.
 from __future__ import annotations
 
 import threading
+from contextvars import ContextVar, Token
 from types import TracebackType
 from typing import Protocol
 
@@ -21,25 +23,71 @@ from app.errors import Overloaded
 
 
 class Permits:
-    """Permits held by one request; release them with ``with`` or :meth:`release` (idempotent)."""
+    """Permits held by one request, given back once the request is done with them (``with``, or
+    :meth:`release`, idempotent) AND every stage holding some of its work has let go (:meth:`keep`,
+    :meth:`let_go`): a request whose client left keeps them while its texts still wait in the tokenisation
+    queue, so that a new request cannot take them and find that queue full. (The batch queue needs no
+    hold: a cancelled or failed request's sequences are dropped from it before its ``with`` ends.)
+
+    While its ``with`` block runs they are :data:`HELD` in the request's task, for the stages to find.
+    """
+
+    __slots__ = ("_admission", "_holds", "_released", "_token", "count")
 
     def __init__(self, admission: Admission, count: int) -> None:
         self._admission = admission
         self.count = count
+        self._holds = 1  # the request's own; a stage holding its work adds one (keep) until it lets go
         self._released = False
+        self._token: Token[Permits | None] | None = None
+
+    @property
+    def admission(self) -> Admission:
+        return self._admission
+
+    def keep(self) -> None:
+        """A stage holds some of the request's work: the permits stay taken until it lets go. Only while
+        the request holds them (in its ``with`` block)."""
+        with self._admission.lock:
+            if self._holds == 0:
+                raise RuntimeError("a stage kept permits already given back")
+            self._holds += 1
+
+    def let_go(self) -> None:
+        """A holder is done (from any thread); the last one gives the permits back."""
+        with self._admission.lock:
+            self._holds -= 1
+            last = self._holds == 0
+        if last:
+            self._admission._give_back(self.count)
 
     def release(self) -> None:
-        if not self._released:
+        """The request is done with them; given back now unless a stage still holds some of its work."""
+        with self._admission.lock:
+            if self._released:
+                return
             self._released = True
+            self._holds -= 1
+            last = self._holds == 0
+        if last:
             self._admission._give_back(self.count)
 
     def __enter__(self) -> Permits:
+        self._token = HELD.set(self)
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        if self._token is not None:
+            HELD.reset(self._token)
+            self._token = None
         self.release()
+
+
+# The permits of the request served in this task, while its ``with`` block runs: a stage that queues its
+# work keeps them until the work has left its queue (:meth:`app.engine.engine.Engine.held`).
+HELD: ContextVar[Permits | None] = ContextVar("zhembed_permits", default=None)
 
 
 class Ledger(Protocol):
@@ -88,6 +136,8 @@ class Admission:
         self.model = model
         self.ledger: Ledger = ledger if ledger is not None else LocalLedger()
         self.rejected = 0  # requests refused, for /info and tests
+        # Guards each request's count of holders (Permits), changed on the loop and the stage threads.
+        self.lock = threading.Lock()
 
     @property
     def in_use(self) -> int:

@@ -159,10 +159,12 @@ class Batcher:
         return DERIVED_BUDGET_BATCHES * self.planner.full_batch_cost(self._mean_length) * self._scale
 
     def submit(self, sequences: list[Seq]) -> None:
-        """Queue one job's sequences (they share its urgency)."""
+        """Queue one job's sequences (they share its urgency); none once it is cancelled or failed."""
         if not sequences:
             return
         with self._cond:
+            if sequences[0].job.cancelled:
+                return
             if self._depth + len(sequences) > self.capacity:
                 raise RuntimeError(
                     f"batch queue over its bound ({self._depth} + {len(sequences)} > {self.capacity}): "
@@ -199,7 +201,7 @@ class Batcher:
             self._cond.notify_all()
 
     def poke(self) -> None:
-        """A request was cancelled: drop its pending sequences now, so they neither run nor count."""
+        """A request was cancelled or failed: drop its pending sequences, so they neither run nor count."""
         with self._cond:
             self._drop_cancelled()
             self._cond.notify_all()
@@ -337,9 +339,7 @@ class Batcher:
                 kept = deque(seq for seq in bucket if not seq.job.cancelled)
                 if len(kept) == len(bucket):
                     continue
-                for seq in bucket:
-                    if seq.job.cancelled:
-                        self._taken.add(id(seq))
+                self._taken.update(id(seq) for seq in bucket if seq.job.cancelled)
                 gone = len(bucket) - len(kept)
                 cls.depth -= gone
                 dropped += gone

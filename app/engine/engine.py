@@ -22,7 +22,7 @@ from typing import Any
 from tokenizers import Encoding
 
 from app.engine import calibration, costs
-from app.engine.admission import Admission, Permits
+from app.engine.admission import HELD, Admission, Permits
 from app.engine.batching import Batcher
 from app.engine.inference import Inference
 from app.engine.planner import Limits
@@ -72,7 +72,9 @@ class Engine:
         self.scheduler = scheduler
         name = settings.served_model_name if scheduler is not None else None
         self.admission = Admission(settings.max_concurrent_inputs, model=name)
-        self.tokenization = Tokenization(model.tokenizer, capacity=settings.max_concurrent_inputs)
+        self.tokenization = Tokenization(
+            model.tokenizer, capacity=settings.max_concurrent_inputs, aging_ms=settings.urgency_aging_ms
+        )
         # Each admitted input becomes at most this many windows (a token never spans less than a char).
         windows = math.ceil(settings.max_input_chars / max(model.tokenizer.max_length - 2, 1)) + 1
         self.batcher = Batcher(
@@ -148,17 +150,24 @@ class Engine:
         a less urgent request (the task's :data:`~app.engine.priority.URGENCY`) is refused sooner."""
         return self.admission.try_acquire(inputs, URGENCY.get())
 
+    def held(self) -> Permits | None:
+        """The permits this engine admitted the current request with (in its ``with`` block), which a
+        stage keeps while it holds the request's work; None outside one, or another model's."""
+        permits = HELD.get()
+        return permits if permits is not None and permits.admission is self.admission else None
+
     async def tokenize(
         self, texts: TextInputs, add_special_tokens: bool = True, offsets: bool = True
     ) -> list[Encoding]:
-        return await self.tokenization.encode(texts, add_special_tokens, offsets)
+        return await self.tokenization.encode(texts, add_special_tokens, offsets, self.held())
 
     async def run(self, job: Job, sequences: list[Seq]) -> Job:
         """Queue ``job``'s ``sequences`` for batching and wait until all have run; the results are in
         the job.
 
-        If the awaiting request is cancelled (its client left), the job is cancelled so that the
-        assembler and the inference stage drop whatever of it has not run yet.
+        If the awaiting request is cancelled (its client left), or the job fails (one of its batches
+        did), the assembler and the inference stage drop whatever of it has not run yet: before this
+        returns, none of it is left in the batch queue, so the request's permits may go.
         """
         self.batcher.submit(sequences)
         return await self._wait(job)
@@ -191,7 +200,7 @@ class Engine:
             self.batcher.submit([Seq(ids, work.need, job, i, enqueued) for i, ids in enumerate(work.ids)])
 
         # A tokeniser fault reaches the request as it is: a logged 500, as on every other path.
-        self.tokenization.then(texts, planned, job.fail, lambda: not job.cancelled)
+        self.tokenization.then(texts, planned, job.fail, lambda: not job.cancelled, self.held())
         return await self._wait(job)
 
     async def _wait(self, job: Job) -> Job:
@@ -201,6 +210,8 @@ class Engine:
             job.cancel()
             self.batcher.poke()
             raise
+        if job.error is not None and job.remaining:  # failed with sequences out: drop what is queued
+            self.batcher.poke()
         job.raise_error()
         return job
 

@@ -81,7 +81,8 @@ class Job:
     - ``urgency``: the request's (0 most urgent … 7 background), read from
       :data:`app.engine.priority.URGENCY` when the job is created, in the request's task.
 
-    Cancelling (its client left) makes every stage drop its sequences that have not run yet.
+    Cancelling (its client left) or failing (one of its batches did) makes every stage drop its
+    sequences that have not run yet: none runs with no request waiting for it.
     """
 
     __slots__ = (
@@ -113,7 +114,7 @@ class Job:
         self.error: BaseException | None = None
         self.count = count
         self.remaining = count  # changed by the inference thread only (post-processing)
-        self.cancelled = False  # a plain store: read by the stage threads, set on the event loop
+        self.cancelled = False  # a plain store: read by the stage threads, set by cancel or fail
         self.vectors: np.ndarray | None = None
         self.token_states: list[np.ndarray | None] = []
         self.mask_probs: list[np.ndarray | None] = []
@@ -145,7 +146,10 @@ class Job:
             self.loop.call_soon_threadsafe(_set_result, self.future)
 
     def fail(self, exc: BaseException) -> None:
-        """Fail the request with ``exc`` (from any thread); later results are ignored."""
+        """Fail the request with ``exc`` (from any thread); later results are ignored, and its sequences
+        not yet run are dropped (marked here, at once: the batch after this one must not run them; the
+        request pokes the batch queue once it wakes, :meth:`app.engine.engine.Engine.run`)."""
+        self.cancelled = True
         self.loop.call_soon_threadsafe(_set_error, self, exc)
 
     def raise_error(self) -> None:

@@ -7,15 +7,19 @@ a matter of timing.
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import httpx
 import pytest
 
 from app.api.errors import RETRY_AFTER_S
 from app.settings import Settings
+from loadtest import timeouts
 from tests.app.conftest import Running, gate_inference, metric, serving, total, wait_until
 
 LIMIT = 8
@@ -113,3 +117,78 @@ def test_many_clients_past_capacity_get_only_200_or_429_and_nothing_leaks(small:
         wait_until(lambda: metric(client, "zhembed_inputs_in_flight") == 0)
         assert metric(client, "zhembed_failures_total", reason="overloaded") == totals[429]
         assert total(client, "zhembed_queue_depth") == 0
+
+
+def gate_tokenizer(monkeypatch: pytest.MonkeyPatch, running: Running) -> threading.Event:
+    """Make every call of the tokenisation thread wait for the returned event before it encodes."""
+    tokenizer = running.service.engine.tokenization.tokenizer
+    original = tokenizer.encode_batch
+    gate = threading.Event()
+
+    def gated(*args: Any, **kwargs: Any) -> Any:
+        assert gate.wait(timeout=120), "the test never opened the gate"
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(tokenizer, "encode_batch", gated)
+    return gate
+
+
+def test_clients_that_leave_keep_their_permits_while_their_texts_are_queued(
+    small: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Their permits given back at once, new requests were admitted into a tokenisation queue still full
+    of the gone requests' texts, and the next one found it full: a 500 where a 429 was promised."""
+    gate = gate_tokenizer(monkeypatch, small)
+    admission = small.service.engine.admission
+    answered: list[int] = []
+
+    async def scenario() -> None:
+        async with httpx.AsyncClient(base_url=small.url, timeout=120) as c:
+            leaving = [
+                asyncio.create_task(c.post("/embed", json={"inputs": [f"走了 {i}"]})) for i in range(LIMIT)
+            ]
+            while admission.in_use < LIMIT:  # every permit held, every text queued or being encoded
+                await asyncio.sleep(0.01)
+            for task in leaving:
+                task.cancel()
+            await asyncio.gather(*leaving, return_exceptions=True)
+            with httpx.Client(base_url=small.url, timeout=60) as sync:
+                gone = {"route": "/embed", "status": "499", "protocol": "http", "urgency": "3"}
+                while metric(sync, "zhembed_requests_total", **gone) < LIMIT:  # the server saw them go
+                    await asyncio.sleep(0.01)
+            after = [
+                asyncio.create_task(c.post("/embed", json={"inputs": [f"后来 {i}"]})) for i in range(LIMIT)
+            ]
+            while not all(t.done() for t in after) and not any(
+                t.done() and t.result().status_code == 500 for t in after
+            ):
+                await asyncio.sleep(0.01)
+            gate.set()
+            answered.extend(r.status_code for r in await asyncio.gather(*after))
+
+    asyncio.run(scenario())
+    assert answered == [429] * LIMIT
+    wait_until(lambda: admission.in_use == 0)  # given back once the thread dropped the gone requests' texts
+    with httpx.Client(base_url=small.url, timeout=60) as client:
+        assert client.post("/embed", json={"inputs": ["之后"]}).status_code == 200
+        assert total(client, "zhembed_queue_depth") == 0
+
+
+def test_clients_that_time_out_against_a_saturated_worker_get_no_500(
+    tiny_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 50's run, smaller (``python -m loadtest.timeouts`` is the 512-client one): clients with a 1 s
+    timeout against a worker held shut until they give up and then 3 s more (or three waves of give-ups,
+    which only a worker that gives permits back too early admits), then let go; each sends one text (a
+    queue entry per permit), and again at once after a timeout. Only 200, 429 and 503 come back, and the
+    worker is healthy after with nothing left."""
+    settings = tiny_settings.model_copy(
+        update={"max_concurrent_inputs": 16, "max_inputs_per_request": 4, "warmup": False}
+    )
+    with serving(settings) as running:
+        seen, state = timeouts.run(
+            running.url, running.service, clients=128, timeout_s=1.0, hold_s=3.0, tail_s=0.5, big_every=0
+        )
+    assert seen[timeouts.TIMEOUT] > 0 and seen["200"] > 0 and seen["429"] > 0, seen  # it happened
+    assert set(seen) <= timeouts.ALLOWED | {timeouts.TIMEOUT}, seen
+    assert timeouts.broken(seen, state) == []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.engine.admission import Admission
+from app.engine.admission import HELD, Admission
 from app.errors import Overloaded
 
 
@@ -52,3 +52,20 @@ def test_joining_another_ledger_counts_there_and_refuses_with_permits_held() -> 
     with admission.try_acquire(3):
         assert server.total() == 3
     assert server.total() == 0
+
+
+def test_permits_a_stage_keeps_are_given_back_when_the_last_holder_lets_go() -> None:
+    admission = Admission(limit=4)
+    with admission.try_acquire(3) as permits:
+        assert HELD.get() is permits  # for the stages to find, in the request's task
+        permits.keep()  # a queue holds some of its work
+    assert HELD.get() is None
+    assert admission.in_use == 3  # the request is done, its work is still queued
+    with pytest.raises(Overloaded):
+        admission.try_acquire(2)
+    permits.release()  # idempotent: the request's own hold is let go once
+    assert admission.in_use == 3
+    permits.let_go()  # the work left its queue
+    assert admission.in_use == 0
+    with pytest.raises(RuntimeError, match="already given back"):
+        permits.keep()

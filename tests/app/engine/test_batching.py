@@ -123,6 +123,23 @@ def test_cancelled_items_are_dropped_before_a_batch_forms() -> None:
     assert batcher.stats.dropped_cancelled == 2
 
 
+def test_a_cancelled_or_failed_jobs_sequences_are_not_queued() -> None:
+    """Planned on the tokenisation thread after its request left (or after one of its batches failed):
+    the poke that dropped its sequences has been, so queued now they would wait with no permits behind
+    them, and could fill the queue past its bound."""
+    batcher = Batcher(
+        max_batch_tokens=10_000, max_batch_size=8, max_wait_ms=0, capacity=4, metrics=Metrics(), clock=CLOCK
+    )
+    gone, failed = Job(LOOP, 2), Job(LOOP, 2)
+    gone.cancel()
+    failed.fail(RuntimeError("one of its batches failed"))
+    batcher.submit([item(5, gone), item(5, gone)])
+    batcher.submit([item(5, failed), item(5, failed)])
+    assert batcher.depth == 0
+    batcher.submit([item(5), item(5), item(5), item(5)])  # the whole bound is still free
+    assert batcher.depth == 4
+
+
 def test_queue_is_bounded() -> None:
     batcher = Batcher(
         max_batch_tokens=100, max_batch_size=8, max_wait_ms=0, capacity=2, metrics=Metrics(), clock=CLOCK

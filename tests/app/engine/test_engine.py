@@ -1,4 +1,4 @@
-"""The engine under load: no cross-talk, batches really form, cancelled work is dropped."""
+"""The engine under load: no cross-talk, batches really form, cancelled or failed work is dropped."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from typing import Any
 
 import httpx
 import numpy as np
+import pytest
 
 from app.engine.engine import Engine
 from app.engine.work import Job, Need, Seq
+from app.errors import InternalError
 from app.settings import Settings
 from app.telemetry.metrics import Metrics
 from tests.app.conftest import Running
@@ -98,3 +100,39 @@ def test_cancelled_requests_are_dropped_before_inference(tiny_model: Any, tiny_s
         assert engine.inference.stats.items == 1
     finally:
         engine.stop()
+
+
+def test_a_failed_batchs_job_has_its_other_sequences_dropped_unrun(
+    tiny_model: Any, tiny_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One batch of a job fails: its other sequences, still queued, never run (no request awaits them,
+    and no permits stand behind them)."""
+    engine = Engine(
+        tiny_model,
+        tiny_settings.model_copy(update={"max_batch_size": 1, "measure_batch_cost": False}),
+        Metrics(),
+    )
+    ran: list[int] = []  # rows of each batch the model ran
+    original = tiny_model.encode
+
+    def first_fails(input_ids: np.ndarray, *args: Any, **kwargs: Any) -> Any:
+        ran.append(len(input_ids))
+        if len(ran) == 1:
+            raise RuntimeError("out of memory")
+        return original(input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(tiny_model, "encode", first_fails)
+
+    async def main() -> None:
+        with pytest.raises(InternalError, match="inference failed"):
+            await engine.run(*job_of([6, 6, 6]))  # one sequence a batch: the first batch fails
+        while engine.batcher.depth:  # (at once: dropped before the request got its error)
+            await asyncio.sleep(0.01)
+
+    engine.start()
+    try:
+        asyncio.run(main())
+    finally:
+        engine.stop()  # joins the inference thread: a batch it had cut has run by now
+    assert ran == [1]
+    assert engine.batcher.stats.dropped_cancelled + engine.inference.stats.dropped_cancelled == 2

@@ -4,6 +4,7 @@ worker count."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import threading
 from typing import Any
 
 import pytest
@@ -45,6 +46,23 @@ def test_the_permit_budget_is_the_servers_not_each_workers() -> None:
     finally:
         release.set()
         other.join(30)
+
+
+def test_permits_a_stage_keeps_count_server_wide_until_its_thread_lets_go() -> None:
+    """A request whose texts are still queued keeps its permits in the server's ledger after it is over;
+    the stage's thread gives them back there."""
+    permits = mp.get_context("spawn").Array("q", 2)
+    admission, other = Admission(4, SharedLedger(permits, 0)), Admission(4, SharedLedger(permits, 1))
+    with admission.try_acquire(3) as held:
+        held.keep()  # its texts are queued for the tokeniser
+    with pytest.raises(Overloaded, match="3 of 4 inputs in flight"):
+        other.try_acquire(2)  # another worker sees them held
+    thread = threading.Thread(target=held.let_go)  # the tokenisation thread, done with them
+    thread.start()
+    thread.join(10)
+    assert list(permits[:]) == [0, 0]
+    with other.try_acquire(4):
+        assert admission.in_use == 4
 
 
 def test_readiness_needs_every_worker() -> None:
