@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -97,7 +98,7 @@ async def cohere_rerank(body: CohereRerankRequest, request: Request, service: Se
     return json_response(payload, answer.timings)
 
 
-def embeddings_by_type(vectors: np.ndarray, types: list[str]) -> dict[str, Any]:
+def embeddings_by_type(vectors: np.ndarray, types: Sequence[str]) -> dict[str, Any]:
     """Cohere's ``embeddings`` object: the float32 ``vectors`` [n, width] in each of ``types``, each
     derived from the same vectors; int8, binary, ubinary and base64 are ``/embed``'s ``encoding``
     (int8 its values, without the scale), uint8 the int8 values plus 128."""

@@ -94,10 +94,10 @@ class CohereEmbedRequest(Named):
         description="Any of float, int8, uint8, binary, ubinary, base64, at once (one computation). Default "
         "float.",
     )
-    truncate: Literal["NONE", "START", "END"] = Field(
-        default="END",
+    truncate: Literal["NONE", "START", "END"] | None = Field(
+        default=None,
         description="A text over the model's length: NONE refuses it (422), END cuts its end, START its "
-        "start.",
+        "start. Default (or null): END.",
     )
     output_dimension: int | None = Field(
         default=None, description="Cohere's name for /embed's dimensions: the vectors' first components."
