@@ -114,7 +114,7 @@ def test_langchain_cohere_rerank_gives_the_rerank_scores(two: Running) -> None:
 def test_langchain_cohere_embeddings_give_the_embed_vectors(two: Running) -> None:
     from langchain_cohere import CohereEmbeddings
 
-    embeddings = CohereEmbeddings(model="embed", base_url=two.url)
+    embeddings = CohereEmbeddings(model="embed", base_url=two.url)  # type: ignore[call-arg]
     want = np.asarray(_post(two, "/embed", {"inputs": DOCS}), np.float32)
     assert np.array_equal(np.asarray(embeddings.embed_documents(DOCS), np.float32), want)
     query = np.asarray(embeddings.embed_query(QUERY), np.float32)
