@@ -20,14 +20,7 @@ from app.tasks.service import Service
 from app.telemetry.context import CURRENT_MODEL
 
 # Paths that are another route's twin, by the route whose default they take.
-ALIASES = {
-    "/embeddings": "/v1/embeddings",
-    "/v1/rerank": "/rerank",
-    "/v2/rerank": "/rerank",
-    "/v1/embed": "/embed",
-    "/v2/embed": "/embed",
-    "/decode": "/tokenize",
-}
+ALIASES = {"/embeddings": "/v1/embeddings"}
 
 
 class Models:

@@ -94,8 +94,11 @@ class CohereEmbedRequest(Named):
         description="Any of float, int8, uint8, binary, ubinary, base64, at once (one computation). Default "
         "float.",
     )
-    truncate: Literal["NONE", "START", "END"] | None = Field(
+    # Cohere's truncate, NONE / START / END: its API's own field, not TEI's boolean (Truncation), which
+    # every TEI-shaped request declares once; kept apart under its own attribute.
+    cohere_truncate: Literal["NONE", "START", "END"] | None = Field(
         default=None,
+        alias="truncate",
         description="A text over the model's length: NONE refuses it (422), END cuts its end, START its "
         "start. Default (or null): END.",
     )
@@ -104,10 +107,10 @@ class CohereEmbedRequest(Named):
     )
 
     def long_text(self) -> LongText:
-        return "error" if self.truncate == "NONE" else "truncate"
+        return "error" if self.cohere_truncate == "NONE" else "truncate"
 
     def direction(self) -> Direction:
-        return "left" if self.truncate == "START" else "right"
+        return "left" if self.cohere_truncate == "START" else "right"
 
     def types(self) -> list[EmbeddingType]:
         """The embedding types asked for, each once, in the order given."""
