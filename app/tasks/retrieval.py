@@ -120,7 +120,7 @@ class Retrieval:
         self.core.texts([query], Names("query", lambda _i: "query"))
         self.core.texts(documents, listed("documents", documents))
         cut = max_tokens_per_doc is not None
-        with self.core.engine.admit(len(documents) + 1):
+        with self.core.engine.admit(len(documents)):
             encodings, tokenization_ms = await self.core.tokenize(
                 [query, *documents], add_special_tokens=False, offsets=cut
             )
