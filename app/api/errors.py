@@ -2,9 +2,11 @@
 
 :data:`ERROR_TABLE` maps each type to a status, an ``error_type`` and an OpenAI error type; the exception
 handlers, :func:`send_error` (for the ASGI middleware below FastAPI) and every route's OpenAPI
-``responses=`` all read it. An error body has one of two shapes, picked by the route:
+``responses=`` all read it. An error body has one of four shapes, picked by the route:
 ``{"error": message, "error_type": type}``, or on the OpenAI-compatible routes OpenAI's
-``{"error": {"message": message, "type": openai_type, "code": type}}``. Each error response records its
+``{"error": {"message": message, "type": openai_type, "code": type}}``, on Jina's rerank route Jina's
+``{"detail": message}`` and on Cohere's routes Cohere's ``{"message": message}`` (each with ``error_type``
+beside). Each error response records its
 ``error_type`` in the request scope, where the metrics middleware counts it as a failure reason.
 
 A server fault (:class:`~app.errors.InternalError`, a 500, whatever raised it) answers only that it
@@ -118,9 +120,13 @@ ERROR_TABLE: dict[type[ServiceError], ErrorRow] = {
     ),
 }
 
-# The embeddings routes in OpenAI's terms; errors there, and on every /v1/ path, take OpenAI's shape so
-# OpenAI clients can read them.
+# The embeddings routes in OpenAI's terms; errors there, and on every other /v1/ path, take OpenAI's shape
+# so OpenAI clients can read them.
 OPENAI_PATHS = frozenset({"/v1/embeddings", "/embeddings"})
+# Jina's rerank route, whose errors take Jina's shape ``{"detail": message}``, and Cohere's routes, whose
+# errors take Cohere's ``{"message": message}``: each the shape its clients read.
+JINA_PATHS = frozenset({"/v1/rerank"})
+COHERE_PATHS = frozenset({"/v2/rerank", "/v2/embed", "/v1/embed"})
 # Where an error response leaves its error_type for the metrics middleware.
 SCOPE_ERROR_TYPE = "zhembed.error_type"
 
@@ -157,6 +163,18 @@ class OpenAIErrorBody(BaseModel):
     error: OpenAIErrorDetail
 
 
+class JinaErrorBody(BaseModel):
+    detail: str
+    error_type: str
+    error_id: str | None = None
+
+
+class CohereErrorBody(BaseModel):
+    message: str
+    error_type: str
+    error_id: str | None = None
+
+
 def row_for(exc: ServiceError) -> ErrorRow:
     for cls in type(exc).__mro__:
         if cls in ERROR_TABLE:
@@ -175,10 +193,12 @@ def error_parts(exc: ServiceError, scope: Scope) -> tuple[int, bytes, list[tuple
     path = str(scope.get("path", ""))
     message, error_id = told(exc)
     detail: dict[str, Any] = {"error_id": error_id} if error_id is not None else {}
-    if path in OPENAI_PATHS or path.startswith("/v1/"):
-        payload: dict[str, Any] = {
-            "error": {"message": message, "type": row.openai_type, "code": row.error_type, **detail}
-        }
+    if path in JINA_PATHS:
+        payload: dict[str, Any] = {"detail": message, "error_type": row.error_type, **detail}
+    elif path in COHERE_PATHS:
+        payload = {"message": message, "error_type": row.error_type, **detail}
+    elif path in OPENAI_PATHS or path.startswith("/v1/"):
+        payload = {"error": {"message": message, "type": row.openai_type, "code": row.error_type, **detail}}
     else:
         payload = {"error": message, "error_type": row.error_type, **detail}
     body = orjson.dumps(payload)
@@ -215,10 +235,13 @@ def error_response(
     )
 
 
-def openapi_responses(*errors: type[ServiceError], openai: bool = False) -> dict[int | str, dict[str, Any]]:
-    """The ``responses=`` of a route that can raise ``errors`` (plus :data:`COMMON_ERRORS`)."""
+def openapi_responses(
+    *errors: type[ServiceError], openai: bool = False, body: type[BaseModel] | None = None
+) -> dict[int | str, dict[str, Any]]:
+    """The ``responses=`` of a route that can raise ``errors`` (plus :data:`COMMON_ERRORS`); its error
+    ``body`` (:class:`ErrorBody`; OpenAI's with ``openai``)."""
     out: dict[int | str, dict[str, Any]] = {}
-    model = OpenAIErrorBody if openai else ErrorBody
+    model = body or (OpenAIErrorBody if openai else ErrorBody)
     for cls in (*errors, *COMMON_ERRORS):
         row = ERROR_TABLE[cls]
         entry = out.setdefault(row.status, {"model": model, "description": ""})

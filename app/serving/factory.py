@@ -33,6 +33,7 @@ from app.api.errors import install_error_handlers
 from app.api.http.fast import DataPath, fast_routes
 from app.api.http.gates import GateMiddleware, Gates
 from app.api.http.openai_routes import router as openai_router
+from app.api.http.retrieval_routes import router as retrieval_router
 from app.api.http.routes import router
 from app.cache.memory_tier import MemoryLRU
 from app.cache.vectors import VectorCache
@@ -183,10 +184,12 @@ def create_app(
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(openai_router)
+    app.include_router(retrieval_router)
     gates = Gates(
         metrics=metrics, drain=drain, keys=keys, max_body_bytes=settings.max_body_bytes, observer=observer
     )
-    routes = frozenset(r.path for rt in (router, openai_router) for r in rt.routes if isinstance(r, APIRoute))
+    routers = (router, openai_router, retrieval_router)
+    routes = frozenset(r.path for rt in routers for r in rt.routes if isinstance(r, APIRoute))
     open_paths = frozenset() if settings.auth_ops_routes else OPS_PATHS
     app.add_middleware(GateMiddleware, gates=gates, routes=routes | OPS_PATHS, open_paths=open_paths)
     # POST on a data route: the same gates in one function in front of all of it, Starlette's error
@@ -194,7 +197,7 @@ def create_app(
     # (it could not be in front); the stack above serves every other request, and on its own would serve
     # these the same.
     app.middleware_stack = DataPath(
-        app.build_middleware_stack(), fast_routes(router, openai_router), state=app.state, gates=gates
+        app.build_middleware_stack(), fast_routes(*routers), state=app.state, gates=gates
     )
     return app
 

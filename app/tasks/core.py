@@ -33,10 +33,20 @@ from app.telemetry.timings import ms
 HEAD_ROUTES: dict[str, tuple[str, ...]] = {
     "embedding": (),
     "classifier": ("/predict",),
-    "reranker": ("/predict", "/rerank"),
+    "reranker": ("/predict", "/rerank", "/v1/rerank", "/v2/rerank"),
     "tagger": ("/token-classification",),
 }
-EMBEDDING_ROUTES = ("/", "/embed", "/embed_all", "/similarity", "/v1/embeddings", "/tokenize")
+EMBEDDING_ROUTES = (
+    "/",
+    "/embed",
+    "/embed_all",
+    "/similarity",
+    "/v1/embeddings",
+    "/v2/embed",
+    "/v1/embed",
+    "/tokenize",
+    "/decode",
+)
 
 
 class Core:

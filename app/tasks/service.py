@@ -3,7 +3,8 @@
 ``Service`` is the :class:`~app.tasks.core.Core` (the model, engine, cache, metrics, readiness and the
 shared steps) with a room per task: ``embeddings`` (``/embed``, ``/``, ``/v1/embeddings``,
 ``/similarity``), ``fill_mask``, ``heads`` (``/predict``, ``/rerank``, ``/token-classification``),
-``tokens`` (``/tokenize``, ``/embed_all``) and ``sparse`` (``/embed_sparse``). It knows nothing of HTTP
+``tokens`` (``/tokenize``, ``/embed_all``), ``sparse`` (``/embed_sparse``) and ``retrieval`` (Cohere's
+and Jina's rerank and embed, ``/decode``). It knows nothing of HTTP
 or gRPC: the tasks raise the typed errors of :mod:`app.errors` and return arrays and plain data with
 their timings; wire encodings and header names belong to :mod:`app.api`.
 """
@@ -28,6 +29,7 @@ from app.tasks.fill_mask import FillMask
 from app.tasks.heads import Heads
 from app.tasks.options import listed
 from app.tasks.prepare import TOO_LONG_EMBED
+from app.tasks.retrieval import Retrieval
 from app.tasks.sparse import SparseEmbeddings
 from app.tasks.tokens import Tokens
 from app.telemetry.metrics import Metrics
@@ -56,6 +58,7 @@ class Service(Core):
         self.heads = Heads(self)
         self.tokens = Tokens(self)
         self.sparse = SparseEmbeddings(self)
+        self.retrieval = Retrieval(self, self.embeddings, self.heads)
         self.warmup_fault: str | None = None  # why its warm-up failed (:meth:`warmup_failed`)
 
     @property

@@ -81,12 +81,13 @@ class Observer:
 
 
 def count_inputs(body: Any) -> int:
-    """How many inputs a request body carries (texts, pairs, a query's texts), for the log line."""
-    for name in ("inputs", "input", "texts", "pairs"):
+    """How many inputs a request body carries (texts, pairs, a query's texts or documents, lists of ids
+    to decode), for the log line."""
+    for name in ("inputs", "input", "texts", "pairs", "documents", "ids"):
         value = getattr(body, name, None)
         if value is None:
             continue
-        if isinstance(value, str):
+        if isinstance(value, str) or (name == "ids" and value and not isinstance(value[0], list)):
             return 1
         if isinstance(value, list):
             return len(value)

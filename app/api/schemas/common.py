@@ -42,7 +42,7 @@ Inputs = Annotated[
     ),
 ]
 # The union tags above (and below), which are no field names: error locations leave them out.
-UNION_TAGS = frozenset({"text", "list", "ids", "id_lists", "texts", "similarity"})
+UNION_TAGS = frozenset({"text", "list", "ids", "id_lists", "texts", "similarity", "document"})
 
 
 class StrictRequest(BaseModel):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Discriminator, Field, Tag
+from pydantic import BaseModel, Discriminator, Field, Tag, model_validator
+from pydantic_core import PydanticCustomError
 
 from app.api.schemas.common import Inputs, Named, Pair, StrictRequest, Text, TruncateFields
 
@@ -64,11 +65,50 @@ class LabelScore(BaseModel):
 PredictResponse = list[LabelScore] | list[list[LabelScore]]
 
 
+class DocumentObject(StrictRequest):
+    text: Text
+
+
+def _document_form(value: Any) -> str | None:
+    return "text" if isinstance(value, str) else "document" if isinstance(value, dict) else None
+
+
+# A document: a string, or an object with ``text`` (Jina's and Cohere's v1 form; other fields ignored).
+Document = Annotated[
+    Annotated[Text, Tag("text")] | Annotated[DocumentObject, Tag("document")],
+    Discriminator(
+        _document_form,
+        custom_error_type="document_type",
+        custom_error_message="must be a string or an object with text",
+    ),
+]
+
+
+def document_texts(documents: list[str | DocumentObject]) -> list[str]:
+    """The texts of ``documents``, in order."""
+    return [d if isinstance(d, str) else d.text for d in documents]
+
+
 class RerankRequest(TruncateFields, Named):
     query: Text
-    texts: list[Text]
+    texts: list[Text] = Field(default_factory=list, description="The texts to rank (or send documents).")
+    documents: list[Document] | None = Field(
+        default=None, description="In place of texts, as Jina and Cohere send them: strings or {text}."
+    )
     raw_scores: bool = Field(default=False, description="Logits instead of the model's scores (sigmoid).")
     return_text: bool = Field(default=False, description="Also return each text.")
+
+    @model_validator(mode="after")
+    def _one_list(self) -> RerankRequest:
+        sent = "texts" in self.model_fields_set
+        if self.documents is None:
+            if not sent:
+                raise PydanticCustomError("texts_required", "texts is required (or documents in its place)")
+        elif sent:
+            raise PydanticCustomError("texts_documents", "send texts or documents, not both")
+        else:
+            self.texts = document_texts(self.documents)
+        return self
 
 
 class Rank(BaseModel):

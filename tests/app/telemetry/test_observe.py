@@ -194,3 +194,19 @@ def test_one_json_line_per_request_without_its_text(
             assert SECRET_TEXT not in line and "Bearer" not in line and "你好" not in line
     finally:
         running.app.state.stop()
+
+
+@pytest.mark.parametrize(
+    ("body", "count"),
+    [
+        ({"query": "q", "documents": ["a", {"text": "b"}, "c"]}, 3),
+        ({"ids": [101, 791, 102]}, 1),
+        ({"ids": [[101, 102], [101, 791, 102]]}, 2),
+    ],
+)
+def test_the_log_line_counts_documents_and_id_lists(body: dict[str, Any], count: int) -> None:
+    from app.api.http.retrieval_schemas import CohereRerankRequest, DecodeRequest
+    from app.telemetry.observe import count_inputs
+
+    model = DecodeRequest if "ids" in body else CohereRerankRequest
+    assert count_inputs(model.model_validate(body)) == count

@@ -1,0 +1,173 @@
+"""What the retrieval stacks' APIs ask beyond TEI's routes: Cohere's embed (vectors with the tokens they
+took, its ``input_type`` as the model's prompts), Jina's and Cohere's rerank (documents cut to
+``max_tokens_per_doc``, the tokens the pairs took), and TEI's ``/decode`` (token ids back to text).
+
+Each stands on the tasks TEI's routes use, so the numbers are theirs: Cohere's vectors are
+:meth:`~app.tasks.embeddings.Embeddings.vectors`' (what ``/embed`` gives), the rerank scores are
+:meth:`~app.tasks.heads.Heads.rerank`'s (what ``/rerank`` gives for the same pairs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import numpy as np
+
+from app.errors import EmptyInput, ValidationFailed
+from app.tasks.answers import Answer, timed
+from app.tasks.core import Core
+from app.tasks.embeddings import Embeddings
+from app.tasks.heads import Heads
+from app.tasks.options import Direction, EmbedOptions, LongText, Names, listed
+from app.tasks.prepare import check_count
+from app.tasks.token_ids import out_of_vocabulary
+
+# Cohere's input types, and the names of a model's prompts (its sentence-transformers config) each takes,
+# the first the model has; an input type the model has no prompt for embeds the text alone.
+INPUT_PROMPTS: dict[str, tuple[str, ...]] = {
+    "search_query": ("search_query", "query"),
+    "search_document": ("search_document", "document", "passage", "corpus"),
+    "classification": ("classification",),
+    "clustering": ("clustering",),
+}
+# What a Cohere embed of a text over the model's length with truncate NONE is told.
+TOO_LONG_COHERE = "send truncate END to keep its start, or START to keep its end"
+
+
+def input_prompt(input_type: str | None, prompts: dict[str, str], default: str | None) -> str | None:
+    """The prompt name Cohere's ``input_type`` embeds with: the first of :data:`INPUT_PROMPTS`' names the
+    model has, else none; no ``input_type``: the model's default prompt.
+
+    Raises:
+        ValidationFailed: ``image`` (this service embeds text only), or an unknown input type.
+    """
+    if input_type is None:
+        return default
+    names = INPUT_PROMPTS.get(input_type)
+    if names is None:
+        raise ValidationFailed(
+            f"input_type {input_type!r} is not supported: this model embeds text; send one of "
+            + ", ".join(INPUT_PROMPTS)
+        )
+    return next((name for name in names if name in prompts), None)
+
+
+class Retrieval:
+    """The tasks of the retrieval stacks' APIs over the shared core and the embedding and head tasks."""
+
+    def __init__(self, core: Core, embeddings: Embeddings, heads: Heads) -> None:
+        self.core = core
+        self.embeddings = embeddings
+        self.heads = heads
+
+    @timed
+    async def embed(
+        self,
+        texts: list[str],
+        input_type: str | None,
+        long_text: LongText,
+        direction: Direction,
+        dimensions: int | None,
+    ) -> Answer[tuple[np.ndarray, int]]:
+        """Cohere's embed: each text's float32 vector (as ``/embed`` makes it, with the input type's
+        prompt) and the tokens of all of them ([CLS], [SEP] and the prompt included, before truncation).
+
+        Raises:
+            ValidationFailed: an unsupported input type; a text over the model's length with long_text
+                "error"; over the per-request limits; a ``dimensions`` the model cannot give.
+            EmptyInput: no texts, or an empty one.
+        """
+        defaults = self.core.defaults
+        prompt = input_prompt(input_type, self.core.model.manifest.defaults.prompts, defaults.prompt_name)
+        options: EmbedOptions = replace(
+            defaults,
+            prompt_name=prompt,
+            long_text=long_text,
+            truncation_direction=direction,
+            dimensions=dimensions,
+        )
+        names = listed("texts", texts)
+        checked = self.core.texts(texts, names)
+        self.core.check_ready()
+        got = await self.embeddings.vectors(checked, options, names, TOO_LONG_COHERE)
+        return Answer((got.vectors, int(got.tokens.sum())), got.timings)
+
+    @timed
+    async def rerank(
+        self,
+        query: str,
+        documents: list[str],
+        max_tokens_per_doc: int | None,
+        long_text: LongText,
+        direction: Direction,
+    ) -> Answer[tuple[list[dict[str, object]], int]]:
+        """Jina's and Cohere's rerank: ``/rerank``'s ranks (index, score), best first, of each document
+        cut to its first ``max_tokens_per_doc`` tokens; and the tokens the pairs ran with.
+
+        The documents are tokenised once more for the cut and the count (on the tokenisation thread);
+        a pair's tokens are the query's, the document's and [CLS] [SEP] [SEP], at most the model's length.
+
+        Raises:
+            Unsupported: the model is not a cross-encoder.
+            EmptyInput: no documents, or an empty query or document.
+            ValidationFailed: over the per-request limits; a pair over the model's length with long_text
+                "error".
+        """
+        self.core.head("/rerank", "reranker")
+        if not documents:
+            raise EmptyInput("documents is empty: send at least one document to rank")
+        self.core.texts([query], Names("query", lambda _i: "query"))
+        self.core.texts(documents, listed("documents", documents))
+        cut = max_tokens_per_doc is not None
+        with self.core.engine.admit(len(documents)):
+            encodings, tokenization_ms = await self.core.tokenize(
+                [query, *documents], add_special_tokens=False, offsets=cut
+            )
+        kept = list(documents)
+        lengths = [len(e.ids) for e in encodings[1:]]
+        if max_tokens_per_doc is not None:
+            for i, enc in enumerate(encodings[1:]):
+                if lengths[i] > max_tokens_per_doc:
+                    kept[i] = documents[i][: enc.offsets[max_tokens_per_doc - 1][1]]
+                    lengths[i] = max_tokens_per_doc
+        limit = self.core.model.tokenizer.max_length
+        query_tokens = len(encodings[0].ids)
+        tokens = int(np.minimum(np.asarray(lengths) + query_tokens + 3, limit).sum())
+        answer = await self.heads.rerank(query, kept, False, False, long_text, direction)
+        answer.timings.tokenization_ms += tokenization_ms
+        return Answer((answer.value, tokens), answer.timings)
+
+    @timed
+    async def decode(self, id_lists: list[list[int]], skip_special_tokens: bool) -> Answer[list[str]]:
+        """TEI's decode: each list of token ids as text, on a worker thread (a long list decodes for
+        milliseconds, which the event loop must not wait for).
+
+        Bounded as ``/tokenize`` is: at most ``max_inputs_per_request`` lists, each of at most
+        ``max_input_chars`` + 2 ids (the most a text ``/tokenize`` takes gives, [CLS] and [SEP] included).
+
+        Raises:
+            EmptyInput: no lists.
+            ValidationFailed: too many lists, a list too long, an id outside the vocabulary.
+        """
+        self.core.check_ready()
+        settings = self.core.settings
+        names = Names("ids", lambda i: f"ids[{i}]")
+        if not id_lists:
+            raise EmptyInput("ids is empty: send a list of token ids, or a list of such lists")
+        check_count(len(id_lists), settings.max_inputs_per_request, names)
+        most = settings.max_input_chars + 2
+        vocab = self.core.model.manifest.config.vocab_size
+        for i, ids in enumerate(id_lists):
+            if len(ids) > most:
+                raise ValidationFailed(
+                    f"{names.item(i)} has {len(ids)} ids, over the {most} this server decodes in one list "
+                    "(max_input_chars + 2): split it"
+                )
+            if (problem := out_of_vocabulary(ids, vocab, names.item, i)) is not None:
+                raise problem
+        tokenizer = self.core.model.tokenizer
+        texts = await asyncio.to_thread(
+            lambda: [tokenizer.decode(ids, skip_special_tokens=skip_special_tokens) for ids in id_lists]
+        )
+        return Answer(texts)
