@@ -1,0 +1,48 @@
+"""Schemathesis over every route of the live server's OpenAPI document."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from app.serving.factory import create_app
+from app.settings import Settings
+from tests.app.api.rpc.grpc_process import Server
+from tests.app.property.conftest import CALL_TIMEOUT_S, DEEP, EXAMPLES
+
+pytestmark = pytest.mark.property
+
+# The OpenAPI document as the app builds it, before any model is loaded (its routes and schemas do not
+# depend on the model; test_the_served_document_is_the_one_tested checks it against the live one).
+DOCUMENT = create_app(Settings(model="unused")).openapi()
+
+schema = schemathesis.openapi.from_dict(
+    DOCUMENT,
+    config=schemathesis.Config.from_dict(
+        {
+            "generation": {"max-examples": EXAMPLES, "deterministic": not DEEP, "mode": "all"},
+            "phases": {"coverage": {"enabled": DEEP}},
+        }
+    ),
+)
+
+
+CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
+
+
+def test_the_served_document_is_the_one_tested(live: Server) -> None:
+    assert httpx.get(live.url + "/openapi.json", timeout=CALL_TIMEOUT_S).json() == DOCUMENT
+
+
+@schema.parametrize()
+@settings(deadline=None, suppress_health_check=list(HealthCheck))
+def test_no_request_gets_a_5xx_or_stalls(case: schemathesis.Case, live: Server) -> None:
+    case.call_and_validate(base_url=live.url, timeout=CALL_TIMEOUT_S, checks=CHECKS)
