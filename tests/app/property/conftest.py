@@ -13,10 +13,11 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
 
-from tests.app.api.rpc.conftest import stubs  # noqa: F401  (the generated gRPC client, for test_grpc.py)
+from tests.app.api.rpc.conftest import stubs  # noqa: F401  (the generated gRPC client)
 from tests.app.api.rpc.grpc_process import Server, start_grpc_server, stop_grpc_server
 from tests.app.conftest import wait_until
 
@@ -34,6 +35,18 @@ CALL_TIMEOUT_S = 10.0
 # for a local run: PROPERTY_EXAMPLES=200 (random examples, and schemathesis's coverage phase).
 EXAMPLES = int(os.environ.get("PROPERTY_EXAMPLES", "10"))
 DEEP = EXAMPLES > 10
+
+# A server fault or a stall; every other code is an answer (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, NOT_FOUND…).
+FAULTS = {
+    grpc.StatusCode.INTERNAL,
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.DATA_LOSS,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.UNIMPLEMENTED,
+    grpc.StatusCode.UNAVAILABLE,
+}
+# Sixteen texts (the live limit per request) of 14 to 130 tokens: a heavy request's inputs.
+TEXTS = [f"第{i}句：北京是中国的首都，" + "长城" * (i * 7 % 60) for i in range(16)]
 
 
 @pytest.fixture(scope="session")

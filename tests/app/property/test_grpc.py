@@ -16,20 +16,11 @@ from hypothesis import strategies as st
 
 from tests.app.api.rpc.conftest import PROTOS
 from tests.app.api.rpc.grpc_process import Server
-from tests.app.property.conftest import CALL_TIMEOUT_S, DEEP, EXAMPLES
+from tests.app.property.conftest import CALL_TIMEOUT_S, DEEP, EXAMPLES, FAULTS
 from tests.app.property.messages import message
 
 pytestmark = pytest.mark.property
 
-# A server fault or a stall; every other code is an answer (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, NOT_FOUND…).
-FAULTS = {
-    grpc.StatusCode.INTERNAL,
-    grpc.StatusCode.UNKNOWN,
-    grpc.StatusCode.DATA_LOSS,
-    grpc.StatusCode.DEADLINE_EXCEEDED,
-    grpc.StatusCode.UNIMPLEMENTED,
-    grpc.StatusCode.UNAVAILABLE,
-}
 
 # Each method of each service, read from the .proto files (the descriptors come from a fixture, too late to
 # parametrize by; test_every_method_is_listed checks this list against them).

@@ -14,11 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.app.api.rpc.grpc_process import Server
-from tests.app.property.conftest import CALL_TIMEOUT_S, DEEP, EXAMPLES, assert_healthy
+from tests.app.property.conftest import CALL_TIMEOUT_S, DEEP, EXAMPLES, TEXTS, assert_healthy
 
 pytestmark = pytest.mark.property
 
-TEXTS = [f"第{i}句：北京是中国的首都，" + "长城" * (i * 7 % 60) for i in range(16)]  # 16: the live limit
 # The heaviest request of each route the live server's limits allow (tests/app/property/conftest.py).
 HEAVY: list[tuple[str, dict[str, Any]]] = [
     ("/embed", {"inputs": TEXTS, "long_text": "chunk"}),
@@ -52,7 +51,10 @@ def test_clients_that_leave_cost_no_5xx_and_no_permit(
     requests: list[tuple[tuple[str, dict[str, Any]], float]], live: Server
 ) -> None:
     with ThreadPoolExecutor(len(requests)) as pool:
-        statuses = list(pool.map(lambda r: (r[0][0], send(live.url, *r[0], r[1])), requests))
+        answers = [pool.submit(send, live.url, route, body, patience) for (route, body), patience in requests]
+        statuses = [
+            (route, answer.result()) for ((route, _), _), answer in zip(requests, answers, strict=True)
+        ]
     # Each request is within the limits: answered, or refused for overload (the budget is ~170 inputs a
     # model, and 24 requests of 16 inputs overrun it).
     unexpected = [(route, status) for route, status in statuses if status not in (None, 200, 429)]
