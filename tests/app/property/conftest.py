@@ -49,9 +49,14 @@ FAULTS = {
 TEXTS = [f"第{i}句：北京是中国的首都，" + "长城" * (i * 7 % 60) for i in range(16)]
 
 
+# The live server's models, by the names requests give them.
+SERVED = ("embed", "rerank", "ner")
+
+
 @pytest.fixture(scope="session")
 def live(tiny_sparse_dir: Path, tiny_reranker_dir: Path, tiny_tagger_dir: Path) -> Iterator[Server]:
-    models = f"embed={tiny_sparse_dir},rerank={tiny_reranker_dir},ner={tiny_tagger_dir}"
+    folders = (tiny_sparse_dir, tiny_reranker_dir, tiny_tagger_dir)
+    models = ",".join(f"{name}={folder}" for name, folder in zip(SERVED, folders, strict=True))
     running = start_grpc_server(
         tiny_sparse_dir, ZHEMBED_MODELS=models, ZHEMBED_SHUTDOWN_DRAIN_S="0.2", **LIMITS
     )
