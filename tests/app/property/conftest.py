@@ -31,8 +31,8 @@ LIMITS = {
 # Every call's client timeout: generous (the tiny model answers any request within the limits in well
 # under a second), so a call past it is a stall, not a slow machine.
 CALL_TIMEOUT_S = 10.0
-# CI's run is bounded: a few examples per operation, the same ones each run (reproducible). A deeper search
-# for a local run: PROPERTY_EXAMPLES=200 (random examples, and schemathesis's coverage phase).
+# CI's run is bounded by examples, not time: a few per operation, the same ones each run (reproducible).
+# A deeper search for a local run: PROPERTY_EXAMPLES=200 (more examples, random ones).
 EXAMPLES = int(os.environ.get("PROPERTY_EXAMPLES", "10"))
 DEEP = EXAMPLES > 10
 
