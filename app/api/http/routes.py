@@ -162,7 +162,8 @@ async def embed(body: EmbedRequest, request: Request, service: ServiceDep) -> Re
 
 @router.post(
     "/",
-    response_model=EmbedResponse | list[float],
+    # Vectors or similarity scores; for a fine-tuned head, /predict's or /token-classification's answer.
+    response_model=EmbedResponse | list[float] | PredictResponse | TokenClassificationResponse,
     responses=openapi_responses(UnknownModel, EmptyInput, Unsupported),
 )
 async def root(body: RootRequest, request: Request, service: ServiceDep) -> Response:

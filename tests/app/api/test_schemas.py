@@ -174,3 +174,17 @@ def test_fill_mask_targets_as_a_list() -> None:
 def test_fill_mask_parameters_refused(parameters: object) -> None:
     with pytest.raises(ValidationError):
         FillMaskRequest.model_validate({"inputs": "x", "parameters": parameters})
+
+
+def test_the_openapi_says_a_text_holds_something_but_an_empty_one_still_reaches_the_service() -> None:
+    """The document says what the service accepts (a text with a character that is not whitespace), while
+    validation leaves an empty text to the service, whose answer is the documented 400 ``empty``."""
+    text = {"type": "string", "minLength": 1, "pattern": r"\S"}
+    assert text in EmbedRequest.model_json_schema()["properties"]["inputs"]["oneOf"]
+    assert SimilarityRequest.model_json_schema()["$defs"]["SimilarityInputs"]["properties"][
+        "source_sentence"
+    ] == {
+        **text,
+        "title": "Source Sentence",
+    }
+    assert EmbedRequest.model_validate({"inputs": ["", " "]}).inputs == ["", " "]

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import base64
 import inspect
+import json
 
 import httpx
 import numpy as np
 import pytest
 from fastapi import FastAPI
 
+from app.serving.factory import create_app
+from app.settings import Settings
 from tests.app.conftest import Running, TorchReference, cosine
 from tests.app.vectors import assert_same_bits, assert_same_vectors
 
@@ -239,3 +242,12 @@ def test_embed_sparse_on_a_model_without_the_sparse_graph_says_how_to_get_one(cl
         in response.json()["error"]
     )
     assert "/embed_sparse" not in client.get("/info").json()["routes"]
+
+
+def test_root_route_documents_the_heads_answers_too() -> None:
+    """A classifier or reranker answers the root route as /predict does, a tagger as /token-classification
+    (the property suite found a tagger's entities outside the documented answer)."""
+    spec = create_app(Settings(model="unused")).openapi()
+    answer = json.dumps(spec["paths"]["/"]["post"]["responses"]["200"])
+    for shape in ("Int8Vector", "LabelScore", "Entity"):
+        assert f"#/components/schemas/{shape}" in answer, shape
