@@ -17,7 +17,7 @@ from app.model.manifest import (
 )
 from app.model.resolve import cache_folder, resolve_model
 from loadtest.server import free_port
-from tests.hub_mirror import COMMIT, HubMirror
+from tests.hub_mirror import COMMIT, HubMirror, ModelScopeMirror
 
 
 def test_a_folder_with_a_manifest_is_used_as_is(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -99,6 +99,24 @@ def test_a_hub_id_is_fetched_from_the_mirror_hf_endpoint_names(
     assert f"GET /tiny-org/tiny-bert/resolve/{COMMIT}/model.safetensors" in mirror.requests
 
 
+def test_a_modelscope_id_is_downloaded_by_modelscopes_snapshot_download_and_exported(
+    tiny_source_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """modelscope's real snapshot_download against a loopback server posing as ModelScope
+    (MODELSCOPE_ENDPOINT): the files a BERT export reads are downloaded, exported, named in the manifest."""
+    pytest.importorskip("modelscope", reason="the modelscope extra (installed by the dev extra)")
+    monkeypatch.setenv("MODELSCOPE_CACHE", str(tmp_path / "modelscope"))
+    with ModelScopeMirror("tiny-org/tiny-bert", tiny_source_dir) as modelscope:
+        monkeypatch.setenv("MODELSCOPE_ENDPOINT", modelscope.endpoint)
+        folder = resolve_model("modelscope:tiny-org/tiny-bert", None, tmp_path / "cache")
+    assert folder == cache_folder("modelscope:tiny-org/tiny-bert", None, tmp_path / "cache")
+    source = load_manifest(folder).source
+    assert (source.model, source.revision, source.local) == ("modelscope:tiny-org/tiny-bert", "master", False)
+    assert source.weights_sha256 == sha256_file(tiny_source_dir / "model.safetensors")
+    fetched = {r.partition("FilePath=")[2] for r in modelscope.requests if "FilePath=" in r}
+    assert fetched == {"config.json", "vocab.txt", "tokenizer_config.json", "model.safetensors"}
+
+
 def _modelscope_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """modelscope's cache in ``tmp_path``, its endpoint a loopback port nothing listens on; the cache."""
     pytest.importorskip("modelscope", reason="the modelscope extra (installed by the dev extra)")
@@ -108,17 +126,15 @@ def _modelscope_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path
     return tmp_path / "modelscope"
 
 
-def test_a_modelscope_id_is_fetched_by_modelscopes_snapshot_download_and_exported(
+def test_an_unreachable_modelscope_falls_back_to_modelscopes_cache(
     tiny_source_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """modelscope's real snapshot_download, offline: ModelScope unreachable, the checkpoint in modelscope's
-    own cache layout (what an earlier download left), found there, exported, named in the manifest."""
+    """ModelScope unreachable, the checkpoint in modelscope's own cache layout (what an earlier download
+    left): the real snapshot_download finds it there, and it is exported."""
     cache = _modelscope_offline(tmp_path, monkeypatch)
     shutil.copytree(tiny_source_dir, cache / "models" / "tiny-org--tiny-bert" / "snapshots" / "master")
-    folder = resolve_model("modelscope:tiny-org/tiny-bert", None, tmp_path / "cache")
-    assert folder == cache_folder("modelscope:tiny-org/tiny-bert", None, tmp_path / "cache")
-    source = load_manifest(folder).source
-    assert (source.model, source.revision, source.local) == ("modelscope:tiny-org/tiny-bert", "master", False)
+    source = load_manifest(resolve_model("modelscope:tiny-org/tiny-bert", None, tmp_path / "cache")).source
+    assert (source.model, source.revision) == ("modelscope:tiny-org/tiny-bert", "master")
     assert source.weights_sha256 == sha256_file(tiny_source_dir / "model.safetensors")
 
 
