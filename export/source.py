@@ -202,15 +202,20 @@ def _download_modelscope(repo_id: str, revision: str) -> Path:
             folder = fetch([WEIGHT_FILES[1]])
     except requests.HTTPError as exc:  # modelscope's answer for a missing, private or forbidden repository
         raise ExportError(f"ModelScope has no model {repo_id!r} at revision {revision} ({exc})") from exc
-    except (HubError, requests.RequestException, OSError):
+    except (HubError, requests.RequestException, OSError) as failed:
+        unreachable = HubUnreachableError(
+            f"cannot reach ModelScope to fetch {repo_id!r} at revision {revision} and it is not in the "
+            "local modelscope cache; download the model elsewhere and pass its folder: "
+            "python -m export --model /path/to/folder --out DIR"
+        )
         try:
-            return Path(snapshot_download(repo_id, revision=revision, local_files_only=True))
+            cached = Path(snapshot_download(repo_id, revision=revision, local_files_only=True))
         except (HubError, OSError) as exc:
-            raise HubUnreachableError(
-                f"cannot reach ModelScope to fetch {repo_id!r} at revision {revision} and it is not in the "
-                "local modelscope cache; download the model elsewhere and pass its folder: "
-                "python -m export --model /path/to/folder --out DIR"
-            ) from exc
+            raise unreachable from exc
+        # A download cut short leaves a snapshot without its config or weights: that is not a checkpoint.
+        if not (cached / "config.json").is_file() or _weights_in(cached) is None:
+            raise unreachable from failed
+        return cached
     return folder
 
 

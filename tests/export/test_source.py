@@ -14,19 +14,24 @@ from typing import Any
 
 import pytest
 
-from export.source import ExportError, resolve
+from export.source import ExportError, HubUnreachableError, resolve
 
 
 class _HubError(Exception):
     pass
 
 
-def _fake_modelscope(monkeypatch: pytest.MonkeyPatch, folder: Path) -> list[dict[str, Any]]:
-    """modelscope and modelscope_hub.errors as the exporter imports them; the calls to snapshot_download."""
+def _fake_modelscope(
+    monkeypatch: pytest.MonkeyPatch, folder: Path, online: bool = True
+) -> list[dict[str, Any]]:
+    """modelscope and modelscope_hub.errors as the exporter imports them, ModelScope reachable or not
+    (then only a ``local_files_only`` call answers); the calls to snapshot_download."""
     calls: list[dict[str, Any]] = []
 
     def snapshot_download(model_id: str, **kwargs: Any) -> str:
         calls.append({"model_id": model_id, **kwargs})
+        if not online and not kwargs.get("local_files_only"):
+            raise _HubError("connection refused")
         return str(folder)
 
     modelscope = types.ModuleType("modelscope")
@@ -68,6 +73,24 @@ def test_a_checkpoint_without_safetensors_is_fetched_with_its_pytorch_weights(
     calls = _fake_modelscope(monkeypatch, tmp_path)
     resolve("modelscope:tiansz/bert-base-chinese", None)
     assert len(calls) == 2 and calls[1]["allow_patterns"] == ["pytorch_model.bin"]
+
+
+def test_unreachable_the_cached_snapshot_is_used(
+    tiny_source_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = _fake_modelscope(monkeypatch, tiny_source_dir, online=False)
+    assert resolve("modelscope:BAAI/bge-small-zh-v1.5", None).folder == tiny_source_dir
+    assert calls[-1]["local_files_only"] is True
+
+
+def test_a_cached_snapshot_without_weights_is_not_a_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A download cut short leaves part of a snapshot in the cache: unreachable, not half a model."""
+    (tmp_path / "config.json").write_text("{}")
+    _fake_modelscope(monkeypatch, tmp_path, online=False)
+    with pytest.raises(HubUnreachableError, match="cannot reach ModelScope"):
+        resolve("modelscope:BAAI/bge-small-zh-v1.5", None)
 
 
 @pytest.mark.parametrize("bad", ["modelscope:", "modelscope:bert-base-chinese", "modelscope:a/b/c"])
