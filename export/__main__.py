@@ -44,10 +44,18 @@ def parse_args(argv: list[str] | None = None) -> ExportOptions:
         description="Export a Hugging Face BERT checkpoint to validated ONNX graphs and a manifest.",
     )
     parser.add_argument(
-        "--model", default=DEFAULT_MODEL, help="hub id or local folder (default: %(default)s)"
+        "--model",
+        default=DEFAULT_MODEL,
+        help="hub id (fetched from HF_ENDPOINT, a mirror, when the environment names one), "
+        "modelscope:ORG/NAME (fetched from ModelScope; the modelscope extra), or local folder "
+        "(default: %(default)s)",
     )
     parser.add_argument("--out", required=True, type=Path, help="model folder to write (replaced atomically)")
-    parser.add_argument("--revision", default=None, help="hub revision (branch, tag or commit)")
+    parser.add_argument(
+        "--revision",
+        default=None,
+        help="hub or ModelScope revision (branch, tag or commit; ModelScope's default: master)",
+    )
     parser.add_argument(
         "--variants", type=_variants, default=VARIANTS, help="comma list of fp32,fp16,int8 (default: all)"
     )

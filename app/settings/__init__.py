@@ -37,10 +37,14 @@ class Settings(BaseSettings):
     # --- model ---------------------------------------------------------------------------------------
     model: str = Field(
         default="bert-base-chinese",
-        description="A folder holding manifest.json, or a hub id / plain model folder that is exported "
-        "on first use into --cache-dir (by `python -m export` in a subprocess).",
+        description="A folder holding manifest.json, or a hub id (from HF_ENDPOINT when it names a hub "
+        "mirror), modelscope:ORG/NAME (from ModelScope; the modelscope extra) or plain model folder, "
+        "exported on first use into --cache-dir (by `python -m export` in a subprocess).",
     )
-    revision: str | None = Field(default=None, description="Hub revision to export when --model is a hub id.")
+    revision: str | None = Field(
+        default=None,
+        description="Hub or ModelScope revision to export when --model is a hub or ModelScope id.",
+    )
     served_model_name: str | None = Field(
         default=None,
         min_length=1,

@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from app.model.resolve import EXIT_HUB_UNREACHABLE
+from app.model.resolve import EXIT_EXPORT_ERROR, EXIT_HUB_UNREACHABLE
 from export.__main__ import parse_args
+from loadtest.server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _run(*args: str, offline: bool = True) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
+def _run(
+    *args: str, offline: bool = True, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **(extra_env or {})}
     if offline:
         env["HF_HUB_OFFLINE"] = "1"
     return subprocess.run(
@@ -87,3 +91,59 @@ def test_matryoshka_dimensions_flag_takes_widths_or_any(capsys: pytest.CaptureFi
         with pytest.raises(SystemExit):
             parse_args(["--out", "m", "--matryoshka-dimensions", bad])
         assert "comma list of widths" in capsys.readouterr().err
+
+
+def test_a_modelscope_id_without_the_extra_is_one_line_naming_it(tmp_path: Path) -> None:
+    shim = tmp_path / "shim" / "modelscope"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text("raise ImportError('No module named modelscope')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shim.parent), str(ROOT)])}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "export",
+            "--model",
+            "modelscope:BAAI/bge-small-zh-v1.5",
+            "--out",
+            str(tmp_path / "m"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=300,
+    )
+    assert result.returncode == EXIT_EXPORT_ERROR
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "pip install 'zhembed[modelscope]'" in lines[0], result.stderr
+    assert not (tmp_path / "m").exists()
+
+
+def test_a_modelscope_id_exports_from_modelscopes_cache(tiny_source_dir: Path, tmp_path: Path) -> None:
+    """The real modelscope snapshot_download, ModelScope unreachable (a loopback port nothing listens on):
+    the checkpoint an earlier download left in modelscope's cache is exported, its source so named."""
+    pytest.importorskip("modelscope", reason="the modelscope extra (installed by the dev extra)")
+    shutil.copytree(
+        tiny_source_dir, tmp_path / "ms" / "models" / "BAAI--bge-small-zh-v1.5" / "snapshots" / "v1"
+    )
+    env = {
+        "MODELSCOPE_CACHE": str(tmp_path / "ms"),
+        "MODELSCOPE_ENDPOINT": f"http://127.0.0.1:{free_port()}",
+        "MODELSCOPE_REPO_TREE_PAGE_MAX_ATTEMPTS": "1",
+    }
+    model = "modelscope:BAAI/bge-small-zh-v1.5"
+    result = _run(
+        "--model",
+        model,
+        "--revision",
+        "v1",
+        "--out",
+        str(tmp_path / "m"),
+        "--variants",
+        "int8",
+        extra_env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    source = json.loads((tmp_path / "m" / "manifest.json").read_text())["source"]
+    assert (source["model"], source["revision"], source["weights"]) == (model, "v1", "pretrained")
