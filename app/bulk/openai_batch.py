@@ -28,6 +28,7 @@ from starlette.requests import Request
 from app.api.errors import error_parts
 from app.api.http.fast import FastRoutes, fast_routes, parsed
 from app.api.http.openai_routes import router as openai_router
+from app.api.http.retrieval_routes import router as retrieval_router
 from app.api.http.routes import router as tei_router
 from app.errors import ServiceError
 from app.tasks.service import Service
@@ -37,7 +38,7 @@ from app.tasks.service import Service
 # them, or a router added to ROUTERS, is answered here with no other change. A url listed whose route the
 # server does not have is refused per line as unsupported, as is any url not listed.
 BATCH_URLS = ("/v1/embeddings", "/v1/rerank", "/v2/embed")
-ROUTERS = (openai_router, tei_router)
+ROUTERS = (openai_router, retrieval_router, tei_router)
 JSON = b"application/json"
 
 

@@ -99,3 +99,31 @@ def test_a_line_only_the_stdlib_reads_reaches_the_route_as_it_was_written(tmp_pa
     nan, big = read_lines(requests, batch_routes())
     assert nan.error is None and nan.body == b'{"input": "a", "dimensions": NaN}'
     assert big.custom_id is None and big.error is not None and big.error[1] == "invalid_custom_id"
+
+
+def test_cohere_embed_and_rerank_lines_are_answered_by_their_routes(
+    tiny_model_dir: Path, tmp_path: Path, client: httpx.Client
+) -> None:
+    assert {"/v1/embeddings", "/v1/rerank", "/v2/embed"} <= set(batch_routes())
+    embed = {"texts": ["北京", "上海"], "embedding_types": ["float", "int8"], "input_type": "search_document"}
+    rerank = {
+        "query": "北京的天气",
+        "documents": ["北京今天晴", "上海下雨了"],
+    }  # the tiny embedder: no reranker
+    lines = [
+        orjson.dumps({"custom_id": "embed", "method": "POST", "url": "/v2/embed", "body": embed}),
+        orjson.dumps({"custom_id": "rerank", "method": "POST", "url": "/v1/rerank", "body": rerank}),
+    ]
+    requests = tmp_path / "requests.jsonl"
+    requests.write_bytes(b"\n".join(lines) + b"\n")
+    out = tmp_path / "results.jsonl"
+    assert main(batch_args(tiny_model_dir, requests, out)) == 3  # the rerank line's 4xx
+    embedded, reranked = read_output(out)
+    direct = client.post("/v2/embed", json=embed)
+    assert embedded["response"]["status_code"] == direct.status_code == 200
+    assert embedded["response"]["body"]["embeddings"]["int8"] == direct.json()["embeddings"]["int8"]
+    assert embedded["response"]["body"]["embeddings"]["float"] == direct.json()["embeddings"]["float"]
+    refused = client.post("/v1/rerank", json=rerank)
+    assert 400 <= refused.status_code < 500
+    assert reranked["response"]["status_code"] == refused.status_code
+    assert reranked["response"]["body"] == refused.json()
