@@ -65,12 +65,38 @@ def defaults(service: Service) -> dict[str, Any]:
     }
 
 
+# TEI's name for each kind in /info's ``model_type`` (what Dify's TEI provider reads to tell an embedder from
+# a reranker); TEI serves no tagger, so that one is named for what it is.
+_TEI_TYPES = {
+    "embedding": "embedding",
+    "classifier": "classifier",
+    "reranker": "reranker",
+    "tagger": "token_classifier",
+}
+
+
+def tei_model_type(service: Service) -> dict[str, Any]:
+    """TEI's ``model_type``: ``{"embedding": {"pooling": ...}}``, or a head's kind with its labels as
+    ``id2label`` and ``label2id``."""
+    head = service.model.manifest.head
+    kind = _TEI_TYPES[service.model.manifest.kind]
+    if head is None or kind == "embedding":
+        return {"embedding": {"pooling": service.defaults.pooling}}
+    return {
+        kind: {
+            "id2label": {str(k): v for k, v in head.labels.items()},
+            "label2id": {v: k for k, v in head.labels.items()},
+        }
+    }
+
+
 def describe(service: Service) -> dict[str, Any]:
     m = service.model.manifest
     s = service.settings
     head = m.head
     return {
         "model_id": service.served_name,
+        "model_type": tei_model_type(service),
         "kind": m.kind,
         "kind_description": KIND_NAMES[m.kind],
         "routes": service.routes(),
@@ -95,6 +121,7 @@ def describe(service: Service) -> dict[str, Any]:
         "max_input_length": m.tokenizer.max_length,
         "max_input_chars": s.max_input_chars,
         "max_inputs_per_request": s.max_inputs_per_request,
+        "max_client_batch_size": s.max_inputs_per_request,  # TEI's name for it
         "max_embed_all_tokens": s.max_embed_all_tokens,
         "batching": {
             "max_batch_tokens": s.max_batch_tokens,

@@ -199,6 +199,13 @@ def test_models_and_info_list_every_model(three: Running) -> None:
         ("rerank", "reranker"),
         ("ner", "tagger"),
     ]
+    # TEI's model_type, which Dify's TEI provider reads to tell an embedder from a reranker.
+    types = [m["model_type"] for m in info["models"]]
+    assert list(types[0]) == ["embedding"] and list(types[1]) == ["reranker"]
+    assert list(types[2]) == ["token_classifier"]
+    labels = types[1]["reranker"]["id2label"]
+    assert types[1]["reranker"]["label2id"] == {v: int(k) for k, v in labels.items()}
+    assert info["max_client_batch_size"] == info["max_inputs_per_request"]
     budgets = [m["batching"]["max_concurrent_inputs"] for m in info["models"]]
     assert budgets[0] == BUDGET and budgets[1] == budgets[2] == (512 - BUDGET) // 2  # the rest, shared
     assert info["default_models"]["/rerank"] == "rerank"
