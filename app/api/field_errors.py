@@ -4,6 +4,7 @@ what it must be, and what was sent. :func:`app.api.errors.validation_message` jo
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,6 +16,20 @@ from app.errors import json_kind
 # Parts of a pydantic error location that name a type tried in a union, not a field (pydantic's own,
 # and the schemas' tags; no request field has one of these names).
 _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "tuple", "body"}) | UNION_TAGS
+
+
+# The most characters of a sent value an error message repeats.
+_SHOWN_CHARS = 80
+
+
+def _shown(given: Any) -> str:
+    """``given`` as the client sent it, in JSON, cut to :data:`_SHOWN_CHARS`: orjson's, or the standard
+    library's for what orjson cannot write (an integer past 64 bits, which the standard parser reads)."""
+    try:
+        text = orjson.dumps(given).decode()
+    except TypeError:
+        text = json.dumps(given, ensure_ascii=False)
+    return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 1] + "…"
 
 
 # pydantic's type errors, as what the field must be.
@@ -67,7 +82,7 @@ def field_message(err: Any) -> str:
     elif kind == "missing":
         what = "is required"
     elif kind == "literal_error":
-        what = f"must be one of {err.get('ctx', {}).get('expected', '?')}, not {orjson.dumps(given).decode()}"
+        what = f"must be one of {err.get('ctx', {}).get('expected', '?')}, not {_shown(given)}"
     elif kind.endswith("_type"):  # the schemas' own forms (inputs_type, …) and pydantic's other types
         what = f"{_reworded(str(err.get('msg', 'is invalid')))}, not {json_kind(given)}"
     else:

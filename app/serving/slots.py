@@ -102,6 +102,11 @@ class Slots:
     def alive(self) -> bool:
         return any(s is not None and s.proc.is_alive() for s in self.slots)
 
+    def unhandled(self) -> bool:
+        """A worker has exited and :meth:`step` has not yet replaced it or given up (every worker may die
+        between two steps: each start failing at once)."""
+        return any(s is not None and not s.proc.is_alive() for s in self.slots)
+
     def signal_all(self, sig: int) -> None:
         self._forwarded.add(sig)
         if self._stopped_at is None:

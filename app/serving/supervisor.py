@@ -114,7 +114,9 @@ def serve(settings: Settings, count: int) -> int:
     )
     forwarded = 0
     try:
-        while slots.alive():
+        # Until every worker has exited and, unless the server is stopping, each exit was handled: workers
+        # whose starts all fail may all be gone before the first step sees them.
+        while slots.alive() or (not signals and slots.unhandled()):
             while forwarded < len(signals):
                 sig = signals[forwarded]
                 if forwarded == 0:

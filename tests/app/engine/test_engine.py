@@ -124,7 +124,7 @@ def test_a_failed_batchs_job_has_its_other_sequences_dropped_unrun(
     monkeypatch.setattr(tiny_model, "encode", first_fails)
 
     async def main() -> None:
-        with pytest.raises(InternalError, match="inference failed"):
+        with pytest.raises(InternalError, match="a batch of 1 failed"):
             await engine.run(*job_of([6, 6, 6]))  # one sequence a batch: the first batch fails
         while engine.batcher.depth:  # (at once: dropped before the request got its error)
             await asyncio.sleep(0.01)

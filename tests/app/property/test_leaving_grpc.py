@@ -15,7 +15,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.app.api.rpc.grpc_process import Server
-from tests.app.property.conftest import CALL_TIMEOUT_S, DEEP, EXAMPLES, FAULTS, TEXTS, assert_healthy
+from tests.app.property.conftest import (
+    CALL_TIMEOUT_S,
+    DEEP,
+    EXAMPLES,
+    FAULTS,
+    LIMITS,
+    TEXTS,
+    assert_healthy,
+)
 
 pytestmark = pytest.mark.property
 
@@ -41,7 +49,9 @@ def _tokenize_stream(s: dict[str, ModuleType], channel: grpc.Channel, timeout: f
 
 
 def _decode_stream(s: dict[str, ModuleType], channel: grpc.Channel, timeout: float) -> Any:
-    stream = (s["tei_pb2"].DecodeRequest(ids=list(range(100, 4100))) for _ in range(16))
+    # The most ids one Decode takes: the tokens of the longest input allowed, with its [CLS] and [SEP].
+    most = int(LIMITS["ZHEMBED_MAX_INPUT_CHARS"]) + 2
+    stream = (s["tei_pb2"].DecodeRequest(ids=list(range(100, 100 + most))) for _ in range(16))
     return list(s["tei_pb2_grpc"].TokenizeStub(channel).DecodeStream(stream, timeout=timeout))
 
 
