@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 from pathlib import Path
 from typing import Any
 
 from app.bulk import flags
-from app.bulk.batch_job import manifest_of, prepare, run_local
+from app.bulk.batch_job import begin, run_local
 from app.bulk.embedder import Embedder
 from app.bulk.progress import Progress
 from app.settings import Settings
-
-log = logging.getLogger("app.bulk")
 
 EXIT_OK = 0
 EXIT_FAILED_LINES = 3
@@ -56,18 +53,6 @@ def run_batch(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return EXIT_FAILED_LINES if counts.get("failed") else EXIT_OK
-
-
-def begin(
-    input_path: Path, output: Path, embedder: Embedder, source: str, overwrite: bool
-) -> tuple[str, dict[str, Any]]:
-    """The run's state and manifest (:func:`~app.bulk.batch_job.prepare`), logged."""
-    state, manifest = prepare(output, manifest_of(input_path, embedder, source), overwrite)
-    if state == "done":
-        log.info("%s is complete already (started %s)", output, manifest.get("started"))
-    elif state == "resume":
-        log.info("continuing the job in %s (run %d)", output, manifest["runs"])
-    return state, manifest
 
 
 async def _local(

@@ -13,6 +13,7 @@ wrote it (model, input file with size and mtime) and whether it finished, as the
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections import deque
 from collections.abc import Iterator
@@ -25,6 +26,8 @@ from app.bulk.embedder import Embedder
 from app.bulk.openai_batch import Answerer, Line, read_lines
 from app.bulk.output import mismatch, now, write_atomic
 from app.bulk.progress import Progress
+
+log = logging.getLogger("app.bulk")
 
 # Output lines per write + fsync: what a crash can cost at most, and a small cost per line.
 CHUNK_LINES = 256
@@ -86,6 +89,18 @@ def prepare(output: Path, manifest: dict[str, Any], overwrite: bool) -> tuple[st
     if old.get("status") == "done":
         return "done", old
     return "resume", {**manifest, "started": old.get("started"), "runs": int(old.get("runs", 1)) + 1}
+
+
+def begin(
+    input_path: Path, output: Path, embedder: Embedder, source: str, overwrite: bool
+) -> tuple[str, dict[str, Any]]:
+    """The run's state and manifest (:func:`prepare`), logged: where a local run and a Ray run begin."""
+    state, manifest = prepare(output, manifest_of(input_path, embedder, source), overwrite)
+    if state == "done":
+        log.info("%s is complete already (started %s)", output, manifest.get("started"))
+    elif state == "resume":
+        log.info("continuing the job in %s (run %d)", output, manifest["runs"])
+    return state, manifest
 
 
 def written_prefix(output: Path) -> tuple[int, Any]:

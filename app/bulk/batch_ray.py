@@ -22,7 +22,15 @@ from typing import Any
 
 import numpy as np
 
-from app.bulk.batch_job import ChunkWriter, answer_in_order, finish, manifest_path, todo, written_prefix
+from app.bulk.batch_job import (
+    ChunkWriter,
+    answer_in_order,
+    begin,
+    finish,
+    manifest_path,
+    todo,
+    written_prefix,
+)
 from app.bulk.embedder import Embedder
 from app.bulk.openai_batch import Answerer, Line, batch_routes, read_lines, refused
 from app.bulk.output import write_atomic
@@ -71,8 +79,6 @@ def run_ray(
         JobFault: a line answered 429 or 5xx (in an actor; the lines written before it stay).
     """
     import ray
-
-    from app.bulk.batch_cli import begin
 
     folder, _, _ = check_model(settings)
     settings = settings.model_copy(update={"model": str(folder)})

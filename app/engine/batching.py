@@ -262,7 +262,8 @@ class Batcher:
             return None
         lengths, counts = pending_lengths(group, self._taken, self._front)
         at = int(np.searchsorted(lengths, oldest.length))
-        overdue = now - oldest.enqueued_at > self.budget_s()
+        budget = self.budget_s()
+        overdue = now - oldest.enqueued_at > budget
         whole = group[0].urgency in BACKGROUND  # its requests whole, the oldest first
         cap = self._cap(group[-1].urgency, now, seen)
         if floor and cap is not None:  # as much as its oldest alone, over THRIFT: on a GPU, a full batch
@@ -277,7 +278,7 @@ class Batcher:
         due = floor or full or due_at <= now or not self.company_expected()
         seconds = window.cost * self._scale if self._scale is not None else float("inf")
         planned = (lengths, counts, window, overdue, cap, due, due_at, level, seconds, floor)
-        return Offer(self, now, group, aged, oldest, *planned)
+        return Offer(budget, now, group, aged, oldest, *planned)
 
     def cut(self, offer: Offer, waited: bool) -> list[Seq]:
         """Take the batch :meth:`offer` planned (the lock still held since) out of the queue, with the less

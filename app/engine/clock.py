@@ -6,7 +6,9 @@ deadline) only through a :class:`Clock`, so a test can hand it a simulated one w
 and whose arrivals come at the instants it names, and assert the exact decisions. The real one costs what
 calling ``time.perf_counter`` and ``Condition.wait`` directly did: ``now`` *is* ``time.perf_counter``.
 
-A sequence's ``enqueued_at`` must be read from the same clock (the engine reads it from the batcher's).
+A sequence's ``enqueued_at`` must be read from the same clock: the engine's (``Engine.clock``, which its
+batch queue and its tokenisation queue's aging read too), never from ``time``; zero is a time like any
+other. Durations (a batch's run, tokenising) measure real time: they are the machine's.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from tokenizers import Encoding
 from app.engine import calibration, costs
 from app.engine.admission import HELD, Admission, Permits
 from app.engine.batching import Batcher
+from app.engine.clock import Clock
 from app.engine.inference import Inference
 from app.engine.planner import Limits
 from app.engine.priority import URGENCIES, URGENCY
@@ -72,8 +73,14 @@ class Engine:
         self.scheduler = scheduler
         name = settings.served_model_name if scheduler is not None else None
         self.admission = Admission(settings.max_concurrent_inputs, model=name)
+        # The one clock every time the engine compares is read from (arrivals, aging, waits): the
+        # scheduler's, which a test may hand in, or real time.
+        self.clock = scheduler.clock if scheduler is not None else Clock()
         self.tokenization = Tokenization(
-            model.tokenizer, capacity=settings.max_concurrent_inputs, aging_ms=settings.urgency_aging_ms
+            model.tokenizer,
+            capacity=settings.max_concurrent_inputs,
+            aging_ms=settings.urgency_aging_ms,
+            clock=self.clock,
         )
         # Each admitted input becomes at most this many windows (a token never spans less than a char).
         windows = math.ceil(settings.max_input_chars / max(model.tokenizer.max_length - 2, 1)) + 1
@@ -89,7 +96,7 @@ class Engine:
             max_queue_delay_ms=settings.max_queue_delay_ms,
             urgency_aging_ms=settings.urgency_aging_ms,
             background_share=settings.background_share,
-            clock=scheduler.clock if scheduler is not None else None,
+            clock=self.clock,
             cond=scheduler.cond if scheduler is not None else None,
         )
         self.calibrated = threading.Event()  # set once the queue plans by the cost model it will keep
@@ -196,7 +203,7 @@ class Engine:
                 job.finish(0)
                 return
             job.expect(len(work.ids))
-            enqueued = self.batcher.clock.now()
+            enqueued = self.clock.now()
             self.batcher.submit([Seq(ids, work.need, job, i, enqueued) for i, ids in enumerate(work.ids)])
 
         # A tokeniser fault reaches the request as it is: a logged 500, as on every other path.

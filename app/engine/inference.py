@@ -129,7 +129,7 @@ class Inference:
         self.metrics.batch_ran(
             seconds,
             finished.cpu_s,
-            finished.started_at - np.fromiter((item.enqueued_at for item in live), np.float64, len(live)),
+            finished.begun_at - np.fromiter((item.enqueued_at for item in live), np.float64, len(live)),
             [item.job.urgency for item in live],
         )
         done = split_batch(finished)
@@ -200,6 +200,9 @@ class Inference:
             if need.head:
                 wanted[HEAD_OUTPUT] = None
 
+        # Its time on the engine's clock, which its sequences' waits end at; real time for its own
+        # duration (busy time, the cost model), which is the machine's whatever clock the queue runs on.
+        begun = self.batcher.clock.now()
         started, cpu = time.perf_counter(), time.thread_time()
         names = list(wanted)
         outputs = dict(
@@ -232,6 +235,7 @@ class Inference:
             pooled_names=self.pooled_names,
             started_at=started,
             finished_at=finished,
+            begun_at=begun,
             cpu_s=cpu,
         )
 

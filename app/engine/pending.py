@@ -7,7 +7,6 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -15,10 +14,6 @@ from app.engine.planner import Window
 from app.engine.priority import BACKGROUND, URGENCIES
 from app.engine.work import Seq
 from app.errors import InternalError
-
-if TYPE_CHECKING:
-    from app.engine.batching import Batcher
-
 
 # A background class is planned over its oldest inputs, this many full batches' worth (at most FRONT_MOST):
 # enough to group similar lengths as well as the whole queue would (alone, it runs as fast as before), few
@@ -195,7 +190,9 @@ class Offer:
     what :meth:`Batcher.cut` takes, and what the inference thread compares across the queues of several
     models (:mod:`app.engine.scheduler`).
 
-    ``level``: the urgency it serves, after aging (lower runs first); ``due``: it runs now (full, past the
+    ``budget_s``: its queue's queue-delay budget at ``now`` (what ``overdue`` was judged by, and what the
+    scheduler counts an overdue input's wait in); ``level``: the urgency it serves, after aging (lower
+    runs first); ``due``: it runs now (full, past the
     company wait, or nobody else coming), else at ``due_at`` at the latest; ``overdue``: it holds an input
     past its queue-delay budget; ``window.efficiency``: the share of its modelled cost that is useful work;
     ``seconds``: its modelled time (infinite while the constant model has no scale yet); ``floor``: it
@@ -203,7 +200,7 @@ class Offer:
     it goes before.
     """
 
-    batcher: Batcher
+    budget_s: float
     now: float
     group: list[Pending]
     aged: bool

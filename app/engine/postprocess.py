@@ -49,8 +49,9 @@ class FinishedBatch:
     sparse: dict[int, int]
     sparse_vectors: np.ndarray | None
     output_names: dict[int, str]  # 1-based layer → encoder output name
-    started_at: float
+    started_at: float  # real time (perf_counter): its duration, the machine's
     finished_at: float
+    begun_at: float  # when it started on the engine's clock, what its sequences' queue waits end at
     cpu_s: float = 0.0  # the running thread's CPU seconds inside ONNX Runtime
     # (1-based layer, pooling mode) → the encoder output holding that pooled vector, where the graph has it
     pooled_names: dict[tuple[int, str], str] = field(default_factory=dict)
@@ -136,7 +137,7 @@ def split_batch(batch: FinishedBatch) -> list[tuple[Job, int]]:
                 job.mask_probs[slot] = probs[batch.mask_rows[row]]
         job.tokens += sum(batch.sequences[row].length for row in rows)
         # A job's sequences are queued together, so its first one here waited as long as any.
-        waited = batch.started_at - batch.sequences[rows[0]].enqueued_at
+        waited = batch.begun_at - batch.sequences[rows[0]].enqueued_at
         job.queued_s = max(job.queued_s, waited)
         job.batches[batch.started_at] = inference_s
         _, count = done.get(id(job), (job, 0))

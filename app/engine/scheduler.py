@@ -83,7 +83,7 @@ def rank(offer: Offer) -> tuple[float, ...]:
     waited ten of its 2 ms budgets goes before an embedder's that has waited two of its 25 ms ones); else
     by efficiency, then the oldest input first."""
     if offer.overdue:
-        return (1.0, (offer.now - offer.oldest.enqueued_at) / offer.batcher.budget_s())
+        return (1.0, (offer.now - offer.oldest.enqueued_at) / offer.budget_s)
     return (0.0, offer.window.efficiency, -offer.oldest.enqueued_at)
 
 

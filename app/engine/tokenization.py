@@ -25,7 +25,6 @@ import bisect
 import itertools
 import logging
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from dataclasses import dataclass
 from tokenizers import Encoding
 
 from app.engine.admission import Permits
+from app.engine.clock import Clock
 from app.engine.priority import URGENCIES, URGENCY
 from app.errors import Overloaded
 from app.model.tokenizer import TextInputs, TextTokenizer
@@ -71,10 +71,14 @@ class _Request:
 
 
 class Tokenization:
-    def __init__(self, tokenizer: TextTokenizer, capacity: int, aging_ms: float = 1000.0) -> None:
+    def __init__(
+        self, tokenizer: TextTokenizer, capacity: int, aging_ms: float = 1000.0, clock: Clock | None = None
+    ) -> None:
         """``capacity`` bounds the requests queued; the permits their entries keep hold the queue under it
         (one entry per request at a time). ``aging_ms``: a queued request counts one urgency level more
-        urgent for each ``aging_ms`` it has waited (the batch queue's ``urgency_aging_ms``)."""
+        urgent for each ``aging_ms`` it has waited (the batch queue's ``urgency_aging_ms``), read on
+        ``clock`` (the engine's; default: real time)."""
+        self._now = (clock or Clock()).now
         self.tokenizer = tokenizer
         self.capacity = capacity
         self.aging_s = aging_ms / 1000
@@ -169,7 +173,7 @@ class Tokenization:
         urgency = URGENCY.get()
         request = _Request(
             texts, add_special_tokens, offsets, done, failed, wanted, chars, urgency,
-            time.perf_counter(), held,
+            self._now(), held,
         )  # fmt: skip
         with self._cond:
             if self._entries >= self.capacity:
@@ -188,7 +192,7 @@ class Tokenization:
                     self._cond.wait()
                 if not self._entries:
                     return
-                parts, gone = self._take(time.perf_counter())
+                parts, gone = self._take(self._now())
             for request in gone:  # its request left: its texts counted done, never encoded
                 self._done += len(request.texts) - request.start
                 self._leave(request)

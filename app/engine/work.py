@@ -14,7 +14,6 @@ text is what a GPU waits on.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -169,7 +168,11 @@ class Job:
 
 class Seq:
     """One sequence of token ids: an input (or one window of a long input) on its way through the engine.
-    (Not ``Sequence``: that name is ``collections.abc``'s.)"""
+    (Not ``Sequence``: that name is ``collections.abc``'s.)
+
+    ``enqueued_at``: when it was queued, read from the engine's clock (:mod:`app.engine.clock`), which
+    the batch queue compares it with; every value is a time, zero too (a simulated clock starts there).
+    """
 
     __slots__ = ("enqueued_at", "ids", "job", "length", "need", "slot", "types")
 
@@ -179,7 +182,7 @@ class Seq:
         need: Need,
         job: Job,
         slot: int,
-        enqueued_at: float = 0.0,
+        enqueued_at: float,
         types: np.ndarray | None = None,
     ) -> None:
         self.ids = ids  # int64 [length], [CLS] … [SEP]
@@ -188,7 +191,7 @@ class Seq:
         self.need = need
         self.job = job
         self.slot = slot  # its row in the job's results
-        self.enqueued_at = enqueued_at or time.perf_counter()
+        self.enqueued_at = enqueued_at
 
 
 def _set_result(future: asyncio.Future[None]) -> None:

@@ -151,7 +151,7 @@ class Core:
         job = Job(asyncio.get_running_loop(), len(sequences))
         needs = need if isinstance(need, list) else [need] * len(sequences)
         types = type_ids if type_ids is not None else [None] * len(sequences)
-        enqueued = time.perf_counter()
+        enqueued = self.engine.clock.now()  # the clock the batch queue compares it with
         work = [
             Seq(ids, n, job, i, enqueued, t)
             for i, (ids, n, t) in enumerate(zip(sequences, needs, types, strict=True))

@@ -111,3 +111,64 @@ def test_the_check_sees_upward_and_sideways_imports(tmp_path: Path) -> None:
     assert violations("app.api.rpc.probe", source) == [
         "app.api.http.routes (app.api.http, beside app.api.rpc)"
     ]
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph`` (module → the modules it imports): each strongly connected set of
+    more than one module, or a module that imports itself, sorted. A package's ``__init__`` and the
+    modules inside it are left out of each other's imports: the package and its parts are one place."""
+
+    def own(module: str, target: str) -> bool:
+        return target.startswith(module + ".") or module.startswith(target + ".")
+
+    edges = {m: sorted(t for t in ts if t in graph and not own(m, t)) for m, ts in graph.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:  # Tarjan's strongly connected components
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in edges[module]:
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            members = []
+            while True:
+                member = stack.pop()
+                members.append(member)
+                if member == module:
+                    break
+            if len(members) > 1 or module in edges[module]:
+                found.append(sorted(members))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(found)
+
+
+def test_no_import_circle() -> None:
+    graph = {module_name(p): imported(p) for p in SOURCES}
+    assert cycles(graph) == []
+
+
+def test_the_check_sees_an_import_circle() -> None:
+    """Two modules importing each other (under TYPE_CHECKING too: ``imported`` reads every import) and a
+    longer ring are found; a package's ``__init__`` importing its own modules is not a circle."""
+    graph = {
+        "app.engine": {"app.engine.a"},
+        "app.engine.a": {"app.engine.b", "app.engine"},
+        "app.engine.b": {"app.engine.a"},
+        "app.tasks.x": {"app.tasks.y"},
+        "app.tasks.y": {"app.tasks.z"},
+        "app.tasks.z": {"app.tasks.x", "app.errors"},
+    }
+    assert cycles(graph) == [
+        ["app.engine.a", "app.engine.b"],
+        ["app.tasks.x", "app.tasks.y", "app.tasks.z"],
+    ]

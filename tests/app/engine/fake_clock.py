@@ -23,7 +23,7 @@ class FakeClock(Clock):
     __slots__ = ("_actions", "_order", "t")
 
     def __init__(self, start: float = 1000.0) -> None:
-        self.t = start  # not 0: a Sequence's enqueued_at of 0 means "now"
+        self.t = start
         self._actions: list[tuple[float, int, Callable[[], object]]] = []
         self._order = itertools.count()
 

@@ -57,7 +57,7 @@ def run(model: OnnxModel, ids: list[np.ndarray], rows: list[int], need: Need) ->
         batch, slots = [], {0: 0, 1: 0}
         for row in rows:
             job, which = (mine, 0) if row == 0 else (theirs, 1)
-            batch.append(Seq(ids[row], need, job, slots[which]))
+            batch.append(Seq(ids[row], need, job, slots[which], 0.0))  # run by hand: never queued
             slots[which] += 1
         split_batch(inference_of(model).run_batch(batch))
     finally:

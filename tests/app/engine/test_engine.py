@@ -11,6 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
+from app.engine.clock import Clock
 from app.engine.engine import Engine
 from app.engine.work import Job, Need, Seq
 from app.errors import InternalError
@@ -72,7 +73,8 @@ def job_of(lengths: list[int]) -> tuple[Job, list[Seq]]:
     job = Job(asyncio.get_running_loop(), len(lengths))
     need = Need(layers=(3,), pooling="cls")
     ids = [np.array([101] + [791] * (n - 2) + [102], dtype=np.int64) for n in lengths]
-    return job, [Seq(x, need, job, i) for i, x in enumerate(ids)]
+    enqueued = Clock().now()  # the clock of an engine not handed one: real time
+    return job, [Seq(x, need, job, i, enqueued) for i, x in enumerate(ids)]
 
 
 def test_cancelled_requests_are_dropped_before_inference(tiny_model: Any, tiny_settings: Settings) -> None:

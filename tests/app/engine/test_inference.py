@@ -14,12 +14,13 @@ from app.engine.postprocess import split_batch
 from app.engine.work import Job, Need, Seq
 from app.model.manifest import POOLER_OUTPUT
 from app.telemetry.metrics import Metrics
+from tests.app.engine.fake_clock import FakeClock
 
 
 def _items(loop: asyncio.AbstractEventLoop, needs: list[Need], lengths: list[int]) -> list[Seq]:
     job = Job(loop, len(needs))
     return [
-        Seq(np.array([101, *range(670, 668 + n), 102], np.int64), need, job, i)
+        Seq(np.array([101, *range(670, 668 + n), 102], np.int64), need, job, i, 0.0)  # never queued
         for i, (need, n) in enumerate(zip(needs, lengths, strict=True))
     ]
 
@@ -86,3 +87,18 @@ def test_masked_positions_run_the_head_on_the_last_layer(tiny_model: Any) -> Non
     states = job.token_states[1]
     assert finished.attention_mask.shape == (2, 4)
     assert states is not None and states.shape == (1, 3, tiny_model.hidden_size)  # no padding row
+
+
+def test_a_sequences_queue_wait_is_read_on_the_engines_clock(tiny_model: Any) -> None:
+    clock = FakeClock(0.0)
+    metrics = Metrics()
+    inference = Inference(tiny_model, Batcher(4096, 64, 0.0, 64, metrics, clock=clock), metrics)
+    loop = asyncio.new_event_loop()
+    try:
+        items = _items(loop, [Need(layers=(1,), pooling="cls")], [5])  # queued at 0.0
+        clock.advance(0.25)
+        finished = inference.run_batch(items)
+    finally:
+        loop.close()
+    ((job, _),) = split_batch(finished)
+    assert job.queued_s == 0.25

@@ -1,5 +1,6 @@
 """Tokenisation: one thread, many requests per encode_batch call, each gets its own encodings back; the
-most urgent first, in calls of bounded characters; a queued request keeps its permits."""
+most urgent first (aged on the clock handed in), in calls of bounded characters; a queued request keeps
+its permits."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from app.engine.priority import URGENCY
 from app.engine.tokenization import CHARS_PER_CALL, INLINE_CHARS, Tokenization
 from app.errors import Overloaded
 from app.model.tokenizer import TextInput, TextTokenizer
+from tests.app.engine.fake_clock import FakeClock
 
 LONG = "北京是中国的首都，也是一座历史悠久的城市。" * (INLINE_CHARS // 20)  # past the inline bound alone
 
@@ -132,6 +134,33 @@ def test_an_urgent_request_is_encoded_before_a_queued_background_one(tiny_model:
     run_behind_a_blocker(recording, stage, [(background, 7), (urgent, 0)])
     # Queued second, the urgent request's texts come first; the background one's may share its call.
     assert [t for call in recording.calls[1:] for t in call] == urgent + background
+
+
+def test_a_queued_request_ages_on_the_clock_it_is_handed(tiny_model: Any) -> None:
+    recording = Recording(tiny_model.tokenizer)
+    clock = FakeClock(0.0)
+    stage = Tokenization(cast(TextTokenizer, recording), capacity=10, aging_ms=1000, clock=clock)
+    background: list[TextInput] = [f"后台{i}{LONG}" for i in range(3)]
+    urgent: list[TextInput] = [f"急{LONG * 2}"]
+
+    async def main() -> None:
+        first = asyncio.ensure_future(encode_at(stage, [f"先来的{LONG * 2}"], 3))
+        await asyncio.to_thread(recording.busy.wait, 10)  # the thread is encoding it: the rest queue
+        old = asyncio.ensure_future(encode_at(stage, background, 7))
+        await asyncio.sleep(0)  # queued at 0.0
+        clock.advance(10.0)  # ten aging steps on the clock handed in (none in real time)
+        new = asyncio.ensure_future(encode_at(stage, urgent, 0))
+        await asyncio.sleep(0)
+        recording.gate.set()
+        await asyncio.gather(first, old, new)
+
+    stage.start()
+    try:
+        asyncio.run(main())
+    finally:
+        stage.stop()
+    # Aged from 7 to -3, the background request is now the more urgent one.
+    assert [t for call in recording.calls[1:] for t in call] == background + urgent
 
 
 def test_no_call_encodes_more_than_its_bound_of_characters(tiny_model: Any) -> None:

@@ -100,10 +100,20 @@ def test_a_sequence_knows_its_job_slot_and_length() -> None:
     loop = asyncio.new_event_loop()
     try:
         job = Job(loop, 2)
-        seq = Seq(np.arange(5), Need(layers=(1,)), job, 1)
+        seq = Seq(np.arange(5), Need(layers=(1,)), job, 1, 7.0)
         assert (seq.length, seq.slot, seq.job) == (5, 1, job) and seq.enqueued_at > 0
         assert not job.cancelled
         job.cancel()
         assert seq.job.cancelled
+    finally:
+        loop.close()
+
+
+def test_a_sequence_keeps_an_enqueued_at_of_zero() -> None:
+    # A simulated clock starts at 0.0: that is when the sequence was queued, not "now" in real time.
+    loop = asyncio.new_event_loop()
+    try:
+        job = Job(loop, 1)
+        assert Seq(np.arange(3), Need(layers=(1,)), job, 0, 0.0).enqueued_at == 0.0
     finally:
         loop.close()

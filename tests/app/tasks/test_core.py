@@ -1,21 +1,28 @@
 """The core's model digest (part of every cache key), as the service computes it from the model it serves:
-every graph and tokenizer setting that changes an answer changes it."""
+every graph and tokenizer setting that changes an answer changes it; and the sequences it queues carry the
+time of the engine's clock."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 from app.cache.vectors import VectorCache
 from app.engine.engine import Engine
+from app.engine.scheduler import Scheduler
+from app.engine.work import Job, Need, Seq
 from app.model.manifest import MANIFEST_NAME
 from app.model.runtime import load_model
 from app.settings import Settings
 from app.tasks.core import Core
 from app.telemetry.metrics import Metrics
+from tests.app.engine.fake_clock import FakeClock
 
 
 def served_digest(folder: Path) -> str:
@@ -50,3 +57,21 @@ def test_another_sparse_graph_beside_the_same_encoder_changes_the_digest(
         == json.loads((tiny_sparse_dir / MANIFEST_NAME).read_text())["graphs"]["encoder"]["fp32"]["sha256"]
     )
     assert served_digest(out) != served_digest(tiny_sparse_dir)
+
+
+def test_the_sequences_a_task_queues_carry_the_engines_clock(
+    tiny_model: Any, tiny_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    metrics = Metrics()
+    engine = Engine(tiny_model, tiny_settings, metrics, scheduler=Scheduler(FakeClock(0.0)))
+    queued: list[Seq] = []
+
+    async def run(job: Job, sequences: list[Seq]) -> Job:  # what the engine was handed, unrun
+        queued.extend(sequences)
+        return job
+
+    monkeypatch.setattr(engine, "run", run)
+    core = Core(tiny_settings, tiny_model, engine, VectorCache(None, None, metrics), metrics)
+    ids = np.array([101, 872, 102], np.int64)
+    asyncio.run(core.run([ids, ids], Need(layers=(1,), pooling="cls")))
+    assert [seq.enqueued_at for seq in queued] == [0.0, 0.0]  # the simulated clock's time, as given

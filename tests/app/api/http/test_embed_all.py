@@ -161,7 +161,8 @@ def test_batching_does_not_change_any_token_vector(tiny_model: Any, tiny_setting
 
     async def run(sequences: list[np.ndarray]) -> Job:
         job = Job(asyncio.get_running_loop(), len(sequences))
-        return await engine.run(job, [Seq(s, need, job, i) for i, s in enumerate(sequences)])
+        enqueued = engine.clock.now()
+        return await engine.run(job, [Seq(s, need, job, i, enqueued) for i, s in enumerate(sequences)])
 
     try:
         alone = asyncio.run(run([short]))
