@@ -12,30 +12,12 @@ import httpx
 import numpy as np
 import pytest
 
-from app.model.runtime import load_model
-from app.settings import Settings
-from tests.app.conftest import Running, serving
+from tests.app.conftest import Running
 
 QUERY = "北京的天气怎么样"
 DOCS = ["今天北京天气晴朗。", "上海地铁几点停运？", "我叫王小明，住在北京市海淀区。", "质量不太行，做工很快"]
 LONG = "北京是中华人民共和国的首都。" * 20  # past the tiny models' 128 tokens
 CORPUS = Path(__file__).parents[4] / "loadtest" / "data" / "corpus_zh.txt"
-
-
-@pytest.fixture(scope="module")
-def two(tiny_model_dir: Path, tiny_reranker_dir: Path) -> Iterator[Running]:
-    """An embedder (the default of the embedding routes) and a cross-encoder (of the rerank routes)."""
-    settings = Settings(
-        models=f"embed={tiny_model_dir},rerank={tiny_reranker_dir}",
-        variant="fp32",
-        intra_op_threads=1,
-        max_wait_ms=2,
-        cache_bytes=0,
-        max_inputs_per_request=128,
-    )
-    loaded = [load_model(own) for _, own in settings.model_entries()]
-    with serving(settings, models=loaded) as running:
-        yield running
 
 
 @pytest.fixture()
