@@ -7,7 +7,6 @@ outside ``Settings()`` / ``Settings.from_cli()``.
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 from typing import Literal, Self
@@ -15,13 +14,12 @@ from typing import Literal, Self
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, CliApp, SettingsConfigDict
 
+from app.settings.keys import SettingsError, key_entries
 from app.settings.models import PER_MODEL, entries, fold_model_flags
 
 VariantChoice = Literal["auto", "fp32", "fp16", "int8"]
 
-
-class SettingsError(ValueError):
-    """A setting that passed validation cannot be used (e.g. an unreadable keys file)."""
+__all__ = ["Settings", "SettingsError", "VariantChoice"]
 
 
 class Settings(BaseSettings):
@@ -364,20 +362,7 @@ class Settings(BaseSettings):
         Raises:
             SettingsError: the file cannot be read, the setting names no keys, or a key's urgency is bad.
         """
-        if self.api_keys is None:
-            return ()
-        raw = self.api_keys.get_secret_value().strip()
-        if raw.startswith("@"):
-            path = Path(raw[1:]).expanduser()
-            try:
-                raw = path.read_text()
-            except OSError as exc:
-                raise SettingsError(f"api-keys names {path}, which cannot be read: {exc.strerror}") from None
-        lines = [line for line in raw.splitlines() if not line.lstrip().startswith("#")]
-        entries = tuple(_key_entry(k.strip()) for line in lines for k in line.split(",") if k.strip())
-        if not entries:
-            raise SettingsError("api-keys is set but names no keys")
-        return entries
+        return key_entries(self.api_keys)
 
     @classmethod
     def from_cli(cls, args: list[str] | None = None) -> Settings:
@@ -385,24 +370,3 @@ class Settings(BaseSettings):
         ``--model NAME=SOURCE`` flags are the entries of ``--models``."""
         args = fold_model_flags(list(sys.argv[1:] if args is None else args))
         return CliApp.run(cls, cli_args=args)
-
-
-# A key's default urgency: the entry's last ":u=..." (a key may hold colons of its own).
-_URGENCY_SUFFIX = re.compile(r"^(?P<key>.+):u=(?P<value>[^:]*)$")
-
-
-def _key_entry(entry: str) -> tuple[str, int | None]:
-    """``key`` or ``key:u=N`` as (key, urgency or None).
-
-    Raises:
-        SettingsError: the urgency is not an integer from 0 to 7 (the message never shows the key).
-    """
-    match = _URGENCY_SUFFIX.match(entry)
-    if match is None:
-        return entry, None
-    value = match["value"]
-    if not (value.isascii() and value.isdigit() and int(value) <= 7):
-        raise SettingsError(
-            f"an api-keys entry ends in :u={value!r}; the urgency must be an integer from 0 to 7"
-        )
-    return match["key"], int(value)
