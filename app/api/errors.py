@@ -236,12 +236,12 @@ def error_response(
 
 
 def openapi_responses(
-    *errors: type[ServiceError], openai: bool = False, body: type[BaseModel] | None = None
+    *errors: type[ServiceError], body: type[BaseModel] = ErrorBody
 ) -> dict[int | str, dict[str, Any]]:
-    """The ``responses=`` of a route that can raise ``errors`` (plus :data:`COMMON_ERRORS`); its error
-    ``body`` (:class:`ErrorBody`; OpenAI's with ``openai``)."""
+    """The ``responses=`` of a route that can raise ``errors`` (plus :data:`COMMON_ERRORS`), each with the
+    error ``body`` of the route's API (:class:`ErrorBody`, or OpenAI's, Jina's, Cohere's)."""
     out: dict[int | str, dict[str, Any]] = {}
-    model = body or (OpenAIErrorBody if openai else ErrorBody)
+    model = body
     for cls in (*errors, *COMMON_ERRORS):
         row = ERROR_TABLE[cls]
         entry = out.setdefault(row.status, {"model": model, "description": ""})

@@ -67,10 +67,7 @@ class Permits:
             if self._released:
                 return
             self._released = True
-            self._holds -= 1
-            last = self._holds == 0
-        if last:
-            self._admission._give_back(self.count)
+        self.let_go()
 
     def __enter__(self) -> Permits:
         self._token = HELD.set(self)

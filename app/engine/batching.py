@@ -53,7 +53,7 @@ from app.engine.costs import CostModel, Refitter
 from app.engine.floor import THRIFT, Floor
 from app.engine.pending import BatchStats, Offer, Pending, fill, front_size, pending_lengths, take
 from app.engine.planner import Planner
-from app.engine.priority import BACKGROUND, URGENCIES
+from app.engine.priority import BACKGROUND, URGENCIES, aged_level
 from app.engine.work import Seq
 from app.telemetry.metrics import Metrics
 
@@ -252,7 +252,7 @@ class Batcher:
         has more urgent work about; None: this queue's own only.
         """
         group, aged = self._group(now, self._classes)
-        level = group[0].urgency - int((now - group[0].since) / self.aging_s)
+        level = aged_level(group[0].urgency, group[0].since, now, self.aging_s)
         floor = self.floor.due() and group[-1].urgency not in BACKGROUND and self._contended()
         if floor:  # background is owed its floor: its batch goes first, at the level it goes before
             group, aged = self._group(now, self._background)[0], False
@@ -317,7 +317,7 @@ class Batcher:
         """Of ``classes``, those served next (the most urgent level after aging), and whether aging put a
         less urgent class beside or ahead of the most urgent one pending."""
         present = [c for c in classes if c.depth]
-        levels = [c.urgency - int((now - c.since) / self.aging_s) for c in present]
+        levels = [aged_level(c.urgency, c.since, now, self.aging_s) for c in present]
         best = min(levels)
         group = [c for c, level in zip(present, levels, strict=True) if level == best]
         return group, group[-1].urgency > present[0].urgency

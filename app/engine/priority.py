@@ -29,6 +29,12 @@ URGENCY: ContextVar[int] = ContextVar("zhembed_urgency", default=DEFAULT_URGENCY
 BUDGET_STEP = 1 / 8
 
 
+def aged_level(urgency: int, since: float, now: float, aging_s: float) -> int:
+    """The level waiting work of ``urgency`` counts at: one more urgent for each ``aging_s`` since
+    ``since`` (when it was last served, or queued), so that nothing waits forever behind more urgent work."""
+    return urgency - int((now - since) / aging_s)
+
+
 def admission_limit(limit: int, urgency: int) -> int:
     """Inputs in flight (server-wide) up to which a request of ``urgency`` is admitted: the whole budget at
     the default urgency and more urgent ones, less for each level past it (never under one input)."""

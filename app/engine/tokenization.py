@@ -33,7 +33,7 @@ from tokenizers import Encoding
 
 from app.engine.admission import Permits
 from app.engine.clock import Clock
-from app.engine.priority import URGENCIES, URGENCY
+from app.engine.priority import URGENCIES, URGENCY, aged_level
 from app.errors import Overloaded
 from app.model.tokenizer import TextInputs, TextTokenizer
 
@@ -214,7 +214,7 @@ class Tokenization:
         # Nothing is queued meanwhile (the lock is held): the order is decided once per call.
         order = sorted(
             (q for q in self._waiting if q),
-            key=lambda q: (q[0].urgency - int((now - q[0].queued_at) / self.aging_s), q[0].urgency),
+            key=lambda q: (aged_level(q[0].urgency, q[0].queued_at, now, self.aging_s), q[0].urgency),
         )
         for queue in order:
             while queue and chars > 0 and texts > 0:
@@ -224,14 +224,15 @@ class Tokenization:
                     continue
                 first, left = request.start, len(request.texts) - request.start
                 if request.chars <= chars and left <= texts:
-                    end = len(request.texts)
+                    end, taken = len(request.texts), request.chars
                 else:  # cut: as many of its texts as fit, and at least one in a call
-                    fit = bisect.bisect_right(_running_chars(request.texts, first), chars)
-                    end = first + max(min(fit, texts), 0 if parts else 1)
+                    running = _running_chars(request.texts, first, min(left, texts))
+                    fit = bisect.bisect_right(running, chars)
+                    end = first + max(fit, 0 if parts else 1)
                     if end == first:  # not one more text fits
                         full = True
                         break
-                taken = request.chars if end == len(request.texts) else _chars(request.texts[first:end])
+                    taken = running[end - first - 1]
                 parts.append((request, first, end))
                 request.start, request.chars = end, request.chars - taken
                 chars, texts = chars - taken, texts - (end - first)
@@ -273,7 +274,9 @@ class Tokenization:
             # for company that is this very request.
             self._done += end - first
             if first or end < len(r.texts):  # cut over calls: gathered here
-                r.encodings = part if r.encodings is None else r.encodings + part
+                if r.encodings is None:
+                    r.encodings = []
+                r.encodings.extend(part)
                 part = r.encodings
             if end < len(r.texts) or r.over:  # more of it next call; or failed in an earlier call
                 continue
@@ -298,14 +301,18 @@ class Tokenization:
         self._leave(request)
 
 
+def _text_chars(text: str | tuple[str, str]) -> int:
+    return len(text) if isinstance(text, str) else len(text[0]) + len(text[1])
+
+
 def _chars(texts: TextInputs) -> int:
-    return sum(len(t) if isinstance(t, str) else len(t[0]) + len(t[1]) for t in texts)
+    return sum(map(_text_chars, texts))
 
 
-def _running_chars(texts: TextInputs, first: int) -> list[int]:
-    """The characters of ``texts[first:]`` summed up to each text (a request cut over calls only)."""
-    rest = texts[first:]
-    return list(itertools.accumulate(len(t) if isinstance(t, str) else len(t[0]) + len(t[1]) for t in rest))
+def _running_chars(texts: TextInputs, first: int, most: int) -> list[int]:
+    """The characters of at most ``most`` texts from ``first`` on, summed up to each text (a request cut
+    over calls only: at most a call's texts are read)."""
+    return list(itertools.accumulate(map(_text_chars, itertools.islice(texts, first, first + most))))
 
 
 def _resolve(future: asyncio.Future[list[Encoding]], value: list[Encoding]) -> None:

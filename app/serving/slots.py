@@ -149,10 +149,10 @@ class Slots:
         ):
             self._early_deaths.clear()  # a worker started since got ready: whatever it was has passed
         for index, slot in enumerate(self.slots):
-            if slot is not None and self.shared.ready[index]:
-                slot.was_ready = True
-        for index, slot in enumerate(self.slots):
-            if slot is not None and not slot.proc.is_alive() and not self._exited(index, slot, now):
+            if slot is None:
+                continue
+            slot.was_ready = slot.was_ready or bool(self.shared.ready[index])
+            if not slot.proc.is_alive() and not self._exited(index, slot, now):
                 self.failed = True
                 return False
         for index, slot in enumerate(self.slots):

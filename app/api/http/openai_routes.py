@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from app.api.encoding import encode_vectors
-from app.api.errors import OPENAI_PATHS, openapi_responses
+from app.api.errors import OPENAI_PATHS, OpenAIErrorBody, openapi_responses
 from app.api.http.disconnect import unless_disconnected
 from app.api.http.openai_schemas import (
     OpenAIEmbeddingRequest,
@@ -51,7 +51,7 @@ for _path in sorted(OPENAI_PATHS, reverse=True):  # /v1/embeddings first in the 
         embeddings,
         methods=["POST"],
         response_model=OpenAIEmbeddingResponse,
-        responses=openapi_responses(UnknownModel, EmptyInput, openai=True),
+        responses=openapi_responses(UnknownModel, EmptyInput, body=OpenAIErrorBody),
         include_in_schema=_path.startswith("/v1/"),
     )
 
@@ -60,7 +60,7 @@ def _card(service: Service) -> dict[str, object]:
     return {"id": service.served_name, "object": "model", "created": service.created, "owned_by": "zhembed"}
 
 
-@router.get("/v1/models", response_model=OpenAIModelList, responses=openapi_responses(openai=True))
+@router.get("/v1/models", response_model=OpenAIModelList, responses=openapi_responses(body=OpenAIErrorBody))
 async def models(served: ModelsDep) -> Response:
     """OpenAI's model list: every model this server serves, by its served name, the default first."""
     return json_response({"object": "list", "data": [_card(service) for service in served.services]})
@@ -69,7 +69,7 @@ async def models(served: ModelsDep) -> Response:
 @router.get(
     "/v1/models/{model:path}",
     response_model=OpenAIModel,
-    responses=openapi_responses(UnknownModel, openai=True),
+    responses=openapi_responses(UnknownModel, body=OpenAIErrorBody),
 )
 async def model(model: str, served: ModelsDep) -> Response:
     """OpenAI's model retrieval: a served model, or 404 for any other name (listing the served ones)."""
