@@ -13,7 +13,7 @@ from app.errors import InternalError, Unsupported, ValidationFailed
 from app.model.tokenizer import TextTokenizer
 from app.tasks.answers import Answer, timed, timings_of
 from app.tasks.core import Core
-from app.tasks.fill_text import mask_texts
+from app.tasks.fill_text import MaskTexts, WholeDecodes, mask_texts
 from app.tasks.layers import top_k as top_k_of
 from app.tasks.options import Names, listed
 from app.tasks.prepare import TOO_LONG_MASKS, Prepared, from_encodings
@@ -71,15 +71,21 @@ def predictions(
     probs: np.ndarray,
     top_k: int,
     targets: np.ndarray | None = None,
+    writers: dict[bool, MaskTexts | WholeDecodes] | None = None,
 ) -> list[list[Candidate]]:
     """For each masked position of ``ids`` (one [vocab] row of ``probs`` each), the ``top_k`` fills.
 
     With ``targets`` (token ids, as :func:`target_ids` gives them) only those compete, each scored by
     its probability over the whole vocabulary, as the pipeline's ``probs[..., target_ids]``; ``top_k``
-    is then capped at their number.
+    is then capped at their number. ``writers``: the filled-text writers a request's inputs share, by
+    ``skip_special`` (built here, and kept there, the first time one is needed).
     """
     # Like the HF pipeline: with several masks the others stay visible.
-    texts = mask_texts(tokenizer, skip_special=len(positions) == 1)
+    skip_special = len(positions) == 1
+    writers = {} if writers is None else writers
+    texts = writers.get(skip_special)
+    if texts is None:
+        texts = writers[skip_special] = mask_texts(tokenizer, skip_special)
     listed = ids.tolist()
     token_strs: dict[int, str] = {}
     out = []
@@ -114,10 +120,11 @@ def answers(
         InternalError: an input came back without its probabilities.
     """
     out = []
+    writers: dict[bool, MaskTexts | WholeDecodes] = {}  # built once a request, not once an input
     for ids, where, rows in zip(sequences, positions, probs, strict=True):
         if rows is None:
             raise InternalError("a fill-mask sequence came back without its mask probabilities")
-        out.append(predictions(tokenizer, ids, where, rows, top_k, targets))
+        out.append(predictions(tokenizer, ids, where, rows, top_k, targets, writers))
     return out
 
 
