@@ -166,7 +166,7 @@ def test_clients_that_leave_keep_their_permits_while_their_texts_are_queued(
             gate.set()
             answered.extend(r.status_code for r in await asyncio.gather(*after))
 
-    asyncio.run(scenario())
+    asyncio.run(asyncio.wait_for(scenario(), 120))  # bounded: a permit never given back fails, not hangs
     assert answered == [429] * LIMIT
     wait_until(lambda: admission.in_use == 0)  # given back once the thread dropped the gone requests' texts
     with httpx.Client(base_url=small.url, timeout=60) as client:

@@ -133,7 +133,7 @@ def test_a_failed_batchs_job_has_its_other_sequences_dropped_unrun(
 
     engine.start()
     try:
-        asyncio.run(main())
+        asyncio.run(asyncio.wait_for(main(), 60))  # bounded: a queue that never drains fails, not hangs
     finally:
         engine.stop()  # joins the inference thread: a batch it had cut has run by now
     assert ran == [1]

@@ -199,7 +199,7 @@ def test_a_queued_request_keeps_its_permits_until_the_thread_has_dropped_it(tiny
 
     stage.start()
     try:
-        asyncio.run(main())
+        asyncio.run(asyncio.wait_for(main(), 60))  # bounded: permits never given back fail, not hang
     finally:
         stage.stop()
     assert len(recording.calls) == 1 and stage.pending_texts == 0  # the gone request's never encoded

@@ -101,7 +101,7 @@ def test_a_sequence_knows_its_job_slot_and_length() -> None:
     try:
         job = Job(loop, 2)
         seq = Seq(np.arange(5), Need(layers=(1,)), job, 1, 7.0)
-        assert (seq.length, seq.slot, seq.job) == (5, 1, job) and seq.enqueued_at > 0
+        assert (seq.length, seq.slot, seq.job) == (5, 1, job) and seq.enqueued_at == 7.0
         assert not job.cancelled
         job.cancel()
         assert seq.job.cancelled
