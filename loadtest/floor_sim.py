@@ -4,8 +4,8 @@
 
 Interactive clients (``--clients``, one text each, u=3) and background clients (``--background`` clients x
 texts, u=7) send their next request the moment an answer comes. Whenever the engine is free the real
-:class:`app.engine.batching.Batcher` (whichever tree is on ``PYTHONPATH``: run it once on each to compare
-policies) cuts the next batch, which takes what the cost model (``a,b,c,d`` in ms) says. Prints, for the
+:class:`app.engine.batching.Batcher`, on a one-lane scheduler as an engine's (whichever tree is on
+``PYTHONPATH``: run it once on each to compare policies), cuts the next batch, which takes what the cost model (``a,b,c,d`` in ms) says. Prints, for the
 interactive load alone and beside the background: the interactive p50 / p99 and sentences/s; beside it,
 the background's whole requests finished, its inputs/s, and its share of the modelled time in useful work
 (what its inputs cost in full batches: what ``background_share`` holds to).
@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.engine.batching import Batcher
 from app.engine.costs import CostModel
 from app.engine.work import Job, Need, Seq
 from app.telemetry.metrics import Metrics
@@ -27,6 +26,7 @@ from loadtest.corpus import encode, load_corpus, tokenizer_of, unique_texts
 from loadtest.harness import TWIN, parser
 from loadtest.harness.cell import parse_cells
 from tests.app.engine.fake_clock import FakeClock
+from tests.app.engine.one_lane import OneLane
 
 NEED = Need(layers=(1,), pooling="cls")
 
@@ -55,7 +55,7 @@ def simulate(
     rng = np.random.default_rng(0)
     loop = asyncio.new_event_loop()
     clock = FakeClock()
-    queue = Batcher(4096, size, 2.0, 1_000_000, Metrics(), lambda: False, costs=model, clock=clock)
+    queue = OneLane(4096, size, 2.0, 1_000_000, Metrics(), lambda: False, costs=model, clock=clock)
     left: dict[int, int] = {}  # job id -> sequences not yet run
     started: dict[int, float] = {}
 

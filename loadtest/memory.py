@@ -127,7 +127,7 @@ async def child(args: argparse.Namespace) -> dict[str, Any]:
         "ready": ready,
         "seconds": time.perf_counter() - started,
         "batches": engine.batcher.stats.batches,
-        "trim_ms": 1000 * engine.inference.trimmer.seconds / max(engine.inference.trimmer.trims, 1),
+        "trim_ms": 1000 * engine.scheduler.trimmer.seconds / max(engine.scheduler.trimmer.trims, 1),
     }
 
 

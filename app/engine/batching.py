@@ -21,16 +21,18 @@ Pending sequences wait in one class per urgency (0 most urgent … 7 background;
    been seen within :data:`ACTIVE_S`, a batch of less urgent work (aged or not) costs at most the budget
    (a floor batch, at least its oldest input alone over :data:`~app.engine.floor.THRIFT`), so an urgent
    arrival waits at most that for the batch in progress.
-5. **Company.** When the queue holds too little to fill the batch, the assembler waits for company, at
-   most ``max_wait_ms`` counted from the oldest item's arrival, and only while more inputs are being
-   tokenised; with enough work it never waits. Cancelled requests' items are dropped here, unrun.
+5. **Company.** When the queue holds too little to fill the batch, the batch is not due yet: it waits for
+   company, at most ``max_wait_ms`` counted from the oldest item's arrival, and only while more inputs are
+   being tokenised; with enough work it never waits. Cancelled requests' items are dropped here, unrun.
 
-The inference thread cuts each batch itself, right after the previous one has run
-(:mod:`app.engine.inference`), and reports how long it took (:meth:`Batcher.ran`): a measured model is
-refitted from the batches served (what a batch costs while the service runs beside it, on a machine that
-may be busier than at start-up); with the constant model, whose unit is tokens, the queue learns seconds
-per token for its budget. While the assembler waits for company, an arrival wakes
-it only when it may change the answer: when the queue may now hold a full batch, or nobody else is coming.
+The queue plans (:meth:`Batcher.offer`) and cuts (:meth:`Batcher.cut`); when, and whose, is the
+scheduler's (:mod:`app.engine.scheduler`), whose inference thread serves this queue alone in a service of
+one model, or beside the other models' queues. That thread cuts each batch right after the previous one
+has run and reports how long it took (:meth:`Batcher.ran`): a measured model is refitted from the batches
+served (what a batch costs while the service runs beside it, on a machine that may be busier than at
+start-up); with the constant model, whose unit is tokens, the queue learns seconds per token for its
+budget. While the scheduler waits (:meth:`Batcher.listen`), an arrival wakes it only when it may change
+the answer: when the queue was empty, or may now hold a full batch, or nobody else is coming.
 
 Every time it decides by is read, and every wait done, through a :class:`~app.engine.clock.Clock`
 (real time unless a test hands it a simulated one).
@@ -95,7 +97,7 @@ class Batcher:
         ``clock``: what it reads the time from and waits through (:mod:`app.engine.clock`; default: real
         time); the sequences' ``enqueued_at`` must come from it too.
         ``max_batch_attention``: size × longest² bound on a batch (0: none; :class:`~app.engine.planner.Limits`).
-        ``cond``: the condition it waits on, shared by the queues one scheduler serves (or its own).
+        ``cond``: the scheduler's condition, shared by the queues it serves (its own: a queue planned by hand).
         ``background_share``: background's floor, a share of the modelled time (:mod:`app.engine.floor`).
         """
         self.clock = clock or Clock()
@@ -117,9 +119,8 @@ class Batcher:
         self._taken: set[int] = set()  # ids of sequences batched (or dropped) but still in an arrivals deque
         self._depth = 0
         self._cond = cond if cond is not None else threading.Condition()
-        self._stopped = False
-        self._idle = False  # the assembler waits for any sequence at all
-        self._gathering = False  # the assembler waits for company until a deadline
+        self._idle = False  # the scheduler waits for any sequence at all
+        self._gathering = False  # the scheduler waits for company until a deadline
         self._mean_length = INITIAL_LENGTH
         self._last_cost = 0.0  # modelled cost of the batch handed out last
         self._last_shape = (0, 0)  # its size and longest length
@@ -188,17 +189,12 @@ class Batcher:
                 self._cond.notify_all()
 
     def _may_be_due(self) -> bool:
-        """Whether the waiting assembler should plan again: the queue may hold a full batch, or nobody
+        """Whether the waiting scheduler should plan again: the queue may hold a full batch, or nobody
         else is coming. Cheap (no plan): an upper bound on what a plan would find."""
         if self._depth >= self.max_batch_size or not self.company_expected():
             return True
         longest = max(max(c.buckets) for c in self._classes if c.buckets)
         return self._depth >= self.planner.limits.room(longest)
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stopped = True
-            self._cond.notify_all()
 
     def poke(self) -> None:
         """A request was cancelled or failed: drop its pending sequences, so they neither run nor count."""
@@ -220,28 +216,6 @@ class Batcher:
             ratio = seconds / self._last_cost
             scale = self._scale
             self._scale = ratio if scale is None else scale + SCALE_WEIGHT * (ratio - scale)
-
-    def next_batch(self) -> list[Seq] | None:
-        """Block until a batch is due and return it (None once stopped)."""
-        with self._cond:
-            waited = False
-            while True:
-                if self._stopped:
-                    return None
-                if self._depth == 0:
-                    self._idle = True
-                    self.clock.wait(self._cond, None)
-                    self._idle = False
-                    continue
-                offer = self.offer(self._now())
-                if offer is None:
-                    continue
-                if offer.due:
-                    return self.cut(offer, waited)
-                waited = True
-                self._gathering = True
-                self.clock.wait(self._cond, offer.due_at - offer.now)
-                self._gathering = False
 
     def offer(self, now: float, seen: list[float] | None = None) -> Offer | None:
         """The batch this queue would run next, with the lock held and something pending; None when its

@@ -2,7 +2,9 @@
 
 admission (per request, on the event loop) → tokenisation thread → batch queue → inference thread
 (assembles a batch, runs it, post-processes it) → the awaiting request. Two threads besides the event
-loop, and for /embed one wake-up of the loop per request (:meth:`Engine.run_texts`).
+loop, and for /embed one wake-up of the loop per request (:meth:`Engine.run_texts`). The inference thread
+is a :class:`~app.engine.scheduler.Scheduler`'s: of one lane, the engine's own, unless a service of
+several models hands in the one they share.
 
 The inference thread starts by measuring what a batch costs here, or reading it from the cache
 (:mod:`app.engine.calibration`), and hands the fitted model to the queue before its first batch; a request's
@@ -24,7 +26,6 @@ from tokenizers import Encoding
 from app.engine import calibration, costs
 from app.engine.admission import HELD, Admission, Permits
 from app.engine.batching import Batcher
-from app.engine.clock import Clock
 from app.engine.inference import Inference
 from app.engine.planner import Limits
 from app.engine.priority import URGENCIES, URGENCY
@@ -62,7 +63,7 @@ class Engine:
         scheduler: Scheduler | None = None,
     ) -> None:
         """``tracing``: where batch spans go (None: tracing off); ``scheduler``: the one inference thread
-        this model shares with the others of a service of several (None: a thread of its own). Of
+        this model shares with the others of a service of several (None: one of its own, one lane). Of
         several, ``settings`` are the model's own (:meth:`Settings.model_entries`) and
         ``settings.served_model_name`` its name, which a 429 of its budget and its batch spans give.
         Admission counts permits here until a worker of several joins the server's ledger
@@ -70,12 +71,13 @@ class Engine:
         self.model = model
         self.metrics = metrics
         self.settings = settings
-        self.scheduler = scheduler
         name = settings.served_model_name if scheduler is not None else None
+        self._owns_scheduler = scheduler is None
+        self.scheduler = scheduler or Scheduler(trim_every=settings.memory_trim_batches)
         self.admission = Admission(settings.max_concurrent_inputs, model=name)
         # The one clock every time the engine compares is read from (arrivals, aging, waits): the
         # scheduler's, which a test may hand in, or real time.
-        self.clock = scheduler.clock if scheduler is not None else Clock()
+        self.clock = self.scheduler.clock
         self.tokenization = Tokenization(
             model.tokenizer,
             capacity=settings.max_concurrent_inputs,
@@ -97,14 +99,11 @@ class Engine:
             urgency_aging_ms=settings.urgency_aging_ms,
             background_share=settings.background_share,
             clock=self.clock,
-            cond=scheduler.cond if scheduler is not None else None,
+            cond=self.scheduler.cond,
         )
         self.calibrated = threading.Event()  # set once the queue plans by the cost model it will keep
-        self.inference = Inference(
-            model, self.batcher, self.metrics, tracing, self._calibrate, settings.memory_trim_batches, name
-        )
-        if scheduler is not None and name is not None:
-            scheduler.add(name, self.batcher, self.inference)
+        self.inference = Inference(model, self.batcher, self.metrics, tracing, self._calibrate, name)
+        self.scheduler.add(settings.served_model_name or "model", self.batcher, self.inference)
 
     @property
     def limits(self) -> Limits:
@@ -113,15 +112,14 @@ class Engine:
 
     def start(self) -> None:
         """Start the tokenisation thread, and the inference thread unless a shared scheduler runs it
-        (whose owner starts it once every model is in)."""
+        (whose owner starts and stops it once every model is in)."""
         self.tokenization.start()
-        if self.scheduler is None:
-            self.inference.start()
+        if self._owns_scheduler:
+            self.scheduler.start()
 
     def stop(self) -> None:
-        self.batcher.stop()
-        if self.scheduler is None:
-            self.inference.stop()
+        if self._owns_scheduler:
+            self.scheduler.stop()
         self.tokenization.stop()
 
     def _calibrate(self) -> None:

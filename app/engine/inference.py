@@ -1,9 +1,10 @@
-"""Stage 4, inference: one thread cuts a batch, runs it on ONNX Runtime and writes the results back.
+"""Stage 4, inference: a model's batch run on ONNX Runtime and its results written back.
 
+The inference thread (the scheduler's, :mod:`app.engine.scheduler`, which serves one model's queue or
+several) cuts a batch, hands it to its model's :class:`Inference` (:meth:`Inference.serve`) and asks for
+the next batch only once this one has run, so each batch is cut from everything that arrived meanwhile.
 ONNX Runtime releases the GIL while it computes, so the event loop and the tokenisation thread keep
-working during a batch. The same thread asks the assembler (:mod:`app.engine.batching`) for the next
-batch only once the current one has run, so each batch is cut from everything that arrived meanwhile;
-then post-processing (:mod:`app.engine.postprocess`) writes the batch's results into its jobs and wakes
+working during a batch. After the run, post-processing (:mod:`app.engine.postprocess`) writes the batch's results into its jobs and wakes
 each finished request. With the pooled vectors computed in the graph, that is a few array copies per
 batch: a thread of its own would cost two hand-offs per batch and save nothing.
 
@@ -14,16 +15,12 @@ exported without them is pooled in numpy from the per-token states.
 **A fault fails its batch, not the thread.** Any exception while a batch is served (the run, the cost
 model's refit, metrics, post-processing, tracing, the trimmer) fails that batch's requests that are not
 answered yet with one :class:`~app.errors.InternalError`, logged once with its error id, and the thread
-takes the next batch. Should the thread die anyway (a ``BaseException``), :func:`refuse_after` records
-why in ``fault`` (the worker's ``/health`` turns 503 and it is replaced: :mod:`app.serving.server`) and
-answers the batch it held and every one queued after it 503 (:class:`~app.errors.Unavailable`) until the
-engine stops, so no request waits for ever.
+takes the next batch. Should the thread die anyway (a ``BaseException``), the scheduler records why in
+each model's ``fault`` and answers 503 from then on (:func:`app.engine.scheduler.refuse_after`).
 """
 
 from __future__ import annotations
 
-import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,14 +31,12 @@ from app.engine import pooling
 from app.engine.batching import Batcher
 from app.engine.postprocess import FinishedBatch, split_batch
 from app.engine.work import Job, Seq
-from app.errors import InternalError, ServiceError, Unavailable, log_fault
+from app.errors import InternalError, ServiceError, log_fault
 from app.model import allocator
 from app.model.manifest import HEAD_OUTPUT, POOLER_OUTPUT
 from app.model.runtime import OnnxModel
 from app.telemetry.metrics import Metrics
 from app.telemetry.tracing import Tracing
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -60,15 +55,12 @@ class Inference:
         metrics: Metrics,
         tracing: Tracing | None = None,
         calibrate: Callable[[], None] | None = None,
-        trim_every: int = 0,
         name: str | None = None,
     ) -> None:
-        """``batcher``: where the thread takes its batches from, and hears how long each one ran;
+        """``batcher``: the queue its batches come from, which hears how long each one ran;
         ``tracing``: where each batch's span goes, linked to its requests' spans (None: tracing off);
-        ``calibrate``: run on the thread before its first batch (the session is its alone then);
-        ``trim_every``: batches between two trims of the C heap (:mod:`app.model.allocator`; 0: none);
-        ``name``: the model's, in a service of several (whose one thread, :mod:`app.engine.scheduler`,
-        calls :meth:`serve` instead of this object's own)."""
+        ``calibrate``: run on the inference thread before its first batch (the session is its alone then);
+        ``name``: the model's, in a service of several (it names a failed batch and a batch's span)."""
         self.model = model
         self.name = name
         self.calibrate = calibrate
@@ -77,8 +69,6 @@ class Inference:
         self.tracing = tracing if tracing is not None and tracing.enabled else None
         self.stats = InferenceStats()
         self.fault: str | None = None  # why its inference thread stopped serving (None: it serves)
-        self.trimmer = allocator.Trimmer(trim_every)
-        self._thread = threading.Thread(target=self._run, name="zhembed-inference", daemon=True)
         self._names = {layer: model.output_name(layer) for layer in range(1, model.num_layers + 1)}
         # (layer, mode) → the graph output with that pooled vector; absent: pooled in numpy.
         self.pooled_names = {
@@ -87,25 +77,6 @@ class Inference:
             for mode in pooling.POOLERS
             if (name := model.pooled_output(layer, mode)) is not None
         }
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Join the thread; the batcher must have been stopped first (its next_batch returns None)."""
-        if self._thread.is_alive():
-            self._thread.join(timeout=30)
-
-    def _run(self) -> None:
-        held: list[Seq] = []
-        try:
-            if self.calibrate is not None:
-                self.calibrate()
-            while (batch := self.batcher.next_batch()) is not None:
-                held = batch
-                self.serve(batch, self.trimmer)
-        except BaseException as exc:  # the thread is dying: say so, and answer what waits (see the module)
-            refuse_after(exc, held, [self], self.batcher.next_batch)
 
     def serve(self, batch: list[Seq], trimmer: allocator.Trimmer | None = None) -> None:
         """Run one batch this model's queue handed out, write its results and wake its finished requests
@@ -244,22 +215,3 @@ def fail_jobs(batch: list[Seq], error: ServiceError) -> None:
     """Fail each job of ``batch`` with ``error`` (one answered already ignores it)."""
     for job in {id(seq.job): seq.job for seq in batch}.values():
         job.fail(error)
-
-
-def refuse_after(
-    exc: BaseException, batch: list[Seq], stages: list[Inference], take: Callable[[], list[Seq] | None]
-) -> None:
-    """What an inference thread does once ``exc`` has ended its serving: record why in each of ``stages``
-    (its models'; their /health turns 503), answer ``batch`` (the one it held) and each batch ``take``
-    hands out after it with 503, until ``take`` returns None (the engine stops)."""
-    reason = f"the inference thread stopped: {type(exc).__name__}"
-    log.critical("%s; this worker answers 503 until it is replaced", reason, exc_info=exc)
-    for stage in stages:
-        stage.fault = reason
-    error = Unavailable(f"{reason}; this worker is being replaced: retry")
-    fail_jobs(batch, error)
-    try:
-        while (taken := take()) is not None:
-            fail_jobs(taken, error)
-    except BaseException:  # nothing is left to answer what is queued now: the replacement will
-        log.critical("the inference thread could not go on refusing work", exc_info=True)

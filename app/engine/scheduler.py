@@ -1,13 +1,15 @@
-"""One inference thread for the queues of several models: which model's batch runs next.
+"""The inference thread: when a batch is due, which model's runs next, and what the thread does if it dies.
 
-A service of several models (``ZHEMBED_MODELS``) has one :class:`~app.engine.engine.Engine` per model (its
-own admission budget, tokeniser, batch queue and measured cost model) and, per device, ONE inference
-thread that serves every queue, its sessions on ONNX Runtime's one shared thread pool
-(:mod:`app.model.pool`, every physical core but one unless set): one batch at a time, never a pool per
-model fighting the others for the same cores (but for the express threads' short batches, below). Before
-each batch the thread asks every model's queue what it would run next
-(:meth:`~app.engine.batching.Batcher.offer`, the same plan a queue of its own makes) and runs, of the
-offers:
+Every engine's batches run on a scheduler's ONE inference thread (:meth:`Scheduler.next_batch`,
+:meth:`Scheduler._run`): a service of one model is a scheduler with one lane, which its
+:class:`~app.engine.engine.Engine` builds, starts and stops itself. A service of several models
+(``ZHEMBED_MODELS``) has one engine per model (its own admission budget, tokeniser, batch queue and
+measured cost model) and, per device, one scheduler that serves every queue, its sessions on ONNX
+Runtime's one shared thread pool (:mod:`app.model.pool`, every physical core but one unless set): one
+batch at a time, never a pool per model fighting the others for the same cores (but for the express
+threads' short batches, below). Before each batch the thread asks every queue what it would run next
+(:meth:`~app.engine.batching.Batcher.offer`: the queue's own plan, when it is due and what it holds) and
+runs, of the offers (with one lane, that queue's, once due):
 
 1. **the most urgent**: the lowest level after aging (the request's RFC 9218 urgency, aged so background
    work never starves), as within one queue;
@@ -19,8 +21,9 @@ offers:
    measures its own batches, so a tiny tagger's and a bert-base embedder's compare on equal terms); on a
    tie, the oldest input first.
 
-When the most urgent offers are still waiting for company, the thread waits for the earliest of them, as
-one queue waits (at most ``max_wait_ms``); a less urgent model's batch does not slip in meanwhile. And a
+When the most urgent offers are still waiting for company, the thread waits for the earliest of them (at
+most ``max_wait_ms``; sooner if an arrival may make one due); a less urgent batch does not slip in meanwhile.
+With nothing pending it waits for any arrival. And a
 less urgent batch is held to its budget while ANY model has more urgent work about (the ``seen`` times
 handed to each offer), so a background client of the embedder costs an interactive reranker at most one
 budget's wait.
@@ -36,7 +39,14 @@ model while another model's batch is due). ``express_share`` 0: the inference th
 
 Every queue shares the scheduler's lock and condition and its :class:`~app.engine.clock.Clock`: an
 arrival at any of them wakes the threads when it may change a decision. A thread's previous batch is done
-when it asks for its next one.
+when it asks for its next one; after every ``trim_every`` batches of the inference thread, the C heap is
+trimmed (:mod:`app.model.allocator`).
+
+A batch's fault fails that batch only (:meth:`~app.engine.inference.Inference.serve`). Should a thread die
+anyway (a ``BaseException``), :func:`refuse_after` records why in every model's ``fault`` (the worker's
+``/health`` turns 503 and it is replaced: :mod:`app.serving.server`) and answers the batch it held and
+every one queued after it 503 (:class:`~app.errors.Unavailable`) until the scheduler stops, so no request
+waits for ever.
 """
 
 from __future__ import annotations
@@ -44,14 +54,16 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from app.engine.batching import Batcher
 from app.engine.clock import Clock
-from app.engine.inference import Inference, refuse_after
+from app.engine.inference import Inference, fail_jobs
 from app.engine.pending import Offer
 from app.engine.priority import URGENCIES
 from app.engine.work import Seq
+from app.errors import Unavailable
 from app.model import allocator
 
 log = logging.getLogger(__name__)
@@ -95,6 +107,8 @@ MAIN, EXPRESS = 0, 1  # the inference thread and the first express one, as keys 
 
 
 class Scheduler:
+    """One inference thread (and, for several models, express threads) over the queues of its lanes."""
+
     def __init__(self, clock: Clock | None = None, trim_every: int = 0, express_share: float = 0.0) -> None:
         """``clock``: what every queue reads the time from and waits through (default: real time);
         ``trim_every``: the inference thread's batches between two trims of the C heap (0: none);
@@ -128,7 +142,8 @@ class Scheduler:
         return len(self._threads) - 1
 
     def start(self) -> None:
-        """Start the inference thread and, with an ``express_share``, an express thread per model but one."""
+        """Start the inference thread and, with an ``express_share``, an express thread per model but one
+        (none for one model)."""
         if self.express_share > 0:
             for k in range(1, len(self.lanes)):
                 self._threads.append(
@@ -138,6 +153,7 @@ class Scheduler:
             thread.start()
 
     def stop(self) -> None:
+        """Let every thread go (each next batch is None) and join those started."""
         with self.cond:
             self._stopped = True
             self.cond.notify_all()
@@ -272,3 +288,22 @@ class Scheduler:
             if not self._waiting:
                 for lane in self.lanes:
                     lane.batcher.listen(False)
+
+
+def refuse_after(
+    exc: BaseException, batch: list[Seq], stages: list[Inference], take: Callable[[], list[Seq] | None]
+) -> None:
+    """What an inference thread does once ``exc`` has ended its serving: record why in each of ``stages``
+    (its models'; their /health turns 503), answer ``batch`` (the one it held) and each batch ``take``
+    hands out after it with 503, until ``take`` returns None (the scheduler stops)."""
+    reason = f"the inference thread stopped: {type(exc).__name__}"
+    log.critical("%s; this worker answers 503 until it is replaced", reason, exc_info=exc)
+    for stage in stages:
+        stage.fault = reason
+    error = Unavailable(f"{reason}; this worker is being replaced: retry")
+    fail_jobs(batch, error)
+    try:
+        while (taken := take()) is not None:
+            fail_jobs(taken, error)
+    except BaseException:  # nothing is left to answer what is queued now: the replacement will
+        log.critical("the inference thread could not go on refusing work", exc_info=True)

@@ -13,12 +13,12 @@ import threading
 import numpy as np
 import pytest
 
-from app.engine.batching import Batcher
 from app.engine.costs import CostModel
 from app.engine.planner import Planner
 from app.engine.work import Job, Need, Seq
 from app.telemetry.metrics import Metrics
 from tests.app.engine.fake_clock import FakeClock
+from tests.app.engine.one_lane import OneLane
 
 LOOP = asyncio.new_event_loop()
 # Shared by the tests' batchers: only differences of its times matter, and it only moves forward.
@@ -38,7 +38,7 @@ def item(length: int, job: Job | None = None, age_s: float = 1.0, urgency: int =
     )
 
 
-def submit_each(batcher: Batcher, items: list[Seq]) -> None:
+def submit_each(batcher: OneLane, items: list[Seq]) -> None:
     """Queue each item as a job of its own (a submit is one job's sequences)."""
     for i in items:
         batcher.submit([i])
@@ -51,7 +51,7 @@ GPU_LIKE = CostModel(0.003, 0.0, 0.000002, 0.0)
 
 
 def test_groups_by_length_around_the_oldest() -> None:
-    batcher = Batcher(
+    batcher = OneLane(
         max_batch_tokens=10_000, max_batch_size=3, max_wait_ms=0, capacity=100, metrics=Metrics(), clock=CLOCK
     )
     items = [item(n) for n in (50, 10, 52, 11, 49, 12)]
@@ -65,7 +65,7 @@ def test_groups_by_length_around_the_oldest() -> None:
 
 
 def test_budget_charges_padding_and_caps_size() -> None:
-    batcher = Batcher(
+    batcher = OneLane(
         max_batch_tokens=100, max_batch_size=8, max_wait_ms=0, capacity=100, metrics=Metrics(), clock=CLOCK
     )
     batcher.submit([item(30) for _ in range(5)] + [item(10) for _ in range(20)])
@@ -80,7 +80,7 @@ def test_budget_charges_padding_and_caps_size() -> None:
 
 
 def test_an_input_over_the_budget_runs_alone() -> None:
-    batcher = Batcher(
+    batcher = OneLane(
         max_batch_tokens=50, max_batch_size=8, max_wait_ms=0, capacity=10, metrics=Metrics(), clock=CLOCK
     )
     batcher.submit([item(128), item(10)])
@@ -89,7 +89,7 @@ def test_an_input_over_the_budget_runs_alone() -> None:
 
 
 def test_waits_for_company_only_when_the_queue_is_nearly_empty() -> None:
-    batcher = Batcher(
+    batcher = OneLane(
         max_batch_tokens=10_000,
         max_batch_size=4,
         max_wait_ms=200,
@@ -112,7 +112,7 @@ def test_waits_for_company_only_when_the_queue_is_nearly_empty() -> None:
 
 
 def test_cancelled_items_are_dropped_before_a_batch_forms() -> None:
-    batcher = Batcher(
+    batcher = OneLane(
         max_batch_tokens=10_000, max_batch_size=8, max_wait_ms=0, capacity=10, metrics=Metrics(), clock=CLOCK
     )
     gone = Job(LOOP, 2)
@@ -127,7 +127,7 @@ def test_a_cancelled_or_failed_jobs_sequences_are_not_queued() -> None:
     """Planned on the tokenisation thread after its request left (or after one of its batches failed):
     the poke that dropped its sequences has been, so queued now they would wait with no permits behind
     them, and could fill the queue past its bound."""
-    batcher = Batcher(
+    batcher = OneLane(
         max_batch_tokens=10_000, max_batch_size=8, max_wait_ms=0, capacity=4, metrics=Metrics(), clock=CLOCK
     )
     gone, failed = Job(LOOP, 2), Job(LOOP, 2)
@@ -141,7 +141,7 @@ def test_a_cancelled_or_failed_jobs_sequences_are_not_queued() -> None:
 
 
 def test_queue_is_bounded() -> None:
-    batcher = Batcher(
+    batcher = OneLane(
         max_batch_tokens=100, max_batch_size=8, max_wait_ms=0, capacity=2, metrics=Metrics(), clock=CLOCK
     )
     batcher.submit([item(5), item(5)])
@@ -154,7 +154,7 @@ def test_queue_is_bounded() -> None:
 
 
 def test_stop_releases_a_waiting_assembler() -> None:
-    batcher = Batcher(
+    batcher = OneLane(
         max_batch_tokens=100, max_batch_size=8, max_wait_ms=0, capacity=2, metrics=Metrics(), clock=CLOCK
     )
     CLOCK.at(0.05, batcher.stop)
@@ -163,7 +163,7 @@ def test_stop_releases_a_waiting_assembler() -> None:
 
 def test_stop_from_another_thread_releases_the_real_wait() -> None:
     # Real time (the default clock): the idle assembler blocks in Condition.wait until stop notifies it.
-    batcher = Batcher(max_batch_tokens=100, max_batch_size=8, max_wait_ms=0, capacity=2, metrics=Metrics())
+    batcher = OneLane(max_batch_tokens=100, max_batch_size=8, max_wait_ms=0, capacity=2, metrics=Metrics())
     result: list[object] = []
     assembler = threading.Thread(target=lambda: result.append(batcher.next_batch()))
     assembler.start()
@@ -173,7 +173,7 @@ def test_stop_from_another_thread_releases_the_real_wait() -> None:
 
 
 def test_picks_the_most_efficient_window_not_the_oldest() -> None:
-    batcher = Batcher(
+    batcher = OneLane(
         max_batch_tokens=10_000, max_batch_size=3, max_wait_ms=0, capacity=100, metrics=Metrics(), clock=CLOCK
     )
     # The oldest (40) has no close neighbours; three 20s make a batch with no padding at all.
@@ -184,7 +184,7 @@ def test_picks_the_most_efficient_window_not_the_oldest() -> None:
 
 
 def test_an_item_past_its_budget_is_never_passed_over_again() -> None:
-    batcher = Batcher(
+    batcher = OneLane(
         max_batch_tokens=10_000,
         max_batch_size=2,
         max_wait_ms=0,
@@ -210,7 +210,7 @@ def test_an_item_past_its_budget_is_never_passed_over_again() -> None:
 
 
 def test_the_derived_budget_is_half_a_full_batch_of_the_mean_length_as_batches_run() -> None:
-    batcher = Batcher(
+    batcher = OneLane(
         max_batch_tokens=4096,
         max_batch_size=8,
         max_wait_ms=0,
@@ -226,7 +226,7 @@ def test_the_derived_budget_is_half_a_full_batch_of_the_mean_length_as_batches_r
     assert batcher.budget_s() == pytest.approx(
         0.5 * CPU_LIKE.cost(8, 32) * (1 + 0.2)
     )  # learning, 20% a batch
-    constant = Batcher(
+    constant = OneLane(
         max_batch_tokens=4096, max_batch_size=8, max_wait_ms=0, capacity=100, metrics=Metrics(), clock=CLOCK
     )
     assert constant.budget_s() == float("inf")  # tokens, not seconds, until a batch has run
@@ -235,7 +235,7 @@ def test_the_derived_budget_is_half_a_full_batch_of_the_mean_length_as_batches_r
 def test_a_short_queue_groups_lengths_on_a_cpu_and_not_on_a_gpu() -> None:
     lengths = [10, 10, 10, 10, 60, 60, 60, 60]
     for costs, expected in ((CPU_LIKE, [[10] * 4, [60] * 4]), (GPU_LIKE, [sorted(lengths)])):
-        batcher = Batcher(
+        batcher = OneLane(
             max_batch_tokens=4096,
             max_batch_size=8,
             max_wait_ms=0,
@@ -254,7 +254,7 @@ def test_a_short_queue_groups_lengths_on_a_cpu_and_not_on_a_gpu() -> None:
 
 
 def test_interactive_work_goes_first() -> None:
-    batcher = Batcher(
+    batcher = OneLane(
         max_batch_tokens=10_000,
         max_batch_size=4,
         max_wait_ms=0,
@@ -275,7 +275,7 @@ def test_interactive_work_goes_first() -> None:
 
 def test_background_fills_a_batch_as_far_as_the_budget_allows() -> None:
     # On a GPU-like device a batch costs about its launch: the interactive one takes background along.
-    gpu = Batcher(
+    gpu = OneLane(
         max_batch_tokens=10_000,
         max_batch_size=16,
         max_wait_ms=0,
@@ -291,7 +291,7 @@ def test_background_fills_a_batch_as_far_as_the_budget_allows() -> None:
     assert batch is not None and len(batch) == 7  # the interactive one and every background one ≤ 32 long
     assert {i.length for i in batch} == {32, 30} and gpu.stats.filled == 6
     # On a CPU-like device each more costs its tokens: only as many as the oldest's budget pays for.
-    cpu = Batcher(
+    cpu = OneLane(
         max_batch_tokens=10_000,
         max_batch_size=16,
         max_wait_ms=0,
@@ -309,7 +309,7 @@ def test_background_fills_a_batch_as_far_as_the_budget_allows() -> None:
 
 
 def test_background_batches_are_capped_while_interactive_work_is_about() -> None:
-    batcher = Batcher(
+    batcher = OneLane(
         max_batch_tokens=10_000,
         max_batch_size=16,
         max_wait_ms=0,
@@ -331,7 +331,7 @@ def test_background_batches_are_capped_while_interactive_work_is_about() -> None
 
 
 def test_background_ages_and_never_starves() -> None:
-    batcher = Batcher(
+    batcher = OneLane(
         max_batch_tokens=10_000,
         max_batch_size=2,
         max_wait_ms=0,

@@ -13,12 +13,12 @@ from collections import deque
 
 import numpy as np
 
-from app.engine.batching import Batcher
 from app.engine.costs import CostModel
 from app.engine.pending import Pending, pending_lengths
 from app.engine.work import Job, Need, Seq
 from app.telemetry.metrics import Metrics
 from tests.app.engine.fake_clock import FakeClock
+from tests.app.engine.one_lane import OneLane
 
 LOOP = asyncio.new_event_loop()
 # Like a CPU: a batch costs about its tokens, 5 ms a batch, 1 ms a token (seconds).
@@ -37,8 +37,8 @@ def request(clock: FakeClock, lengths: tuple[int, ...], urgency: int) -> list[Se
     return [Seq(np.zeros(n, np.int64), need, job, i, clock.now()) for i, n in enumerate(lengths)]
 
 
-def batcher(clock: FakeClock, costs: CostModel, share: float = 0.1, size: int = 8) -> Batcher:
-    return Batcher(
+def batcher(clock: FakeClock, costs: CostModel, share: float = 0.1, size: int = 8) -> OneLane:
+    return OneLane(
         max_batch_tokens=10_000,
         max_batch_size=size,
         max_wait_ms=0,
@@ -51,7 +51,7 @@ def batcher(clock: FakeClock, costs: CostModel, share: float = 0.1, size: int = 
     )
 
 
-def saturate(queue: Batcher, clock: FakeClock, costs: CostModel, batches: int) -> list[list[Seq]]:
+def saturate(queue: OneLane, clock: FakeClock, costs: CostModel, batches: int) -> list[list[Seq]]:
     """Run ``batches`` batches while interactive work (u=3, length 20) always fills one: each batch takes
     its modelled time on the clock."""
     ran = []

@@ -7,17 +7,17 @@ import asyncio
 
 import numpy as np
 
-from app.engine.batching import Batcher
 from app.engine.work import Job, Need, Seq
 from app.telemetry.metrics import Metrics
 from tests.app.engine.fake_clock import FakeClock
+from tests.app.engine.one_lane import OneLane
 
 LOOP = asyncio.new_event_loop()
 
 
 def test_a_batch_waits_for_company_from_an_arrival_at_zero() -> None:
     clock = FakeClock(0.0)
-    batcher = Batcher(
+    batcher = OneLane(
         max_batch_tokens=10_000,
         max_batch_size=4,
         max_wait_ms=200,

@@ -92,7 +92,7 @@ def test_cancelled_requests_are_dropped_before_inference(tiny_model: Any, tiny_s
         with contextlib.suppress(asyncio.CancelledError):
             await task
         assert gone.cancelled
-        engine.inference.start()
+        engine.scheduler.start()
         stays = await engine.run(*job_of([7]))
         assert stays.vectors is not None and stays.vectors.shape[0] == 1
 
