@@ -111,6 +111,31 @@ def test_waits_for_company_only_when_the_queue_is_nearly_empty() -> None:
     assert batcher.stats.waits == 1  # the count of batches that waited did not move
 
 
+def test_the_waiting_scheduler_is_woken_by_an_arrival_only_when_it_may_change_the_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    batcher = OneLane(
+        max_batch_tokens=10_000,
+        max_batch_size=3,
+        max_wait_ms=200,
+        capacity=10,
+        metrics=Metrics(),
+        clock=CLOCK,
+    )
+    woken: list[float] = []
+    monkeypatch.setattr(batcher.scheduler.cond, "notify_all", lambda: woken.append(CLOCK.now()))
+    start = CLOCK.now()
+    batcher.submit([item(5, age_s=0)])  # nobody waits: nobody is woken
+    CLOCK.at(0.05, lambda: batcher.submit([item(5, age_s=0)]))  # two of three: the answer is the same
+    CLOCK.at(0.10, lambda: batcher.submit([item(5, age_s=0)]))  # three of three: a full batch, due now
+    batch = batcher.next_batch()
+    assert batch is not None and len(batch) == 3
+    assert woken == [start + 0.10]
+    CLOCK.at(0.05, lambda: batcher.submit([item(5, age_s=0) for _ in range(3)]))  # to the idle scheduler
+    assert len(batcher.next_batch() or []) == 3
+    assert woken == [start + 0.10, start + 0.15]
+
+
 def test_cancelled_items_are_dropped_before_a_batch_forms() -> None:
     batcher = OneLane(
         max_batch_tokens=10_000, max_batch_size=8, max_wait_ms=0, capacity=10, metrics=Metrics(), clock=CLOCK
