@@ -125,20 +125,19 @@ class Batcher:
         self._last_cost = 0.0  # modelled cost of the batch handed out last
         self._last_shape = (0, 0)  # its size and longest length
         self._refitter: Refitter | None = None
-        self.planner = Planner(
-            CostModel.constant(overhead_tokens), max_batch_size, max_batch_tokens, max_batch_attention
-        )
         self._scale: float | None = None  # seconds per unit of modelled cost; None: not known yet
+        self.planner: Planner  # by set_costs, now and whenever the cost model changes
         self.set_costs(costs or CostModel.constant(overhead_tokens))
 
     def set_costs(self, costs: CostModel) -> None:
         """Plan by ``costs`` from now on (the inference thread calls it once it has measured or read them)."""
         with self._cond:
-            self.planner = Planner(
-                costs, self.max_batch_size, self.max_batch_tokens, self.max_batch_attention
-            )
+            self.planner = self._planner(costs)
             self._scale = 1.0 if costs.measured else None
             self._refitter = Refitter(costs) if costs.measured and costs.points else None
+
+    def _planner(self, costs: CostModel) -> Planner:
+        return Planner(costs, self.max_batch_size, self.max_batch_tokens, self.max_batch_attention)
 
     @property
     def costs(self) -> CostModel:
@@ -209,9 +208,7 @@ class Batcher:
             refitted = self._refitter.add(*self._last_shape, seconds)
             if refitted is not None:
                 with self._cond:
-                    self.planner = Planner(
-                        refitted, self.max_batch_size, self.max_batch_tokens, self.max_batch_attention
-                    )
+                    self.planner = self._planner(refitted)
         elif self._last_cost > 0:
             ratio = seconds / self._last_cost
             scale = self._scale
