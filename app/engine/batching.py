@@ -34,8 +34,8 @@ start-up); with the constant model, whose unit is tokens, the queue learns secon
 budget. While the scheduler waits (:meth:`Batcher.listen`), an arrival wakes it only when it may change
 the answer: when the queue was empty, or may now hold a full batch, or nobody else is coming.
 
-Every time it decides by is read, and every wait done, through a :class:`~app.engine.clock.Clock`
-(real time unless a test hands it a simulated one).
+Every time it decides by is read through a :class:`~app.engine.clock.Clock` (the scheduler's, which
+waits through it too: real time unless a test hands in a simulated one).
 
 Cost per batch does not grow with the queue: a plan is a few numpy operations over the distinct lengths
 of the class served (of a background class, over its front: a bounded scan of its oldest arrivals), and
@@ -94,7 +94,7 @@ class Batcher:
         are, a batch that is not full runs at once instead of waiting ``max_wait_ms`` for nobody.
         ``costs``: the cost model until :meth:`set_costs` (default: the constant, ``overhead_tokens``).
         ``max_queue_delay_ms``: the queue-delay budget; None derives it from the cost model.
-        ``clock``: what it reads the time from and waits through (:mod:`app.engine.clock`; default: real
+        ``clock``: what it reads the time from, its scheduler's (:mod:`app.engine.clock`; default: real
         time); the sequences' ``enqueued_at`` must come from it too.
         ``max_batch_attention``: size × longest² bound on a batch (0: none; :class:`~app.engine.planner.Limits`).
         ``cond``: the scheduler's condition, shared by the queues it serves (its own: a queue planned by hand).
