@@ -61,7 +61,6 @@ from app.engine.batching import Batcher
 from app.engine.clock import Clock
 from app.engine.inference import Inference, fail_jobs
 from app.engine.pending import Offer
-from app.engine.priority import URGENCIES
 from app.engine.work import Seq
 from app.errors import Unavailable
 from app.model import allocator
@@ -186,10 +185,11 @@ class Scheduler:
                 exc, batch, [lane.inference for lane in self.lanes], lambda: _batch(self.next_express(k))
             )
 
-    def _seen(self) -> list[float]:
-        """When work of each urgency last arrived at any queue."""
-        each = [lane.batcher.seen() for lane in self.lanes]
-        return [max(times[u] for times in each) for u in URGENCIES]
+    def _seen(self) -> list[float] | None:
+        """When work of each urgency last arrived at any queue (None: one queue, which reads its own)."""
+        if len(self.lanes) == 1:
+            return None
+        return [max(times) for times in zip(*(lane.batcher.seen() for lane in self.lanes), strict=True)]
 
     def next_batch(self) -> tuple[Lane, list[Seq]] | None:
         """The inference thread's next batch and its lane: block until some queue's batch is due (None
