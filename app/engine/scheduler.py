@@ -22,11 +22,10 @@ runs, of the offers (with one lane, that queue's, once due):
    tie, the oldest input first.
 
 When the most urgent offers are still waiting for company, the thread waits for the earliest of them (at
-most ``max_wait_ms``; sooner if an arrival may make one due); a less urgent batch does not slip in meanwhile.
-With nothing pending it waits for any arrival. And a
-less urgent batch is held to its budget while ANY model has more urgent work about (the ``seen`` times
-handed to each offer), so a background client of the embedder costs an interactive reranker at most one
-budget's wait.
+most ``max_wait_ms``; sooner if an arrival may make one due), and with nothing pending for any arrival; a
+less urgent batch does not slip in meanwhile. And a less urgent batch is held to its budget while ANY
+model has more urgent work about (the ``seen`` times handed to each offer), so a background client of the
+embedder costs an interactive reranker at most one budget's wait.
 
 **A cheap batch runs beside a long one.** One batch at a time makes a tagger's 1 ms batch wait out the
 embedder's 40 ms one; a process per model would not (the OS would give the tagger a core at once). So
