@@ -109,6 +109,6 @@ def test_norms_and_unit_rows_are_the_bytes_of_the_linalg_formula() -> None:
 def test_one_layer_combines_to_the_same_numbers_without_a_copy() -> None:
     stack = np.random.default_rng(4).standard_normal((1, 5, 16)).astype(np.float32)
     for how in ("concat", "mean"):
-        got = layers.combine_layers(stack, LayerMix(how))  # type: ignore[arg-type]
+        got = layers.combine_layers(stack, LayerMix(how))
         assert got.tobytes() == np.concatenate(list(stack), axis=-1).tobytes() == stack.mean(axis=0).tobytes()
         assert np.shares_memory(got, stack) and got.flags.c_contiguous
