@@ -183,7 +183,7 @@ def service_cells(args: argparse.Namespace) -> tuple[list[Row], list[int], list[
     started, last = time.perf_counter(), 0.0
     for workers in dict.fromkeys([args.main_workers, *args.workers]):
         t0 = time.perf_counter()
-        if args.budget_s and cells and (t0 - args.began) + last > args.budget_s:
+        if cells and over_budget(t0 - args.began, last, args.budget_s):
             print(
                 f"-- ZHEMBED_WORKERS={workers}: skipped, over the budget of {args.budget_s:g} s", flush=True
             )
@@ -205,6 +205,12 @@ def service_cells(args: argparse.Namespace) -> tuple[list[Row], list[int], list[
             last = time.perf_counter() - t0
     print(f"service cells: {time.perf_counter() - started:.0f} s")
     return cells, not_started, skipped
+
+
+def over_budget(elapsed: float, last: float, budget: float) -> bool:
+    """Whether a worker count that takes as long as the last one (``last`` seconds) would end past
+    ``budget`` seconds from the start (0: no budget)."""
+    return budget > 0 and elapsed + last > budget
 
 
 def by_workers(cells: list[Row]) -> list[str]:

@@ -92,7 +92,7 @@ stage gpu_check
 
 cp -f loadtest/results/logs/gpu-service-*.log "$DIR"/ 2>/dev/null || true
 verdict=$([ "$SECONDS" -le "$BUDGET" ] && echo within || echo OVER)
-echo "gpu_check.sh: ${SECONDS} s, ${verdict} the budget of ${BUDGET} s ($(IFS=,; echo "${STAGES[*]}" | tr -d '"'))"
+echo "gpu_check.sh: ${SECONDS} s, ${verdict} the budget of ${BUDGET} s ($(IFS=,; echo "${STAGES[*]}" | tr -d '"' | sed 's/,/, /g'))"
 if compgen -G "$STASH/parts/part*" >/dev/null; then
   first=$(stat -c %Y "$STASH"/parts/part* | sort -n | head -1)
   echo "since the first upload was stashed: $(($(date +%s) - first)) s"

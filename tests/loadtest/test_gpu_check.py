@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.gpu_check import format_cell, targets
+from loadtest.gpu_check import format_cell, over_budget, targets
 from loadtest.harness.report import Row
 from tests.loadtest.conftest import ROOT, run_module
 
@@ -126,5 +126,13 @@ def test_the_device_script_runs_end_to_end_on_the_cpu(tiny_model_dir: Path, tmp_
     page = (tmp_path / "gpu-check.md").read_text()
     assert "First-run probe" in page and "Answer path of /embed" in page and "| gpu_check |" in page
     assert re.search(
-        r"^gpu_check.sh: \d+ s, within the budget of 600 s \(export: \d+", done.stdout, re.MULTILINE
+        r"^gpu_check.sh: \d+ s, within the budget of 600 s \(export: \d+, first_run: \d+",
+        done.stdout,
+        re.MULTILINE,
     )
+
+
+def test_a_worker_count_that_would_end_past_the_budget_is_left_out() -> None:
+    assert over_budget(elapsed=400.0, last=90.0, budget=480.0)
+    assert not over_budget(elapsed=380.0, last=90.0, budget=480.0)
+    assert not over_budget(elapsed=4000.0, last=90.0, budget=0.0)  # no budget
