@@ -101,11 +101,10 @@ def split_batch(batch: FinishedBatch) -> list[tuple[Job, int]]:
         if need.pooling == pooling.POOLER:
             _store_vectors(job, slots, batch.outputs[POOLER_OUTPUT][rows][:, None, :])
         elif need.pooling is not None:
-            _store_vectors(
-                job,
-                slots,
-                np.stack([pool(layer, need.pooling, need.pool_from)[rows] for layer in need.layers], axis=1),
-            )
+            per_layer = [pool(layer, need.pooling, need.pool_from)[rows] for layer in need.layers]
+            # One layer (a default /embed): a view with the layer axis, not np.stack's copy of the copy.
+            stacked = per_layer[0][:, None, :] if len(per_layer) == 1 else np.stack(per_layer, axis=1)
+            _store_vectors(job, slots, stacked)
         if need.head:
             logits = batch.outputs[HEAD_OUTPUT]
             if logits.ndim == 2:  # one row per sequence: a classifier or a reranker

@@ -93,3 +93,22 @@ def test_first_components_without_normalising_are_the_leading_values_contiguous(
     cut = layers.first_components(raw, 4, False)
     np.testing.assert_array_equal(cut, [[0, 1, 2, 3], [6, 7, 8, 9]])
     assert cut.flags.c_contiguous  # what orjson and the wire encodings write
+
+
+def test_norms_and_unit_rows_are_the_bytes_of_the_linalg_formula() -> None:
+    rng = np.random.default_rng(3)
+    rows = rng.standard_normal((9, 768)).astype(np.float32)
+    rows[4] = 0  # a zero row stays zero
+    rows[7, 3] = np.nan  # a NaN row is divided by 1, as np.where(norms > 0, norms, 1) said
+    want_norms = np.linalg.norm(rows, axis=-1)
+    assert layers.row_norms(rows).tobytes() == want_norms.tobytes()
+    want = rows / np.where(want_norms[:, None] > 0, want_norms[:, None], 1)
+    assert layers.normalize_rows(rows).tobytes() == want.tobytes()
+
+
+def test_one_layer_combines_to_the_same_numbers_without_a_copy() -> None:
+    stack = np.random.default_rng(4).standard_normal((1, 5, 16)).astype(np.float32)
+    for how in ("concat", "mean"):
+        got = layers.combine_layers(stack, LayerMix(how))
+        assert got.tobytes() == np.concatenate(list(stack), axis=-1).tobytes() == stack.mean(axis=0).tobytes()
+        assert np.shares_memory(got, stack) and got.flags.c_contiguous
