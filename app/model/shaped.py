@@ -114,10 +114,13 @@ class GridEncoder:
         ]
 
     def _inputs(self, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        buffers = self._buffers.get(shape)
-        if buffers is None:
-            buffers = self._buffers[shape] = tuple(np.zeros(shape, np.int64) for _ in INPUTS)  # type: ignore[assignment]
-        return buffers  # type: ignore[return-value]
+        if shape not in self._buffers:
+            self._buffers[shape] = (
+                np.zeros(shape, np.int64),
+                np.zeros(shape, np.int64),
+                np.zeros(shape, np.int64),
+            )
+        return self._buffers[shape]
 
     def warm(self, room: Callable[[int], int], clock: Callable[[], float] = time.perf_counter) -> Warmed:
         """Run each grid shape a batch within the limits may take once (``room``: how many sequences of a
@@ -125,8 +128,9 @@ class GridEncoder:
         thread that will run the batches (CUDA graphs are per thread)."""
         started = clock()
         shapes = warm_shapes(self.grid, room)
-        graphs = self.runner.graphs if self.runner is not None else None
+        # The graphs to capture: of the shapes a default request runs bound.
         bound = self.runner is not None and self.runner.covers(self.warm_fetch)
+        graphs = self.runner.graphs if self.runner is not None and bound else None
         runs = 0
         if self.runner is not None:
             self.runner.warming = True
@@ -136,14 +140,15 @@ class GridEncoder:
                 ids[:, 0], ids[:, -1] = self.ends[0], self.ends[1]
                 mask = np.ones_like(ids)
                 key = ((rows, length), tuple(self.warm_fetch))
-                captured = bound and graphs is not None and graphs.graph_id(key, warming=True) != NO_GRAPH
-                for _ in range(graphs.capture_runs if captured and graphs is not None else 1):
+                captured = graphs is not None and graphs.graph_id(key, warming=True) != NO_GRAPH
+                for _ in range(graphs.capture_runs if graphs is not None and captured else 1):
                     self.encode(ids, mask, self.warm_fetch)
                     runs += 1
         finally:
             if self.runner is not None:
                 self.runner.warming = False
-        self.warmed = Warmed(len(shapes), runs, graphs.count if graphs is not None else 0, clock() - started)
+        count = self.runner.graphs.count if self.runner is not None else 0
+        self.warmed = Warmed(len(shapes), runs, count, clock() - started)
         log.info(
             "shape grid warmed: %d shapes (of %d) in %.2f s, %d runs, %d CUDA graphs captured",
             self.warmed.shapes,

@@ -49,14 +49,18 @@ def test_padding_rows_and_columns_never_reach_an_answer(
     ids, mask = _batch(lengths)
     layer = exact.num_layers
     names = [f"mean_{layer}", f"cls_{layer}", exact.output_name(layer), "pooler_output"]
-    for plain, padded, name in zip(exact.encode(ids, mask, names), gridded.encode(ids, mask, names), names):
+    for plain, padded, name in zip(
+        exact.encode(ids, mask, names), gridded.encode(ids, mask, names), names, strict=True
+    ):
         assert padded.shape == plain.shape, name  # cut back to the batch's own rows and tokens
         # The token states only where the mask is on: past a sequence's end the plain run's are not read.
         where = mask.astype(bool) if padded.ndim == 3 else slice(None)
         np.testing.assert_allclose(padded[where], plain[where], rtol=1e-5, atol=1e-5, err_msg=name)
 
 
-def test_a_pooled_only_batch_runs_bound_and_equals_the_plain_run(exact: OnnxModel, gridded: OnnxModel) -> None:
+def test_a_pooled_only_batch_runs_bound_and_equals_the_plain_run(
+    exact: OnnxModel, gridded: OnnxModel
+) -> None:
     runner = gridded.shapes.runner if gridded.shapes is not None else None
     assert runner is not None
     ids, mask = _batch([11, 4, 7])
@@ -119,4 +123,6 @@ def test_the_warm_up_runs_each_grid_shape_the_limits_allow_once(tiny_model_dir: 
     assert most[16] == most[32] == most[48] == 8 and most[80] == 4
     info = shapes.describe()
     assert info["warmed_shapes"] == len(expected) and info["warmup_s"] == 2.5
-    assert info["shapes"] == shapes.grid.size() and info["cuda_graphs"] is False and info["io_binding"] is True
+    assert (
+        info["shapes"] == shapes.grid.size() and info["cuda_graphs"] is False and info["io_binding"] is True
+    )
