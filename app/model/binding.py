@@ -5,9 +5,10 @@ host arrays a batch is written into (:func:`app.model.grid.fill`) and, on CUDA, 
 host arrays are copied into (``update_inplace``), bound once to an IOBinding per set of pooled outputs
 (the ``[rows, dim]`` vectors, nothing per token). Each pooled output is bound to a buffer of its own: on
 the CPU the host array itself, which ONNX Runtime writes into; on CUDA a device OrtValue, copied after the
-run into a host array made once per shape (``onnxruntime.copy_tensors``). A run allocates no input or
-output then, and the arrays :meth:`BoundRunner.run` returns are the shape's own, valid until that shape
-runs again: post-processing copies out of them (fancy indexing) before the inference thread's next batch.
+run into a host array made once per shape (``onnxruntime.copy_tensors`` where it can, see
+:meth:`BoundRunner._read_back`). A run then allocates no input or output buffer, and the arrays
+:meth:`BoundRunner.run` returns are the shape's own, valid until that shape runs again: post-processing
+copies out of them (fancy indexing) before the inference thread's next batch.
 
 **CUDA graphs.** With the CUDA provider option ``enable_cuda_graph`` a session captures the kernels of a
 run and replays them after, one launch instead of hundreds: for small batches, where launching is most of
@@ -21,7 +22,7 @@ the cost, the gain is largest. What ONNX Runtime requires (its CUDA provider; PR
   captured as graph 0);
 - two ordinary runs of an id before the third captures it (memory patterns are planned in the second),
   and capture and replay on one thread (the provider's state is per thread): the inference thread, which
-  warms the grid before its first batch (:meth:`BoundRunner.warm`);
+  warms the grid before its first batch (:meth:`app.model.shaped.GridEncoder.warm`);
 - no control flow (If, Loop, Scan), which a BERT encoder has none of.
 
 :class:`GraphCache` is that bookkeeping, apart from ONNX Runtime, so that it is tested on the CPU (which
@@ -30,6 +31,7 @@ cannot capture) with a fake session.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -42,6 +44,8 @@ from app.model.grid import fill
 GRAPH_ID = "gpu_graph_id"  # ONNX Runtime's run option: which captured graph a run is (-1: none)
 NO_GRAPH = -1
 CAPTURE_RUNS = 3  # runs of a graph id until it is captured: two ordinary ones, then the capture
+log = logging.getLogger(__name__)
+
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 DTYPES: dict[str, type[np.generic]] = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
@@ -157,6 +161,8 @@ class BoundRunner:
         self._slots: dict[Shape, _Slot] = {}
         self._options: dict[int, Any] = {}
         self.runs = 0
+        # How device outputs reach the host arrays (None: not yet; "copy_tensors" or "numpy").
+        self.readback: str | None = None
 
     def covers(self, names: Sequence[str]) -> bool:
         """Whether every one of ``names`` is a bound output (else the caller runs the session as usual)."""
@@ -188,10 +194,27 @@ class BoundRunner:
         if graph != NO_GRAPH:
             self.graphs.ran(key)
         if self.device != "cpu":
-            ort.copy_tensors(bound.values, bound.readback)  # device → the host arrays made once
+            self._read_back(bound)
         self.runs += 1
         rows = len(input_ids)
         return [host[:rows] for host in bound.hosts]
+
+    def _read_back(self, bound: _Bound) -> None:
+        """Copy the device outputs into the host arrays made once: ``onnxruntime.copy_tensors`` where this
+        ONNX Runtime has a data transfer for the device registered (it had none even CPU to CPU on the
+        1.32 CPU wheel), else through ``OrtValue.numpy()`` (a host array made per run), said once."""
+        if self.readback != "numpy":
+            try:
+                ort.copy_tensors(bound.values, bound.readback)
+                self.readback = "copy_tensors"
+                return
+            except RuntimeError as exc:
+                if self.readback == "copy_tensors":  # it worked before: this is a fault of its own
+                    raise
+                log.warning("copy_tensors cannot read the outputs back (%s): through OrtValue.numpy()", exc)
+                self.readback = "numpy"
+        for host, value in zip(bound.hosts, bound.values, strict=True):
+            np.copyto(host, value.numpy())
 
     def _slot(self, shape: Shape) -> _Slot:
         slot = self._slots.get(shape)

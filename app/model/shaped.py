@@ -19,18 +19,15 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import onnxruntime as ort
 
 from app.model.binding import GRAPH_ID, INPUTS, NO_GRAPH, BoundRunner, GraphCache, bindable
 from app.model.grid import ShapeGrid, fill, wanted, warm_shapes
-from app.model.manifest import HEAD_OUTPUT, POOLER_OUTPUT
+from app.model.manifest import HEAD_OUTPUT, POOLER_OUTPUT, Manifest
 from app.settings import Settings
-
-if TYPE_CHECKING:
-    from app.model.runtime import OnnxModel
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +167,7 @@ class GridEncoder:
             "warmup_s": round(self.warmed.seconds, 3) if self.warmed is not None else None,
             "io_binding": self.runner is not None,
             "bound_runs": self.runner.runs if self.runner is not None else 0,
+            "readback": self.runner.readback if self.runner is not None else None,
             "cuda_graphs": graphs is not None and graphs.enabled,
             "cuda_graph_max_rows": graphs.max_rows if graphs is not None and graphs.enabled else None,
             "cuda_graphs_captured": graphs.count if graphs is not None else 0,
@@ -211,7 +209,20 @@ def providers(names: list[str], grid: GridPlan | None) -> list[str | tuple[str, 
     return [(name, {"enable_cuda_graph": "1"}) if name == CUDA else name for name in names]
 
 
-def build(model: OnnxModel, session: Any, grid: GridPlan) -> GridEncoder:
+class Model(Protocol):
+    """What :func:`build` reads of :class:`app.model.runtime.OnnxModel` (which imports this module)."""
+
+    manifest: Manifest
+
+    @property
+    def num_layers(self) -> int: ...
+    @property
+    def has_head(self) -> bool: ...
+    def pooled_output(self, layer: int, mode: str) -> str | None: ...
+    def output_name(self, layer: int) -> str: ...
+
+
+def build(model: Model, session: Any, grid: GridPlan) -> GridEncoder:
     """The grid encoder of ``model``'s encoder ``session``, warmed on what a default request fetches."""
     layer = model.num_layers
     if model.has_head:
