@@ -41,10 +41,11 @@ import onnxruntime as ort
 
 from app.model.grid import fill
 
+log = logging.getLogger(__name__)
+
 GRAPH_ID = "gpu_graph_id"  # ONNX Runtime's run option: which captured graph a run is (-1: none)
 NO_GRAPH = -1
 CAPTURE_RUNS = 3  # runs of a graph id until it is captured: two ordinary ones, then the capture
-log = logging.getLogger(__name__)
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 DTYPES: dict[str, type[np.generic]] = {"tensor(float)": np.float32, "tensor(float16)": np.float16}

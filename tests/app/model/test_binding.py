@@ -7,8 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import onnxruntime as ort
+import pytest
 
-from app.model.binding import CAPTURE_RUNS, GRAPH_ID, NO_GRAPH, BoundRunner, GraphCache
+from app.model.binding import CAPTURE_RUNS, GRAPH_ID, NO_GRAPH, BoundRunner, GraphCache, _Bound
 from app.model.grid import ShapeGrid
 from app.model.shaped import GridEncoder, GridPlan, plan, providers
 from app.settings import Settings
@@ -172,3 +174,40 @@ def test_the_warm_up_runs_a_graph_shape_until_captured_and_the_others_once() -> 
     assert (
         info["cuda_graphs"] is True and info["cuda_graphs_captured"] == 4 and info["cuda_graph_replays"] == 0
     )
+
+
+def test_the_cpu_path_makes_no_device_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    def device_only(*args: Any) -> None:
+        raise AssertionError("a CUDA-only call on the CPU path")
+
+    monkeypatch.setattr(ort, "copy_tensors", device_only)
+    monkeypatch.setattr(ort.OrtValue, "update_inplace", device_only)
+    session = FakeSession()
+    runner = BoundRunner(session, {"mean_2": (4, np.float32)}, (101, 102, 0))
+    (out,) = runner.run((2, 16), np.array([[101, 5, 6, 102]]), np.ones((1, 4), np.int64), None, ["mean_2"])
+    assert (out == 4).all() and runner.readback is None
+
+
+@dataclass
+class DeviceValue:
+    """A device output as the read-back sees it."""
+
+    array: np.ndarray
+
+    def numpy(self) -> np.ndarray:
+        return self.array.copy()
+
+
+def test_without_copy_tensors_outputs_are_read_back_through_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_transfer(src: Any, dst: Any) -> None:
+        raise RuntimeError(
+            "Data transfer implementation between source and destination device was not found."
+        )
+
+    monkeypatch.setattr(ort, "copy_tensors", no_transfer)
+    runner = BoundRunner(FakeSession(), {"mean_2": (4, np.float32)}, (101, 102, 0), device="cuda")
+    host = np.zeros((2, 4), np.float32)
+    bound = _Bound(None, [host], [DeviceValue(np.full((2, 4), 7, np.float32))], [None])
+    runner._read_back(bound)
+    runner._read_back(bound)
+    assert (host == 7).all() and runner.readback == "numpy"
