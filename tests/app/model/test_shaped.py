@@ -107,7 +107,7 @@ def test_the_warm_up_runs_each_grid_shape_the_limits_allow_once(tiny_model_dir: 
         seen.append(shapes.grid.shape(*ids.shape))
         return encode(ids, mask, outputs, types)
 
-    shapes.encode = counted  # type: ignore[method-assign]
+    shapes.encode = counted  # type: ignore[method-assign,assignment]
 
     def room(length: int) -> int:
         return max(1, min(8, 256 // length))
