@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from app.model.grid import ShapeGrid
+
 SCHEMA = 1  # of the cached JSON (:meth:`CostModel.to_json`)
 # Seconds the grid may take on this machine, in all. On 2 AVX2 cores the bert-base int8 graph costs
 # ~1.3 ms a token: the grid then reaches 256 tokens a batch; a GPU measures all of it in well under this.
@@ -56,6 +58,8 @@ class CostModel:
     measured_s: float = 0.0  # how long the grid took when it was measured
     served: int = 0  # batches served since start-up that the coefficients were refitted from
     served_error: float | None = None  # moving mean |predicted / ran - 1| of the served batches
+    # Batches padded to a grid of shapes (app/model/grid.py) cost their grid shape's: None, their own.
+    grid: ShapeGrid | None = None
 
     @classmethod
     def constant(cls, overhead_tokens: int, why: str = "measure_batch_cost off") -> CostModel:
@@ -66,12 +70,22 @@ class CostModel:
     def measured(self) -> bool:
         return self.unit == "s"
 
+    def on_grid(self, grid: ShapeGrid | None) -> CostModel:
+        """This model charging each batch its ``grid`` shape's cost (the padding included)."""
+        return replace(self, grid=grid)
+
+    def shape(self, size: int, length: int) -> tuple[int, int]:
+        """The shape a batch of ``size`` sequences padded to ``length`` runs at (on the grid, its grid's)."""
+        return (size, length) if self.grid is None else self.grid.shape(size, length)
+
     def per_sequence(self, lengths: np.ndarray) -> np.ndarray:
-        """What each sequence of a batch padded to ``lengths`` adds: ``b + c·S + d·S²``."""
-        s = lengths.astype(np.float64)
+        """What each sequence of a batch padded to ``lengths`` adds: ``b + c·S + d·S²`` (on the grid, ``S``
+        its grid length)."""
+        s = (lengths if self.grid is None else self.grid.lengths_of(lengths)).astype(np.float64)
         return self.b + s * (self.c + self.d * s)
 
     def cost(self, size: int, length: int) -> float:
+        size, length = self.shape(size, length)
         return self.a + size * (self.b + length * (self.c + self.d * length))
 
     def errors(self) -> np.ndarray:
@@ -102,6 +116,7 @@ class CostModel:
             "measured_s": round(self.measured_s, 3),
             "refitted_from_served_batches": self.served,
             "served_error": round(self.served_error, 4) if self.served_error is not None else None,
+            "charged": "each batch's shape" if self.grid is None else "each batch's grid shape (shape_grid)",
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -207,6 +222,7 @@ class Refitter:
         """One served batch; a refitted model every :data:`EVERY` batches (None in between)."""
         if seconds <= 0:
             return None
+        size, length = self.model.shape(size, length)  # what ran: on the grid, the padded shape
         predicted = self.model.cost(size, length)
         miss = abs(predicted / seconds - 1)
         self._error = miss if self._error is None else self._error + 0.05 * (miss - self._error)

@@ -123,8 +123,17 @@ class Engine:
         self.tokenization.stop()
 
     def _calibrate(self) -> None:
-        """On the inference thread, before its first batch: the cost model, measured or from the cache."""
+        """On the inference thread, before its first batch: on the grid of shapes, each shape run once
+        (:mod:`app.model.shaped`: a failure there is the thread's, and the worker's); then the cost model,
+        measured or from the cache, charging each batch its grid shape where there is one."""
         s = self.settings
+        shapes = self.model.shapes
+        try:
+            if shapes is not None:
+                shapes.warm(self.limits.room)
+        except BaseException:
+            self.calibrated.set()
+            raise
         try:
             if s.measure_batch_cost:
                 model = calibration.load_or_measure(
@@ -143,6 +152,8 @@ class Engine:
                 costs.CostModel.constant(s.batch_overhead_tokens, f"measuring failed: {type(exc).__name__}")
             )
         finally:
+            if shapes is not None:
+                self.batcher.set_costs(self.batcher.costs.on_grid(shapes.grid))
             self.calibrated.set()
 
     async def wait_calibrated(self) -> None:

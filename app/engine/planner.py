@@ -100,6 +100,8 @@ class Planner:
         self.max_batch_tokens = max_batch_tokens
         self.limits = Limits(max_batch_size, max_batch_tokens, max_batch_attention)
         self._sizes = np.arange(1, max_batch_size + 1)[None, :]
+        # What a window of each size is charged for: on the grid, its grid rows (the padding rows).
+        self._charged = self._sizes if model.grid is None else model.grid.rows_of(self._sizes)
         # Per length 0, 1, 2, …: what a sequence adds to a batch, how many one batch may hold, and its
         # worth; looked up, not computed, per plan (a plan is a few dozen numpy calls on small arrays,
         # each a microsecond or more), and grown when a longer length comes.
@@ -111,7 +113,9 @@ class Planner:
         lengths = np.arange(n)
         self._per = self.model.per_sequence(lengths)
         self._fit = self.limits.rooms(lengths)
-        self._worth = self.model.a / self._fit + self._per
+        # On the grid a full batch of ``fit`` is charged its grid rows (1 when there is none: exactly).
+        padded = 1.0 if self.model.grid is None else self.model.grid.rows_of(self._fit) / self._fit
+        self._worth = self.model.a / self._fit + self._per * padded
 
     def worth(self, lengths: np.ndarray) -> np.ndarray:
         """What a sequence of each length costs in the best batch the limits allow it (the model's unit)."""
@@ -151,7 +155,7 @@ class Planner:
         valid = (starts >= 0) & (sizes <= self._fit[lengths][:, None])
         starts = np.maximum(starts, 0)
         run = np.searchsorted(ends, starts, side="right")  # the length run each window starts in
-        cost = self.model.a + sizes * self._per[lengths][:, None]
+        cost = self.model.a + self._charged[:, :width] * self._per[lengths][:, None]
         if cap is not None:
             valid &= (cost <= cap) | (sizes == 1)
         if anchor is not None:

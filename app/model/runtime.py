@@ -18,7 +18,7 @@ from onnxruntime.capi.onnxruntime_pybind11_state import Fail as OrtFail
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidGraph as OrtInvalidGraph
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidProtobuf as OrtInvalidProtobuf
 
-from app.model import allocator, pool
+from app.model import allocator, pool, shaped
 from app.model.manifest import (
     GRAPH_NAMES,
     HEAD_OUTPUT,
@@ -162,8 +162,9 @@ class OnnxModel:
         choice: Choice,
         intra_op_threads: int,
         shared_pool: bool = False,
+        grid: shaped.GridPlan | None = None,
     ) -> None:
-        """``shared_pool``: the sessions run on the process's one thread pool (:mod:`app.model.pool`)."""
+        """``shared_pool``: on the process's one pool (:mod:`app.model.pool`); ``grid``: :mod:`app.model.shaped`."""
         self.folder = folder
         self.manifest = manifest
         self.variant = choice.variant
@@ -179,7 +180,8 @@ class OnnxModel:
         if shared_pool or pool.made():  # (once made, ONNX Runtime refuses a session a pool of its own)
             self.threads = pool.share(options, intra_op_threads)
         encoder = manifest.graphs["encoder"][choice.variant]
-        self._encoder = ort.InferenceSession(str(folder / encoder.file), options, providers=choice.providers)
+        providers = shaped.providers(choice.providers, grid)  # with CUDA graphs, its own option
+        self._encoder = ort.InferenceSession(str(folder / encoder.file), options, providers=providers)
         self.providers: list[str] = self._encoder.get_providers()
         self._outputs = {o.name for o in self._encoder.get_outputs()}
         # (1-based layer, mode) → the encoder output with that pooled vector, where the graph has it.
@@ -194,9 +196,8 @@ class OnnxModel:
             self._mlm = ort.InferenceSession(str(folder / head.file), options, providers=choice.providers)
         self._sparse: ort.InferenceSession | None = None
         if sparse is not None:
-            self._sparse = ort.InferenceSession(
-                str(folder / sparse.file), options, providers=choice.providers
-            )
+            self._sparse = ort.InferenceSession(str(folder / sparse.file), options, choice.providers)
+        self.shapes = shaped.build(self, self._encoder, grid) if grid is not None else None
         return_freed_memory()
 
     @property
@@ -242,7 +243,9 @@ class OnnxModel:
         token_type_ids: np.ndarray | None = None,
     ) -> list[np.ndarray]:
         """Run the encoder on one padded batch and return only ``outputs``, in that order
-        (``token_type_ids`` all 0 unless given: sentence pairs)."""
+        (``token_type_ids`` all 0 unless given: sentence pairs); on the grid, :mod:`app.model.shaped`'s."""
+        if self.shapes is not None:
+            return self.shapes.encode(input_ids, attention_mask, outputs, token_type_ids)
         feed = {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
@@ -331,7 +334,8 @@ def _open(
     """
     allocator.configure(settings.mmap_threshold_kb)  # before the sessions: loading allocates the most
     try:
-        model = OnnxModel(folder, manifest, choice, settings.intra_op_threads, shared_pool)
+        grid = shaped.plan(settings, choice.providers[0], manifest.tokenizer.max_length)
+        model = OnnxModel(folder, manifest, choice, settings.intra_op_threads, shared_pool, grid)
     # InvalidProtobuf: a graph whose bytes are not ONNX at all (its sha256 may still match a bad export).
     except (OrtFail, OrtInvalidGraph, OrtInvalidProtobuf) as exc:
         raise ManifestError(

@@ -184,6 +184,26 @@ class Settings(BaseSettings):
         "its ceiling once ready). Unset: 524288 (8 × 256²; at 512 tokens, 2 a batch) on CPU, none on CUDA; "
         "0: none.",
     )
+    # On CUDA a new input shape's first run cost ~37 ms, the same shape again 1.4 ms (issue 52).
+    shape_grid: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="Pad each batch to a grid shape (lengths to a multiple of 16 up to 128, of 32 beyond; "
+        "rows to a power of two), each shape run once before /ready, the padding charged by the cost model. "
+        "auto: on for CUDA, off on CPU (exact shapes).",
+    )
+    io_binding: bool = Field(
+        default=True,
+        description="On the grid, run batches that want only pooled vectors through IOBinding on fixed "
+        "buffers per shape.",
+    )
+    cuda_graphs: bool = Field(
+        default=True,
+        description="On CUDA with the grid and IOBinding, capture each shape of at most cuda-graph-max-rows "
+        "rows as a CUDA graph at warm-up and replay it after (enable_cuda_graph, gpu_graph_id).",
+    )
+    cuda_graph_max_rows: int = Field(
+        default=16, ge=1, description="The most rows of a grid shape captured as a CUDA graph."
+    )
     max_wait_ms: float = Field(
         default=2.0,
         ge=0,

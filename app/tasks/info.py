@@ -134,6 +134,8 @@ def describe(service: Service) -> dict[str, Any]:
             "max_wait_ms": s.max_wait_ms,
             "max_concurrent_inputs": s.max_concurrent_inputs,
             **service.engine.scheduling(),
+            # Batches padded to a grid of shapes, warmed before /ready (app/model/shaped.py); None: exact.
+            "shape_grid": service.model.shapes.describe() if service.model.shapes is not None else None,
         },
         "ready": service.ready,
         "version": __version__,
