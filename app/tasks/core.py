@@ -47,6 +47,11 @@ class Packing(Generic[R, A]):
     take: Callable[[R, list[int] | None], A]  # computed → the answer: those rows (None: all, in order)
 
 
+def taken(rows: np.ndarray, at: list[int] | None) -> np.ndarray:
+    """:attr:`Packing.take` of outputs that are rows of one array, answered as they are."""
+    return rows if at is None else rows[at]
+
+
 # The distinct keys to compute and the input each one is first seen at (by its place among them): its
 # name in an error message.
 Compute = Callable[[list[str], Callable[[int], int]], Awaitable[R]]
@@ -162,6 +167,11 @@ class Core:
         seconds = time.perf_counter() - started
         self.metrics.tokenized(seconds)
         return encodings, ms(seconds)
+
+    def key_space(self, **options: object) -> str:
+        """The vector cache's key space of this model's outputs made with ``options`` (the rest of
+        :data:`~app.cache.keys.OPTION_FIELDS` None)."""
+        return cache_keys.space(self.model_digest, {**dict.fromkeys(cache_keys.OPTION_FIELDS), **options})
 
     async def cached(self, keys: list[str], compute: Compute[R], packing: Packing[R, A]) -> A:
         """The answer for each of ``keys`` (one per input; equal keys, equal outputs): under admission

@@ -18,7 +18,6 @@ from typing import cast
 import numpy as np
 from tokenizers import Encoding as TokenEncoding
 
-from app.cache import keys as cache_keys
 from app.engine.work import Need, Planned
 from app.errors import InternalError, ServiceError, ValidationFailed
 from app.model import dense
@@ -314,7 +313,7 @@ class Embeddings:
                         "long_text 'chunk' cannot go with this model's prompts: its pooling leaves the prompt "
                         "out, and only the first window holds it; use long_text 'truncate'"
                     )
-        space = cache_keys.space(self.core.model_digest, vector_key(options, resolved, token_ids))
+        space = self.core.key_space(**vector_key(options, resolved, token_ids))
         return _Call(
             options,
             resolved,

@@ -16,21 +16,16 @@ from typing import Any, cast
 import numpy as np
 from tokenizers import Encoding as TokenEncoding
 
-from app.cache import keys as cache_keys
 from app.engine.postprocess import head_scores
 from app.engine.work import Need
 from app.errors import InternalError
 from app.model.tokenizer import TextInput
 from app.tasks import entities
 from app.tasks.answers import Answer, Spent, timed, timings_of
-from app.tasks.core import Core, Packing
+from app.tasks.core import Core, Packing, taken
 from app.tasks.options import Direction, LongText, Names, listed
 from app.tasks.prepare import TOO_LONG_TRUNCATE, check_some, from_encodings
 from app.telemetry.timings import Timings
-
-
-def _same(logits: np.ndarray) -> np.ndarray:
-    return logits
 
 
 class Heads:
@@ -200,26 +195,14 @@ class Heads:
                 raise InternalError("a /predict job came back without its logits")
             return job.vectors[:, 0, :]
 
-        def space() -> str:
-            options = dict.fromkeys(("pooling", "layers", "layer_combine", "layer_weights", "normalize"))
-            return cache_keys.space(
-                self.core.model_digest,
-                {
-                    **options,
-                    "long_text": long_text,
-                    "truncation_direction": direction,
-                    "input": "json",  # keys are each text or pair as JSON
-                    "prompt": None,
-                    "output": "head_logits",
-                },
-            )
-
+        # Keys are each text or pair as JSON; the other options are None.
+        space = dict(long_text=long_text, truncation_direction=direction, input="json", output="head_logits")
         head = self.core.model.manifest.head
         packing = Packing(
-            space,
+            lambda: self.core.key_space(**space),
             len(head.labels) if head else None,
-            _same,
+            np.asarray,
             np.stack,
-            lambda got, at: got if at is None else got[at],
+            taken,
         )
         return await self.core.cached(keys, compute, packing), spent.timings()

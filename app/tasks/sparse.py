@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.cache import keys as cache_keys
 from app.engine.work import Need
 from app.errors import ServiceError, Unsupported, ValidationFailed
 from app.tasks.answers import Answer, Spent, timed
@@ -168,19 +167,6 @@ class SparseEmbeddings:
                 "sparse vectors are not averaged over windows: send truncate: true or shorten the text"
             )
 
-    def _options(self, long_text: LongText, direction: Direction) -> dict[str, object]:
-        """The cache key's options of sparse vectors made with these rules."""
-        sparse = self.core.model.manifest.sparse
-        options: dict[str, object] = dict.fromkeys(cache_keys.OPTION_FIELDS)
-        options.update(
-            pooling=f"splade-{sparse.pooling}-{sparse.activation}" if sparse else "splade",
-            long_text=long_text,
-            truncation_direction=direction,
-            input="text",
-            output="sparse",
-        )
-        return options
-
     async def rows(
         self,
         texts: list[str],
@@ -256,8 +242,15 @@ class SparseEmbeddings:
             computed = top_rows(rows, top_k)
             return computed if at is None else [computed[k] for k in at]
 
+        sparse = self.core.model.manifest.sparse
         packing = Packing(
-            lambda: cache_keys.space(self.core.model_digest, self._options(long_text, direction)),
+            lambda: self.core.key_space(
+                pooling=f"splade-{sparse.pooling}-{sparse.activation}" if sparse else "splade",
+                long_text=long_text,
+                truncation_direction=direction,
+                input="text",
+                output="sparse",
+            ),
             None,  # the cache keeps every non-zero: top_k after it
             lambda rows: [pack(v) for v in rows],
             lambda stored: [unpack(p).top(top_k) for p in stored],
