@@ -53,6 +53,18 @@ def timed(
     return timed
 
 
+@dataclass
+class Spent:
+    """What a call's engine work took, added up as it runs (cache misses only): its jobs and the
+    milliseconds its texts took to tokenise."""
+
+    jobs: list[Job] = field(default_factory=list)
+    tokenization_ms: float = 0.0
+
+    def timings(self) -> Timings:
+        return timings_of(self.jobs, self.tokenization_ms)
+
+
 def timings_of(jobs: list[Job], tokenization_ms: float) -> Timings:
     """Queue time is the longest any sequence waited; inference time sums the batches the jobs used."""
     batches = {started: seconds for job in jobs for started, seconds in job.batches.items()}

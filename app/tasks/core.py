@@ -1,6 +1,7 @@
 """The core every task stands on: the model and its digest, the engine, the cache, the metrics, and the
 steps each task takes the same way (readiness, the per-request limits, tokenising with its time, one job
-to the engine, the routes this model serves).
+to the engine, the routes this model serves) and the one way a task's outputs go through the vector cache
+(:meth:`Core.cached`: each task says what it computes and how its outputs are packed).
 
 Knows nothing of any one task: what an endpoint means lives in its task's module
 (:mod:`app.tasks.embeddings`, :mod:`app.tasks.fill_mask`, :mod:`app.tasks.heads`, :mod:`app.tasks.tokens`).
@@ -10,6 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import numpy as np
 from tokenizers import Encoding as TokenEncoding
@@ -27,6 +31,30 @@ from app.tasks.options import Direction, EmbedOptions, LongText, Names, model_de
 from app.tasks.prepare import Rules, texts_of
 from app.telemetry.metrics import Metrics
 from app.telemetry.timings import ms
+
+R = TypeVar("R")  # what a task computes for distinct inputs, in their order
+A = TypeVar("A")  # what it answers for a request's inputs, in input order
+
+
+@dataclass(frozen=True)
+class Packing(Generic[R, A]):
+    """How a task's outputs are kept in the vector cache and answered (:meth:`Core.cached`)."""
+
+    space: Callable[[], str]  # the key space (:func:`app.cache.keys.space`): asked only with a cache
+    width: int | None  # float32 numbers of each entry; None: any number (app.cache.vectors)
+    pack: Callable[[R], list[np.ndarray] | np.ndarray]  # computed → one float32 entry per input
+    unpack: Callable[[list[np.ndarray]], A]  # each input's entry → the answer
+    take: Callable[[R, list[int] | None], A]  # computed → the answer: those rows (None: all, in order)
+
+
+def taken(rows: np.ndarray, at: list[int] | None) -> np.ndarray:
+    """:attr:`Packing.take` of outputs that are rows of one array, answered as they are."""
+    return rows if at is None else rows[at]
+
+
+# The distinct keys to compute and the input each one is first seen at (by its place among them): its
+# name in an error message.
+Compute = Callable[[list[str], Callable[[int], int]], Awaitable[R]]
 
 # The routes each kind of model serves beside the embedding routes, which every kind serves (a fine-tuned
 # head's encoder computes vectors too), and the route a kind's POST / answers as.
@@ -139,6 +167,37 @@ class Core:
         seconds = time.perf_counter() - started
         self.metrics.tokenized(seconds)
         return encodings, ms(seconds)
+
+    def key_space(self, **options: object) -> str:
+        """The vector cache's key space of this model's outputs made with ``options`` (the rest of
+        :data:`~app.cache.keys.OPTION_FIELDS` None)."""
+        return cache_keys.space(self.model_digest, {**dict.fromkeys(cache_keys.OPTION_FIELDS), **options})
+
+    async def cached(self, keys: list[str], compute: Compute[R], packing: Packing[R, A]) -> A:
+        """The answer for each of ``keys`` (one per input; equal keys, equal outputs): under admission
+        permits for every input, cached or not (they bound the in-flight map and the queues behind it);
+        through the cache when there is one (lookup, joining another request's computation of a key,
+        computing what is missing, storing it: :meth:`app.cache.vectors.VectorCache.vectors`); without
+        one, repeated keys computed once, and nothing per input beyond the work itself.
+
+        ``compute``'s errors propagate.
+        """
+        first = dict(zip(reversed(keys), range(len(keys) - 1, -1, -1), strict=True))  # key → its first input
+
+        async def run(todo: list[str]) -> R:
+            return await compute(todo, lambda k: first[todo[k]])
+
+        async def packed(todo: list[str]) -> list[np.ndarray] | np.ndarray:
+            return packing.pack(await run(todo))
+
+        with self.engine.admit(len(keys)):
+            if self.cache.enabled:
+                return packing.unpack(await self.cache.vectors(packing.space(), keys, packed, packing.width))
+            if len(first) == len(keys):
+                return packing.take(await run(keys), None)
+            distinct = list(dict.fromkeys(keys))
+            row = {k: i for i, k in enumerate(distinct)}
+            return packing.take(await run(distinct), [row[k] for k in keys])
 
     async def run(
         self,

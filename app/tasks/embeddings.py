@@ -11,19 +11,19 @@ again (Matryoshka), after the cache, which keeps whole vectors.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import cast
 
 import numpy as np
 from tokenizers import Encoding as TokenEncoding
 
-from app.cache import keys as cache_keys
-from app.engine.work import Job, Need, Planned
+from app.engine.work import Need, Planned
 from app.errors import InternalError, ServiceError, ValidationFailed
 from app.model import dense
 from app.tasks import layers
-from app.tasks.answers import Answer, timed, timings_of
-from app.tasks.core import Core
+from app.tasks.answers import Answer, Spent, timed
+from app.tasks.core import Core, Packing
 from app.tasks.options import (
     EmbedOptions,
     Names,
@@ -52,6 +52,8 @@ from app.tasks.prepare import (
 from app.tasks.token_ids import token_id_lists
 from app.telemetry.timings import Timings, ms
 
+_Pair = tuple[np.ndarray, np.ndarray]  # vectors [inputs, width] float32 and their inputs' tokens (int64)
+
 
 @dataclass
 class Vectors:
@@ -69,6 +71,12 @@ class Vectors:
     problems: dict[int, ServiceError] = field(default_factory=dict)
 
 
+def _unpack(stored: list[np.ndarray]) -> _Pair:
+    """Cache entries (a vector, then its input's tokens) as the vectors and the tokens."""
+    rows = np.stack(stored)
+    return np.ascontiguousarray(rows[:, :-1]), rows[:, -1].astype(np.int64)
+
+
 _CALLS = 256  # distinct options resolved and kept (a full map starts again)
 
 
@@ -83,15 +91,9 @@ class _Call:
     rules: Rules
     prompt: str  # put before each text; "" for none (and for token ids)
     width: int  # of the whole vectors (layers side by side widen them)
-    key_prefix: str  # the vector cache's key space (:func:`~app.tasks.options.vector_key`)
-
-
-@dataclass
-class _Computed:
-    """What the engine computed for one call (cache misses only)."""
-
-    jobs: list[Job] = field(default_factory=list)
-    tokenization_ms: float = 0.0
+    # Through the cache (:func:`~app.tasks.options.vector_key`), each entry is the whole vector and its
+    # input's tokens, so that a hit is counted without tokenising it again (exact in float32 below 2**24).
+    packing: Packing[_Pair, _Pair]
 
 
 class Embeddings:
@@ -212,46 +214,19 @@ class Embeddings:
         call = self._call(options, too_long, token_ids=given is not None)
         if given is not None:
             keys = given.keys
-            ids_of: dict[str, np.ndarray] | None = dict(zip(keys, given.ids, strict=True))
+            ids_of = dict(zip(keys, given.ids, strict=True))
         else:
             texts = cast(list[str], inputs)
             keys = [call.prompt + t for t in texts] if call.prompt else texts
-            ids_of = None
-        first = {key: i for i, key in reversed(list(enumerate(keys)))}
-        computed = _Computed()
+        spent = Spent()
 
-        async def compute(todo: list[str]) -> tuple[np.ndarray, np.ndarray]:
-            runs: list[str] | list[np.ndarray] = [ids_of[k] for k in todo] if ids_of is not None else todo
-            vectors, prepared = await self._compute(
-                call, runs, lambda i: names.item(first[todo[i]]), computed
-            )
+        async def compute(todo: list[str], first: Callable[[int], int]) -> tuple[np.ndarray, np.ndarray]:
+            runs: list[str] | list[np.ndarray] = [ids_of[k] for k in todo] if given is not None else todo
+            vectors, prepared = await self._compute(call, runs, lambda i: names.item(first(i)), spent)
             return vectors, prepared.tokens
 
-        async def cached(todo: list[str]) -> np.ndarray:
-            # An input's tokens ride in its cache entry, one component after its vector, so that a hit
-            # is counted without tokenising it again (exact in float32 below 2**24).
-            vectors, tokens = await compute(todo)
-            return np.column_stack([vectors, tokens.astype(np.float32)])
-
-        # Permits cover every input, cached or not: they bound the in-flight map and the queues behind it.
-        with self.core.engine.admit(len(keys)):
-            if self.core.cache.enabled:
-                # Each entry: the whole vector and the input's tokens.
-                stored = np.stack(
-                    await self.core.cache.vectors(call.key_prefix, keys, cached, call.width + 1)
-                )
-                vectors, tokens = np.ascontiguousarray(stored[:, :-1]), stored[:, -1].astype(np.int64)
-            elif len(first) < len(keys):  # repeated inputs: each computed once
-                distinct = list(dict.fromkeys(keys))
-                row = {k: i for i, k in enumerate(distinct)}
-                at = [row[k] for k in keys]
-                vectors, tokens = await compute(distinct)
-                vectors, tokens = vectors[at], tokens[at]
-            else:  # no cache: no keys, no flights, nothing per input beyond the work itself
-                vectors, tokens = await compute(keys)
-        return Vectors(
-            self._cut(vectors, options), tokens, timings_of(computed.jobs, computed.tokenization_ms)
-        )
+        vectors, tokens = await self.core.cached(keys, compute, call.packing)
+        return Vectors(self._cut(vectors, options), tokens, spent.timings())
 
     async def rows(self, texts: list[str], options: EmbedOptions, names: Names, too_long: str) -> Vectors:
         """Each text's vector, or why it is refused: the bulk job's call (and the warm-up's). Nothing is
@@ -270,13 +245,13 @@ class Embeddings:
             if i not in problems:
                 first.setdefault(key, i)
         distinct = list(first)
-        computed = _Computed()
+        spent = Spent()
         if not distinct:
             empty = np.empty((0, call.width), np.float32)
-            return Vectors(self._cut(empty, options), np.empty(0, np.int64), timings_of([], 0.0), problems)
+            return Vectors(self._cut(empty, options), np.empty(0, np.int64), spent.timings(), problems)
         with self.core.engine.admit(len(distinct)):
             vectors, prepared = await self._compute(
-                call, distinct, lambda k: names.item(first[distinct[k]]), computed, refuse=False
+                call, distinct, lambda k: names.item(first[distinct[k]]), spent, refuse=False
             )
         # A distinct text's row among the vectors (or its problem), for each text of the call.
         index = {key: d for d, key in enumerate(distinct)}
@@ -293,7 +268,7 @@ class Embeddings:
         return Vectors(
             self._cut(vectors[at], options),
             prepared.tokens[at],
-            timings_of(computed.jobs, computed.tokenization_ms),
+            spent.timings(),
             problems,
         )
 
@@ -338,6 +313,7 @@ class Embeddings:
                         "long_text 'chunk' cannot go with this model's prompts: its pooling leaves the prompt "
                         "out, and only the first window holds it; use long_text 'truncate'"
                     )
+        space = self.core.key_space(**vector_key(options, resolved, token_ids))
         return _Call(
             options,
             resolved,
@@ -345,7 +321,13 @@ class Embeddings:
             rules,
             prompt,
             width,
-            cache_keys.space(self.core.model_digest, vector_key(options, resolved, token_ids)),
+            Packing(
+                lambda: space,
+                width + 1,
+                lambda got: np.column_stack([got[0], got[1].astype(np.float32)]),
+                _unpack,
+                lambda got, at: got if at is None else (got[0][at], got[1][at]),
+            ),
         )
 
     async def _compute(
@@ -353,7 +335,7 @@ class Embeddings:
         call: _Call,
         inputs: list[str] | list[np.ndarray],
         name: Name,
-        computed: _Computed,
+        spent: Spent,
         refuse: bool = True,
     ) -> tuple[np.ndarray, Prepared]:
         """One engine call: the vectors [good inputs, width] of ``inputs`` (texts, tokenised and prepared
@@ -372,9 +354,9 @@ class Embeddings:
             job = await self.core.run(prepared.ids, call.need)
         else:
             job = await self.core.engine.run_texts(cast(list[str], inputs), plan)
-            computed.tokenization_ms += ms(job.tokenized_s)
+            spent.tokenization_ms += ms(job.tokenized_s)
             prepared = cast(Prepared, job.context)
-        computed.jobs.append(job)
+        spent.jobs.append(job)
         if not prepared.ids:  # every input refused (rows only): nothing ran
             return np.empty((0, call.width), np.float32), prepared
         if job.vectors is None:

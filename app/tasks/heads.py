@@ -10,19 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any, cast
 
 import numpy as np
 from tokenizers import Encoding as TokenEncoding
 
-from app.cache import keys as cache_keys
 from app.engine.postprocess import head_scores
-from app.engine.work import Job, Need
+from app.engine.work import Need
 from app.errors import InternalError
 from app.model.tokenizer import TextInput
 from app.tasks import entities
-from app.tasks.answers import Answer, timed, timings_of
-from app.tasks.core import Core
+from app.tasks.answers import Answer, Spent, timed, timings_of
+from app.tasks.core import Core, Packing, taken
 from app.tasks.options import Direction, LongText, Names, listed
 from app.tasks.prepare import TOO_LONG_TRUNCATE, check_some, from_encodings
 from app.telemetry.timings import Timings
@@ -178,43 +178,31 @@ class Heads:
         # Each input's cache key is its JSON: a text's a JSON string, a pair's a JSON array, never the same.
         keys = [json.dumps(x, ensure_ascii=False) for x in inputs]
         item = dict(zip(keys, inputs, strict=True))
-        position = {k: i for i, k in reversed(list(enumerate(keys)))}  # a key's first input, for messages
         # The head routes run an input the tokenizer leaves nothing of, as transformers' pipelines do.
         rules = self.core.rules(TOO_LONG_TRUNCATE, long_text, direction, refuse_empty=False)
-        jobs: list[Job] = []
-        tokenization_ms = 0.0
+        spent = Spent()
 
-        async def compute(todo: list[str]) -> np.ndarray:
-            nonlocal tokenization_ms
+        async def compute(todo: list[str], first: Callable[[int], int]) -> np.ndarray:
             todo_inputs = [item[k] for k in todo]
             encodings, took = await self.core.tokenize(todo_inputs, offsets=False)
-            tokenization_ms += took
+            spent.tokenization_ms += took
             pairs = [not isinstance(x, str) for x in todo_inputs]
-            prepared = from_encodings(encodings, rules, lambda k: f"{field_name}[{position[todo[k]]}]", pairs)
+            prepared = from_encodings(encodings, rules, lambda k: f"{field_name}[{first(k)}]", pairs)
             prepared.refuse()
             job = await self.core.run(prepared.ids, Need(head=True), prepared.types)
-            jobs.append(job)
+            spent.jobs.append(job)
             if job.vectors is None:
                 raise InternalError("a /predict job came back without its logits")
             return job.vectors[:, 0, :]
 
-        with self.core.engine.admit(len(inputs)):
-            if self.core.cache.enabled:
-                prefix = cache_keys.space(
-                    self.core.model_digest,
-                    {
-                        **dict.fromkeys(("pooling", "layers", "layer_combine", "layer_weights", "normalize")),
-                        "long_text": long_text,
-                        "truncation_direction": direction,
-                        "input": "json",  # keys are each text or pair as JSON
-                        "prompt": None,
-                        "output": "head_logits",
-                    },
-                )
-                labels = len(self.core.model.manifest.head.labels) if self.core.model.manifest.head else None
-                logits = np.stack(await self.core.cache.vectors(prefix, keys, compute, labels))
-            else:
-                distinct = list(dict.fromkeys(keys))
-                row_of = {k: i for i, k in enumerate(distinct)}
-                logits = (await compute(distinct))[[row_of[k] for k in keys]]
-        return logits, timings_of(jobs, tokenization_ms)
+        # Keys are each text or pair as JSON; the other options are None.
+        space = dict(long_text=long_text, truncation_direction=direction, input="json", output="head_logits")
+        head = self.core.model.manifest.head
+        packing = Packing(
+            lambda: self.core.key_space(**space),
+            len(head.labels) if head else None,
+            np.asarray,
+            np.stack,
+            taken,
+        )
+        return await self.core.cached(keys, compute, packing), spent.timings()

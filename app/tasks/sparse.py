@@ -10,15 +10,15 @@ hundred bytes rather than the vocabulary's 84 KB; ``top_k`` is applied after it.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from app.cache import keys as cache_keys
 from app.engine.work import Need
 from app.errors import ServiceError, Unsupported, ValidationFailed
-from app.tasks.answers import Answer, timed, timings_of
-from app.tasks.core import Core
+from app.tasks.answers import Answer, Spent, timed
+from app.tasks.core import Core, Packing
 from app.tasks.options import Direction, LongText, Names, listed
 from app.tasks.prepare import TOO_LONG_TRUNCATE, from_encodings, text_problems
 
@@ -167,19 +167,6 @@ class SparseEmbeddings:
                 "sparse vectors are not averaged over windows: send truncate: true or shorten the text"
             )
 
-    def _options(self, long_text: LongText, direction: Direction) -> dict[str, object]:
-        """The cache key's options of sparse vectors made with these rules."""
-        sparse = self.core.model.manifest.sparse
-        options: dict[str, object] = dict.fromkeys(cache_keys.OPTION_FIELDS)
-        options.update(
-            pooling=f"splade-{sparse.pooling}-{sparse.activation}" if sparse else "splade",
-            long_text=long_text,
-            truncation_direction=direction,
-            input="text",
-            output="sparse",
-        )
-        return options
-
     async def rows(
         self,
         texts: list[str],
@@ -237,37 +224,37 @@ class SparseEmbeddings:
         names = listed("inputs", inputs)
         texts = self.core.texts(inputs, names)
         rules = self.core.rules(TOO_LONG_TRUNCATE, long_text, direction)
-        prefix = cache_keys.space(self.core.model_digest, self._options(long_text, direction))
-        first = {text: i for i, text in reversed(list(enumerate(texts)))}
-        jobs = []
-        tokenized_ms = 0.0
+        spent = Spent()
 
-        async def dense(todo: list[str]) -> np.ndarray:
+        async def dense(todo: list[str], first: Callable[[int], int]) -> np.ndarray:
             """The dense vectors [len(todo), vocab] of distinct texts."""
-            nonlocal tokenized_ms
             encodings, took = await self.core.tokenize(todo, offsets=False)
-            tokenized_ms += took
-            prepared = from_encodings(encodings, rules, lambda i: names.item(first[todo[i]]))
+            spent.tokenization_ms += took
+            prepared = from_encodings(encodings, rules, lambda i: names.item(first(i)))
             prepared.refuse()
             job = await self.core.run(prepared.ids, Need(sparse=True))
-            jobs.append(job)
+            spent.jobs.append(job)
             assert job.vectors is not None
             return job.vectors[:, 0]
 
-        async def compute(todo: list[str]) -> list[np.ndarray]:
-            return [pack(v) for v in await dense(todo)]
-
-        packed: list[np.ndarray] | None = None
-        distinct = list(first)
-        with self.core.engine.admit(len(texts)):
-            if self.core.cache.enabled:  # it keeps every non-zero: top_k after it
-                packed = await self.core.cache.vectors(prefix, texts, compute)
-            else:
-                rows = await dense(distinct)
-        if packed is not None:
-            vectors = [unpack(p).top(top_k) for p in packed]
-        else:  # no cache: top_k straight from the dense rows, none of them packed
-            row = {text: k for k, text in enumerate(distinct)}
+        def take(rows: np.ndarray, at: list[int] | None) -> list[SparseVector]:
+            # No cache: top_k straight from the dense rows, none of them packed.
             computed = top_rows(rows, top_k)
-            vectors = [computed[row[t]] for t in texts]
-        return Answer(vectors, timings_of(jobs, tokenized_ms))
+            return computed if at is None else [computed[k] for k in at]
+
+        sparse = self.core.model.manifest.sparse
+        packing = Packing(
+            lambda: self.core.key_space(
+                pooling=f"splade-{sparse.pooling}-{sparse.activation}" if sparse else "splade",
+                long_text=long_text,
+                truncation_direction=direction,
+                input="text",
+                output="sparse",
+            ),
+            None,  # the cache keeps every non-zero: top_k after it
+            lambda rows: [pack(v) for v in rows],
+            lambda stored: [unpack(p).top(top_k) for p in stored],
+            take,
+        )
+        vectors = await self.core.cached(texts, dense, packing)
+        return Answer(vectors, spent.timings())

@@ -5,6 +5,7 @@ that run (:mod:`app.tasks.prepare`), how they are combined and described."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -115,14 +116,22 @@ def check_tokenize_bound(encodings: list[TokenEncoding], limit: int) -> None:
 
 def token_table(encodings: list[TokenEncoding]) -> list[list[dict[str, object]]]:
     """/tokenize's answer: per input, each token's id, text, whether special, and character span."""
+    return [described(enc, range(len(enc))) for enc in encodings]
+
+
+def described(enc: TokenEncoding, positions: Iterable[int]) -> list[dict[str, object]]:
+    """The tokens of ``enc`` at ``positions``: each one's id, text, whether special, and character span."""
+    # Each Encoding property builds a new list on access: read each once.
+    ids, tokens, special, offsets = enc.ids, enc.tokens, enc.special_tokens_mask, enc.offsets
     return [
-        [
-            {"id": tid, "text": tok, "special": bool(special), "start": start, "stop": stop}
-            for tid, tok, special, (start, stop) in zip(
-                enc.ids, enc.tokens, enc.special_tokens_mask, enc.offsets, strict=True
-            )
-        ]
-        for enc in encodings
+        {
+            "id": ids[p],
+            "text": tokens[p],
+            "special": bool(special[p]),
+            "start": offsets[p][0],
+            "stop": offsets[p][1],
+        }
+        for p in positions
     ]
 
 
@@ -176,16 +185,5 @@ def token_vectors(
         vectors = layers.normalize_rows(vectors)
     answer = TokenVectors(vectors, norms=norms)
     if options.return_tokens:
-        # Each Encoding property builds a new list on access: read each once.
-        ids, tokens, special, offsets = enc.ids, enc.tokens, enc.special_tokens_mask, enc.offsets
-        answer.tokens = [
-            {
-                "id": ids[p],
-                "text": tokens[p],
-                "special": bool(special[p]),
-                "start": offsets[p][0],
-                "stop": offsets[p][1],
-            }
-            for p in kept[rows].tolist()
-        ]
+        answer.tokens = described(enc, kept[rows].tolist())
     return answer

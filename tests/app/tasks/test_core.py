@@ -1,6 +1,6 @@
 """The core's model digest (part of every cache key), as the service computes it from the model it serves:
 every graph and tokenizer setting that changes an answer changes it; and the sequences it queues carry the
-time of the engine's clock."""
+time of the engine's clock; and the one cache flow (Core.cached) every caching task goes through."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from app.cache.memory_tier import MemoryLRU
 from app.cache.vectors import VectorCache
 from app.engine.engine import Engine
 from app.engine.scheduler import Scheduler
@@ -20,7 +21,7 @@ from app.engine.work import Job, Need, Seq
 from app.model.manifest import MANIFEST_NAME
 from app.model.runtime import load_model
 from app.settings import Settings
-from app.tasks.core import Core
+from app.tasks.core import Core, Packing, taken
 from app.telemetry.metrics import Metrics
 from tests.app.engine.fake_clock import FakeClock
 
@@ -75,3 +76,54 @@ def test_the_sequences_a_task_queues_carry_the_engines_clock(
     ids = np.array([101, 872, 102], np.int64)
     asyncio.run(core.run([ids, ids], Need(layers=(1,), pooling="cls")))
     assert [seq.enqueued_at for seq in queued] == [0.0, 0.0]  # the simulated clock's time, as given
+
+
+class Doubling:
+    """A task that computes each key's length twice over, recording what it was asked and the input each
+    distinct key was first seen at; its entries are its rows, and the key space is counted."""
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self.asked: list[list[str]] = []
+        self.first: list[list[int]] = []
+        self.spaces = 0
+        self.packing = Packing(self._space, 1, np.asarray, np.stack, taken)
+
+    def _space(self) -> str:
+        self.spaces += 1
+        return self.core.key_space(output="test")
+
+    async def compute(self, todo: list[str], first: Any) -> np.ndarray:
+        self.asked.append(todo)
+        self.first.append([first(k) for k in range(len(todo))])
+        assert self.core.engine.admission.in_use == 5  # every input's permit held while computing
+        return np.array([[2.0 * len(k)] for k in todo], np.float32)
+
+    def answer(self, keys: list[str]) -> list[float]:
+        return asyncio.run(self.core.cached(keys, self.compute, self.packing))[:, 0].tolist()
+
+
+def core_of(model: Any, settings: Settings, memory: MemoryLRU | None) -> Core:
+    metrics = Metrics()
+    return Core(
+        settings, model, Engine(model, settings, metrics), VectorCache(memory, None, metrics), metrics
+    )
+
+
+def test_without_a_cache_each_distinct_key_is_computed_once_named_by_its_first_input(
+    tiny_model: Any, tiny_settings: Settings
+) -> None:
+    task = Doubling(core_of(tiny_model, tiny_settings, None))
+    assert task.answer(["bb", "a", "bb", "ccc", "a"]) == [4.0, 2.0, 4.0, 6.0, 2.0]
+    assert task.asked == [["bb", "a", "ccc"]] and task.first == [[0, 1, 3]]
+    assert task.spaces == 0  # no cache: no key space hashed
+    assert task.core.engine.admission.in_use == 0
+
+
+def test_with_a_cache_what_it_holds_is_not_computed_again(tiny_model: Any, tiny_settings: Settings) -> None:
+    task = Doubling(core_of(tiny_model, tiny_settings, MemoryLRU(1 << 20)))
+    assert task.answer(["bb", "a", "bb", "dddd", "a"]) == [4.0, 2.0, 4.0, 8.0, 2.0]
+    assert task.answer(["a", "bb", "ccc", "ccc", "dddd"]) == [2.0, 4.0, 6.0, 6.0, 8.0]
+    assert task.asked == [["bb", "a", "dddd"], ["ccc"]]
+    assert task.first == [[0, 1, 3], [2]]
+    assert task.spaces == 2 and task.core.engine.admission.in_use == 0
