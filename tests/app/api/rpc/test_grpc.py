@@ -31,7 +31,7 @@ from tests.app.api.rpc.grpc_process import (
     start_grpc_server,
     stop_grpc_server,
 )
-from tests.app.conftest import wait_until
+from tests.app.conftest import metric, wait_until
 from tests.app.vectors import BATCHING_TOLERANCE, assert_same_bits, assert_same_vectors
 
 TEXTS = ["今天天气很好", "北京是中国的首都。", "你好", "这家餐厅的菜很好吃，服务也很周到。"]
@@ -265,6 +265,10 @@ def test_api_keys_and_overload(tiny_model_dir: Path, stubs: dict[str, ModuleType
         assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "4 of 4 inputs in flight" in caught.value.details()
         assert ("retry-after", "1") in (caught.value.trailing_metadata() or ())
+        # The stream's calls admitted before the refusal still run: the calls below wait until their
+        # permits are back (a loaded machine once had them refused, "4 of 4 inputs in flight").
+        with httpx.Client(base_url=server.url, headers={"authorization": f"Bearer {KEY}"}) as client:
+            wait_until(lambda: metric(client, "zhembed_inputs_in_flight") == 0)
         # The metadata priority is read as HTTP's Priority header; the key's default where it sets none.
         for key, priority in [("bulk-key", None), ("bulk-key", "u=2"), (KEY, "u=5"), (KEY, "i, u=6")]:
             metadata = [("authorization", f"Bearer {key}")] + ([("priority", priority)] if priority else [])
