@@ -346,7 +346,8 @@ class Batcher:
         s.largest_batch = max(s.largest_batch, len(batch))
         real = sum(seq.length for seq in batch)
         longest = max(seq.length for seq in batch)
-        computed = len(batch) * longest
+        rows, length = self.planner.model.shape(len(batch), longest)  # on a grid, the padded shape
+        computed = rows * length
         s.real_tokens += real
         s.padded_tokens += computed
         s.waits += int(waited)

@@ -3,6 +3,7 @@ and the same vectors as exact shapes through a real server (app/model/shaped.py)
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from app.engine.engine import Engine
+from app.engine.work import Job, Need, Seq
 from app.model.grid import warm_shapes
 from app.model.runtime import OnnxModel, load_model
 from app.settings import Settings
@@ -38,6 +40,26 @@ def test_calibration_warms_every_shape_then_plans_by_grid_costs(
     assert shapes.warmed.shapes == len(warm_shapes(shapes.grid, engine.limits.room)) > 0
     assert engine.batcher.costs.grid is shapes.grid
     assert engine.batcher.costs.cost(3, 20) == engine.batcher.costs.cost(4, 32)
+
+
+def test_a_batch_on_the_grid_counts_its_padded_shape_as_computed(
+    grid_model: OnnxModel, on_grid: Settings
+) -> None:
+    engine = Engine(grid_model, on_grid.model_copy(update={"measure_batch_cost": False}), Metrics())
+    engine._calibrate()
+    now = engine.clock.now()
+    seq = Seq(
+        np.zeros(20, dtype=np.int64),
+        Need(layers=(1,), pooling="cls"),
+        Job(asyncio.new_event_loop(), 1),
+        0,
+        now - 1,
+    )
+    engine.batcher.submit([seq])
+    offer = engine.batcher.offer(now)
+    assert offer is not None and engine.batcher.cut(offer, False) == [seq]
+    stats = engine.batcher.stats
+    assert (stats.real_tokens, stats.padded_tokens) == (20, 32)  # one row of 20 runs as 1 x 32
 
 
 def test_a_failed_warm_up_fails_the_thread_not_the_wait_for_ready(
