@@ -172,11 +172,24 @@ def worker_cells(args: argparse.Namespace, workers: int) -> list[Cell]:
     return [specs[n] for n in names]
 
 
-def service_cells(args: argparse.Namespace) -> tuple[list[Row], list[int], list[int]]:
+def grid_line(grid: dict[str, Any] | None) -> str:
+    """What /info's ``batching.shape_grid`` says of the grid a service warmed before /ready."""
+    if not grid:
+        return "exact shapes (no grid)"
+    graphs = f", {grid.get('cuda_graphs_captured')} CUDA graphs" if grid.get("cuda_graphs") else ""
+    return (
+        f"{grid.get('warmed_shapes')} of {grid.get('shapes')} grid shapes warmed in {grid.get('warmup_s')} s"
+        f"{graphs}; IOBinding {grid.get('io_binding')}, read back by {grid.get('readback')}"
+    )
+
+
+def service_cells(args: argparse.Namespace) -> tuple[list[Row], list[int], list[int], dict[int, Any]]:
     """Every service cell, one service start per worker count, the main count first; the counts whose
-    service did not start (its log's end is printed, and the run goes on to the next count); and the
-    counts left out because the last count's time would take the run past ``--budget-s``."""
+    service did not start (its log's end is printed, and the run goes on to the next count); the counts
+    left out because the last count's time would take the run past ``--budget-s``; and each count's
+    shape grid as /info shows it once ready (None: exact shapes)."""
     corpus = load_corpus()
+    grids: dict[int, Any] = {}
     cells: list[Row] = []
     not_started: list[int] = []
     skipped: list[int] = []
@@ -192,7 +205,12 @@ def service_cells(args: argparse.Namespace) -> tuple[list[Row], list[int], list[
         log = RESULTS / "logs" / f"gpu-service-w{workers}.log"
         try:
             with ServiceProcess("app", settings_env(args, workers), log) as svc:
-                print(f"-- ZHEMBED_WORKERS={workers}, ready in {time.perf_counter() - t0:.1f} s", flush=True)
+                ready = time.perf_counter() - t0
+                grids[workers] = svc.info().get("batching", {}).get("shape_grid")
+                print(
+                    f"-- ZHEMBED_WORKERS={workers}, ready in {ready:.1f} s; {grid_line(grids[workers])}",
+                    flush=True,
+                )
                 for spec in worker_cells(args, workers):
                     bodies = distinct_bodies(corpus, spec.texts, len(cells) * STRIDE, spec.encoding)
                     m = measure(svc, spec, bodies, args.seconds, args.warmup)
@@ -204,7 +222,7 @@ def service_cells(args: argparse.Namespace) -> tuple[list[Row], list[int], list[
         if workers != args.main_workers:  # the main count runs more cells than the others
             last = time.perf_counter() - t0
     print(f"service cells: {time.perf_counter() - started:.0f} s")
-    return cells, not_started, skipped
+    return cells, not_started, skipped, grids
 
 
 def over_budget(elapsed: float, last: float, budget: float) -> bool:
@@ -252,7 +270,7 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
         f"service: python -m app, {' '.join(f'{k}={v}' for k, v in env.items())}; distinct corpus texts; {window}"
     )
     print(TABLE.header, flush=True)
-    cells, not_started, skipped = service_cells(args)
+    cells, not_started, skipped, grids = service_cells(args)
     on_main = {c.label: c for c in cells if c.workers == args.main_workers}
     print(*by_workers(cells), sep="\n")
     print(f"raw ceiling (batch {CEILING[0]}, sequence {CEILING[1]}): {top:,.0f} sentences/s")
@@ -276,6 +294,7 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
         "cells": [c.as_json() for c in cells],
         "not_started": not_started,
         "over_budget": skipped,
+        "shape_grid": {str(w): grid for w, grid in grids.items()},
         "targets": verdicts,
         "total_s": total,
         **gpu_report.attached(args.attach),

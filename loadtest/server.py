@@ -106,14 +106,18 @@ class ServiceProcess:
                 self.proc.kill()
                 self.proc.wait()
 
-    def engine_stats(self) -> dict[str, Any]:
-        """The engine's counters (``/info``'s ``stats``: batches, tokens, …); RuntimeError when /info does not
-        answer 200 with a JSON object."""
+    def info(self) -> dict[str, Any]:
+        """``/info`` as a JSON object; RuntimeError when it does not answer 200 with one."""
         answer = get(self.port, "/info")
         info = answer.json() if answer.status_code == 200 else None
         if not isinstance(info, dict):
             raise RuntimeError(f"/info answered {answer.status_code}")
-        stats = info.get("stats", {})
+        return info
+
+    def engine_stats(self) -> dict[str, Any]:
+        """The engine's counters (``/info``'s ``stats``: batches, tokens, …); RuntimeError when /info does not
+        answer 200 with a JSON object."""
+        stats = self.info().get("stats", {})
         return stats if isinstance(stats, dict) else {}
 
     def metrics(self) -> dict[str, float]:

@@ -39,6 +39,8 @@ def test_gpu_check_runs_every_cell_on_the_cpu_provider(tiny_model_dir: Path, tmp
     report = json.loads(out.read_text())
     assert report["probe"] == {"rows": 3}  # an attached stage rides in the report
     assert report["service_env"]["ZHEMBED_MAX_BATCH_SIZE"] == "128"  # --setting wins over GPU_LIKE's 256
+    assert report["shape_grid"] == {"1": None, "2": None}  # the CPU's default: exact shapes
+    assert "ready in" in stdout and "exact shapes (no grid)" in stdout
     page = md.read_text()
     assert "| 1x1 | 2 |" in page and re.search(
         r"^- \[(PASS|MISS)\] 8x32 >= 20,000 sentences/s", page, re.MULTILINE
@@ -116,6 +118,7 @@ def test_a_cell_on_fewer_workers_than_asked_fails_and_says_so() -> None:
 def test_the_device_script_runs_end_to_end_on_the_cpu(tiny_model_dir: Path, tmp_path: Path) -> None:
     env = {**os.environ, "OUT": str(tmp_path), "MODEL": str(tiny_model_dir)}
     argv = ["bash", "loadtest/gpu_check.sh", "--provider", "CPUExecutionProvider", "--budget", "600"]
+    argv += ["--shape-grid", "on"]  # the grid a GPU gets by default, warmed before /ready
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((tmp_path / "gpu-check.json").read_text())
@@ -123,6 +126,9 @@ def test_the_device_script_runs_end_to_end_on_the_cpu(tiny_model_dir: Path, tmp_
     assert report["first_run"]["runs"][0]["config"] == "defaults"
     assert [(c["rows"], c["per_request"]) for c in report["answer_path"]["cells"]] == [(256, 32), (1, 1)]
     assert [(c["label"], c["workers"]) for c in report["cells"]][-1] == ("8x32", 2)
+    grid = report["shape_grid"]["1"]  # /info's, once the service was ready
+    assert 0 < grid["warmed_shapes"] <= grid["shapes"] and grid["io_binding"] is True
+    assert re.search(r"ready in [\d.]+ s; \d+ of \d+ grid shapes warmed in [\d.]+ s", done.stdout)
     page = (tmp_path / "gpu-check.md").read_text()
     assert "First-run probe" in page and "Answer path of /embed" in page and "| gpu_check |" in page
     assert re.search(
