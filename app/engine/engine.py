@@ -126,35 +126,36 @@ class Engine:
         """On the inference thread, before its first batch: on the grid of shapes, each shape run once
         (:mod:`app.model.shaped`: a failure there is the thread's, and the worker's); then the cost model,
         measured or from the cache, charging each batch its grid shape where there is one."""
-        s = self.settings
         shapes = self.model.shapes
         try:
-            if shapes is not None:
+            if shapes is not None:  # a failure here is the thread's: it goes on up
                 shapes.warm(self.limits.room)
-        except BaseException:
+            model = self._costs()
+            self.batcher.set_costs(model.on_grid(shapes.grid) if shapes is not None else model)
+        finally:  # /ready's wait ends either way
             self.calibrated.set()
-            raise
+
+    def _costs(self) -> costs.CostModel:
+        """The cost model to plan by: measured here or read from the cache (``measure_batch_cost``), else
+        the queue's constant; where measuring fails, the constant, saying why in /info."""
+        s = self.settings
+        if not s.measure_batch_cost:
+            return self.batcher.costs
         try:
-            if s.measure_batch_cost:
-                model = calibration.load_or_measure(
-                    self.model,
-                    calibration.session_runner(self.model),
-                    max_size=s.max_batch_size,
-                    max_tokens=s.max_batch_tokens,
-                    max_attention=self.limits.attention,
-                    intra_op_threads=self.model.threads,
-                    cache_dir=s.cache_path,
-                )
-                self.batcher.set_costs(model)
+            return calibration.load_or_measure(
+                self.model,
+                calibration.session_runner(self.model),
+                max_size=s.max_batch_size,
+                max_tokens=s.max_batch_tokens,
+                max_attention=self.limits.attention,
+                intra_op_threads=self.model.threads,
+                cache_dir=s.cache_path,
+            )
         except Exception as exc:  # the constant stands in: batches still run, /info says why
             log.exception("measuring the batch cost failed; planning by batch_overhead_tokens")
-            self.batcher.set_costs(
-                costs.CostModel.constant(s.batch_overhead_tokens, f"measuring failed: {type(exc).__name__}")
+            return costs.CostModel.constant(
+                s.batch_overhead_tokens, f"measuring failed: {type(exc).__name__}"
             )
-        finally:
-            if shapes is not None:
-                self.batcher.set_costs(self.batcher.costs.on_grid(shapes.grid))
-            self.calibrated.set()
 
     async def wait_calibrated(self) -> None:
         """Until the cost model is in place (at once after the first start: it is read from the cache)."""

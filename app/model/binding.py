@@ -39,7 +39,7 @@ from typing import Any, Protocol
 import numpy as np
 import onnxruntime as ort
 
-from app.model.grid import fill
+from app.model.grid import buffers, fill
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +220,7 @@ class BoundRunner:
     def _slot(self, shape: Shape) -> _Slot:
         slot = self._slots.get(shape)
         if slot is None:
-            host = (np.zeros(shape, np.int64), np.zeros(shape, np.int64), np.zeros(shape, np.int64))
+            host = buffers(shape)
             slot = self._slots[shape] = _Slot(host, [self._value(array) for array in host])
         return slot
 

@@ -46,12 +46,14 @@ class ShapeGrid:
     max_length: int
 
     def length(self, longest: int) -> int:
-        """The grid length a batch whose longest sequence has ``longest`` tokens is padded to."""
-        return int(self.lengths_of(np.array([longest]))[0])
+        """The grid length a batch whose longest sequence has ``longest`` tokens is padded to
+        (:meth:`lengths_of`'s arithmetic on one int: per batch, numpy's per-call cost would be most of it)."""
+        base, step = (0, FINE_STEP) if longest <= FINE_UNTIL else (FINE_UNTIL, COARSE_STEP)
+        return min(base + -(-(longest - base) // step) * step, max(self.max_length, 1))
 
     def rows(self, rows: int) -> int:
-        """The grid rows a batch of ``rows`` sequences is padded to."""
-        return int(self.rows_of(np.array([rows]))[0])
+        """The grid rows a batch of ``rows`` sequences is padded to (:meth:`rows_of` on one int)."""
+        return min(1 << (max(rows, 1) - 1).bit_length(), self.max_rows)
 
     def shape(self, rows: int, longest: int) -> tuple[int, int]:
         return self.rows(rows), self.length(longest)
@@ -96,8 +98,16 @@ def warm_shapes(grid: ShapeGrid, room: Callable[[int], int]) -> list[tuple[int, 
     return sorted(shapes, key=lambda s: (s[0] * s[1], s[1]))
 
 
+Buffers = tuple[np.ndarray, np.ndarray, np.ndarray]  # a grid shape's ids, mask and token types
+
+
+def buffers(shape: tuple[int, int]) -> Buffers:
+    """A grid shape's input buffers, zeroed (:func:`fill` writes a batch into them)."""
+    return np.zeros(shape, np.int64), np.zeros(shape, np.int64), np.zeros(shape, np.int64)
+
+
 def fill(
-    into: tuple[np.ndarray, np.ndarray, np.ndarray],
+    into: Buffers,
     input_ids: np.ndarray,
     attention_mask: np.ndarray,
     token_type_ids: np.ndarray | None,

@@ -25,7 +25,7 @@ import numpy as np
 import onnxruntime as ort
 
 from app.model.binding import GRAPH_ID, INPUTS, NO_GRAPH, BoundRunner, GraphCache, bindable
-from app.model.grid import ShapeGrid, fill, wanted, warm_shapes
+from app.model.grid import Buffers, ShapeGrid, buffers, fill, wanted, warm_shapes
 from app.model.manifest import HEAD_OUTPUT, POOLER_OUTPUT, Manifest
 from app.settings import Settings
 
@@ -86,7 +86,7 @@ class GridEncoder:
             for meta in session.get_outputs()
             if len(meta.shape) >= 2 and not isinstance(meta.shape[1], int)
         }
-        self._buffers: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._buffers: dict[tuple[int, int], Buffers] = {}
         self.warmed: Warmed | None = None
 
     def encode(
@@ -102,21 +102,17 @@ class GridEncoder:
         shape = self.grid.shape(rows, longest)
         if self.runner is not None and self.runner.covers(outputs):
             return self.runner.run(shape, input_ids, attention_mask, token_type_ids, outputs)
-        buffers = self.runner.inputs(shape) if self.runner is not None else self._inputs(shape)
-        fill(buffers, input_ids, attention_mask, token_type_ids, self.ends)
-        results = self.session.run(outputs, dict(zip(INPUTS, buffers, strict=True)), self.plain_options)
+        into = self.runner.inputs(shape) if self.runner is not None else self._inputs(shape)
+        fill(into, input_ids, attention_mask, token_type_ids, self.ends)
+        results = self.session.run(outputs, dict(zip(INPUTS, into, strict=True)), self.plain_options)
         return [
             result[:rows, :longest] if name in self._per_token else result[:rows]
             for name, result in zip(outputs, results, strict=True)
         ]
 
-    def _inputs(self, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _inputs(self, shape: tuple[int, int]) -> Buffers:
         if shape not in self._buffers:
-            self._buffers[shape] = (
-                np.zeros(shape, np.int64),
-                np.zeros(shape, np.int64),
-                np.zeros(shape, np.int64),
-            )
+            self._buffers[shape] = buffers(shape)
         return self._buffers[shape]
 
     def warm(self, room: Callable[[int], int], clock: Callable[[], float] = time.perf_counter) -> Warmed:

@@ -70,3 +70,10 @@ def test_fill_pads_columns_with_a_zero_mask_and_rows_with_cls_sep() -> None:
     assert (out_types == 0).all()  # every place written: no -1 left from before
     fill(into, ids[:1, :3], mask[:1, :3], np.array([[0, 1, 1]]), (101, 102, 0))
     assert out_types[0, :3].tolist() == [0, 1, 1] and (out_types[1:] == 0).all() and out_ids[1, 1] == 102
+
+
+def test_one_batch_s_shape_is_the_arrays_arithmetic_on_one_int() -> None:
+    grid = ShapeGrid(max_rows=48, max_length=300)  # neither a power of two nor a step's multiple
+    lengths, rows = np.arange(0, 320), np.arange(0, 60)
+    assert [grid.length(int(n)) for n in lengths] == grid.lengths_of(lengths).tolist()
+    assert [grid.rows(int(n)) for n in rows] == grid.rows_of(rows).tolist()
