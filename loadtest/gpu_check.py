@@ -339,7 +339,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--worker-cells: not cells: {sorted(unknown)}")
     args.settings = dict(args.settings)
     unknown = set(args.settings) - set(Settings.model_fields)
-    if unknown:  # e.g. shape_grid / cuda_graphs before issue 52 items 2-3 are in this tree
+    if unknown:  # refused before any stage runs, not at the first service start
         p.error(f"--setting: not settings of this service: {sorted(unknown)}")
     if args.main_workers is None:
         args.main_workers = AUTO_CUDA_WORKERS if args.provider == CUDA else 1

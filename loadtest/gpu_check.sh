@@ -27,12 +27,10 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --provider) PROVIDER=$2; shift 2 ;;
     --budget) BUDGET=$2; shift 2 ;;
-    # ---- issue 52 items 2-3 (the shape grid, CUDA graphs): passed to every service start as ZHEMBED_*.
-    # The setting names are the ones that branch is expected to add; gpu_check refuses a name the service
-    # does not have, so a wrong guess fails at once, not after the export.
+    # The shape grid and CUDA graphs (issue 52; settings shape_grid, cuda_graphs), passed to every service
+    # start as ZHEMBED_*; other settings through --setting NAME=VALUE (a name the service lacks is refused).
     --shape-grid) SETTINGS+=(--setting "shape_grid=$2"); shift 2 ;;
     --cuda-graphs) SETTINGS+=(--setting "cuda_graphs=$2"); shift 2 ;;
-    # ----
     *) REST+=("$1"); shift ;;
   esac
 done
