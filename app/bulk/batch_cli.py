@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from app.bulk import flags
-from app.bulk.batch_job import begin, run_local
+from app.bulk.batch_job import begin, model_entry, run_local
 from app.bulk.embedder import Embedder
 from app.bulk.progress import Progress
 from app.settings import Settings
@@ -60,7 +60,9 @@ async def _local(
 ) -> dict[str, Any]:
     embedder = Embedder(settings, {}, "input", window)
     try:
-        state, manifest = begin(input_path, output, embedder, args.model or settings.model, args.overwrite)
+        source = args.model or settings.model
+        model = model_entry(settings, embedder.model.manifest, embedder.model.variant, source)
+        state, manifest = begin(input_path, output, model, args.overwrite)
         if state == "done":
             return manifest
         progress = Progress(args.progress, args.log_every)

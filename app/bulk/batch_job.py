@@ -26,6 +26,9 @@ from app.bulk.embedder import Embedder
 from app.bulk.openai_batch import Answerer, Line, read_lines
 from app.bulk.output import mismatch, now, write_atomic
 from app.bulk.progress import Progress
+from app.cache.keys import model_digest
+from app.model.manifest import Manifest
+from app.settings import Settings
 
 log = logging.getLogger("app.bulk")
 
@@ -41,17 +44,23 @@ def manifest_path(output: Path) -> Path:
     return output.with_name(f".{output.name}.zhembed.json")
 
 
-def manifest_of(input_path: Path, embedder: Embedder, source: str) -> dict[str, Any]:
+def model_entry(settings: Settings, manifest: Manifest, variant: str, source: str) -> dict[str, Any]:
+    """The model part of a job's identity, as the service names it (its cache digest and served name),
+    from the manifest alone: the Ray driver loads no model to write it."""
+    return {
+        "digest": model_digest(manifest, variant),
+        "variant": variant,
+        "name": settings.served_model_name or manifest.source.name(),
+        "source": source,
+    }
+
+
+def manifest_of(input_path: Path, model: dict[str, Any]) -> dict[str, Any]:
     """What identifies the job (``model`` and ``input``, compared on a rerun), and its state."""
     stat = input_path.stat()
     return {
         "format": "openai-batch",
-        "model": {
-            "digest": embedder.service.model_digest,
-            "variant": embedder.model.variant,
-            "name": embedder.service.served_name,
-            "source": source,
-        },
+        "model": model,
         "input": {"path": str(input_path), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns},
         "status": "running",
         "started": now(),
@@ -92,15 +101,23 @@ def prepare(output: Path, manifest: dict[str, Any], overwrite: bool) -> tuple[st
 
 
 def begin(
-    input_path: Path, output: Path, embedder: Embedder, source: str, overwrite: bool
+    input_path: Path, output: Path, model: dict[str, Any], overwrite: bool
 ) -> tuple[str, dict[str, Any]]:
     """The run's state and manifest (:func:`prepare`), logged: where a local run and a Ray run begin."""
-    state, manifest = prepare(output, manifest_of(input_path, embedder, source), overwrite)
+    state, manifest = prepare(output, manifest_of(input_path, model), overwrite)
     if state == "done":
         log.info("%s is complete already (started %s)", output, manifest.get("started"))
     elif state == "resume":
         log.info("continuing the job in %s (run %d)", output, manifest["runs"])
     return state, manifest
+
+
+def resume(output: Path, manifest: dict[str, Any]) -> tuple[int, Any]:
+    """Mark the job running in its manifest and cut ``output`` after its last whole line
+    (:func:`written_prefix`): where a local run and a Ray run start answering."""
+    done, last_id = written_prefix(output)
+    write_atomic(manifest_path(output), orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
+    return done, last_id
 
 
 def written_prefix(output: Path) -> tuple[int, Any]:
@@ -215,9 +232,7 @@ async def run_local(
         JobFault: a line answered 429 or 5xx (the lines before it stay written).
         Refused: ``output`` does not answer this input's first lines.
     """
-    side = manifest_path(output)
-    done, last_id = written_prefix(output)
-    write_atomic(side, orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
+    done, last_id = resume(output, manifest)
     if done:
         progress.resumed(done)
     answerer = Answerer(embedder.service)

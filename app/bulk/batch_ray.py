@@ -22,18 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from app.bulk.batch_job import (
-    ChunkWriter,
-    answer_in_order,
-    begin,
-    finish,
-    manifest_path,
-    todo,
-    written_prefix,
-)
+from app.bulk.batch_job import ChunkWriter, answer_in_order, begin, finish, model_entry, resume, todo
 from app.bulk.embedder import Embedder
 from app.bulk.openai_batch import Answerer, Line, batch_routes, read_lines, refused
-from app.bulk.output import write_atomic
 from app.model.runtime import check_model
 from app.settings import Settings
 
@@ -80,17 +71,13 @@ def run_ray(
     """
     import ray
 
-    folder, _, _ = check_model(settings)
+    folder, model_manifest, choice = check_model(settings)
+    model = model_entry(settings, model_manifest, choice.variant, args.model or settings.model)
     settings = settings.model_copy(update={"model": str(folder)})
-    embedder = Embedder(settings, {}, "input", window)
-    try:
-        state, manifest = begin(input_path, output, embedder, args.model or settings.model, args.overwrite)
-    finally:
-        embedder.close()
+    state, manifest = begin(input_path, output, model, args.overwrite)
     if state == "done":
         return manifest
-    done, last_id = written_prefix(output)
-    write_atomic(manifest_path(output), _dumps(manifest))
+    done, last_id = resume(output, manifest)
     lines = list(todo(read_lines(input_path, batch_routes()), done, last_id, output))
     routed = [line for line in lines if line.error is None]
     started = not ray.is_initialized()
@@ -138,9 +125,3 @@ def _answers(
     )
     for batch in ds.iter_batches(batch_format="numpy", batch_size=None):
         yield from zip((int(n) for n in batch["number"]), (bytes(o) for o in batch["out"]), strict=True)
-
-
-def _dumps(manifest: dict[str, Any]) -> bytes:
-    import orjson
-
-    return orjson.dumps(manifest, option=orjson.OPT_INDENT_2)

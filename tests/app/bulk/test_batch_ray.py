@@ -9,6 +9,7 @@ import numpy as np
 import orjson
 import pytest
 
+from app.bulk.batch_job import manifest_path
 from app.bulk.cli import main
 from tests.app.bulk.test_batch_job import batch_args, read_output, request_line
 from tests.app.bulk.test_ray_job import local_ray  # noqa: F401  # the module's Ray, started once
@@ -44,3 +45,8 @@ def test_the_ray_path_answers_what_the_single_machine_job_answers(
         u = np.array([d["embedding"] for d in got["data"]])
         v = np.array([d["embedding"] for d in want["data"]])
         assert u.shape == v.shape and np.abs(u - v).max() <= 1e-6
+    # The driver names the model from its manifest alone (it loads none), as the loaded model names it.
+    ray_model, alone_model = (
+        orjson.loads(manifest_path(out).read_bytes())["model"] for out in (on_ray, alone)
+    )
+    assert ray_model == alone_model and len(ray_model["digest"]) > 8
