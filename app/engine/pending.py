@@ -1,6 +1,5 @@
-"""What the batch queue (:mod:`app.engine.batching`) holds: the pending sequences of one urgency (and, of a
-background class, its front: its oldest, served first), how a planned batch and its fill are taken out of
-them, the batch it offers to run next, and the counters of what the assembler did."""
+"""What the batch queue (:mod:`app.engine.batching`) holds: the pending sequences of each urgency, how a
+planned batch and its fill are taken out of them, the batch it offers, and the assembler's counters."""
 
 from __future__ import annotations
 
@@ -25,14 +24,11 @@ FRONT_SCAN = 2
 
 
 def front_size(max_batch_size: int) -> int:
-    """How many of a background class's oldest inputs a queue of ``max_batch_size`` plans over."""
     return min(FRONT_BATCHES * max_batch_size, FRONT_MOST)
 
 
 @dataclass
 class BatchStats:
-    """Counters of what the assembler did; read by /info and by tests."""
-
     batches: int = 0
     items: int = 0
     largest_batch: int = 0
@@ -50,8 +46,6 @@ class BatchStats:
 
 
 class Pending:
-    """The pending sequences of one urgency."""
-
     __slots__ = ("arrivals", "buckets", "depth", "seen", "since", "urgency")
 
     def __init__(self, urgency: int) -> None:
@@ -63,7 +57,7 @@ class Pending:
         self.seen = -float("inf")  # when its last sequence arrived
 
     def oldest(self, taken: set[int]) -> Seq:
-        """Its oldest pending sequence (it has one), the taken ones before it popped from the arrivals."""
+        """Its oldest pending sequence (it has one), popping the taken ones before it."""
         arrivals = self.arrivals
         while id(arrivals[0]) in taken:
             taken.discard(id(arrivals.popleft()))
@@ -71,11 +65,8 @@ class Pending:
 
     def front(self, taken: set[int], limit: int) -> dict[int, int]:
         """How many of each length among its ``limit`` oldest pending sequences (scanning at most
-        :data:`FRONT_SCAN` × ``limit`` arrivals, taken ones included), its leftmost arrival pending.
-
-        What a background class is planned over, so that its requests are served whole, the oldest first:
-        a bucket holds its length in arrival order, so a front's sequences of one length are the head of
-        that length's bucket, which is what a batch takes."""
+        :data:`FRONT_SCAN` × ``limit`` arrivals): a bucket is in arrival order, so a front's sequences of
+        one length are its bucket's head, which is what a batch takes."""
         counts: dict[int, int] = {}
         found = 0
         for seq in itertools.islice(self.arrivals, FRONT_SCAN * limit):
@@ -91,8 +82,7 @@ class Pending:
 def take(
     group: list[Pending], plan: list[tuple[int, int]], now: float, taken: set[int], counts: list[int]
 ) -> list[Seq]:
-    """Remove the planned sequences from ``group``: per length the oldest first, across its classes; each
-    is added to ``taken`` and counted in ``counts`` by urgency."""
+    """Remove the planned sequences from ``group``, per length the oldest first across its classes."""
     batch: list[Seq] = []
     for length, k in plan:
         holders = [c for c in group if length in c.buckets]
@@ -123,8 +113,8 @@ def fill(
     counts: list[int],
 ) -> int:
     """Move up to ``room`` sequences no longer than ``top`` from ``others`` (the more urgent first) into
-    ``batch``: a background class's in arrival order up to the first longer one (its requests whole), another's
-    longest first. How many; each is counted in ``counts`` by urgency."""
+    ``batch``: a background class's in arrival order up to the first longer one (its requests whole),
+    another's longest first. How many."""
     added = 0
     for cls in others:
         before = added
@@ -165,8 +155,8 @@ def fill(
 
 
 def pending_lengths(group: list[Pending], taken: set[int], front: int) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct pending lengths of ``group`` (sorted) and how many of each: all of a class's, or of a
-    background class (:data:`~app.engine.priority.BACKGROUND`) its ``front`` oldest (:meth:`Pending.front`)."""
+    """Distinct pending lengths of ``group`` (sorted) and how many of each; of a background class, over
+    its ``front`` oldest only."""
     if len(group) == 1 and group[0].urgency not in BACKGROUND:
         pending = sorted((n, len(b)) for n, b in group[0].buckets.items())
     else:
@@ -186,19 +176,10 @@ def pending_lengths(group: list[Pending], taken: set[int], front: int) -> tuple[
 
 @dataclass(frozen=True)
 class Offer:
-    """The batch one queue would run next (:meth:`Batcher.offer`), planned at ``now`` with its lock held:
-    what :meth:`Batcher.cut` takes, and what the inference thread compares across the queues of several
-    models (:mod:`app.engine.scheduler`).
-
-    ``budget_s``: its queue's queue-delay budget at ``now`` (what ``overdue`` was judged by, and what the
-    scheduler counts an overdue input's wait in); ``level``: the urgency it serves, after aging (lower
-    runs first); ``due``: it runs now (full, past the
-    company wait, or nobody else coming), else at ``due_at`` at the latest; ``overdue``: it holds an input
-    past its queue-delay budget; ``window.efficiency``: the share of its modelled cost that is useful work;
-    ``seconds``: its modelled time (infinite while the constant model has no scale yet); ``floor``: it
-    serves background work owed its floor (:mod:`app.engine.floor`), at the level of the more urgent work
-    it goes before.
-    """
+    """The batch one queue would run next, planned at ``now`` with its lock held: what :meth:`Batcher.cut`
+    takes and the scheduler compares. ``level``: the urgency it serves after aging; ``due``: it runs now,
+    else at ``due_at`` at the latest; ``seconds``: its modelled time (inf while the scale is unknown);
+    ``floor``: it serves background work owed its floor, at the level of the work it goes before."""
 
     budget_s: float
     now: float
