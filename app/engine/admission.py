@@ -1,8 +1,7 @@
 """Stage 1, admission: a non-blocking permit per input, taken before any work is queued.
 
-The permits bound every queue behind them: a request's are given back only once none of its work is left
-in a queue. With several workers they are counted in one shared ledger (the bound is the server's), and a
-less urgent request stops short of the budget's end (:func:`app.engine.priority.admission_limit`).
+The permits bound every queue behind them: a request's are given back only once none of its work is
+left in a queue. With several workers they are counted in one ledger, the server's.
 """
 
 from __future__ import annotations
@@ -43,8 +42,8 @@ class Permits:
         with self.admission.lock:
             self._holds -= 1
             last = self._holds == 0
-        if last:
-            self.admission._give_back(self.count)
+        if last and self.admission.ledger.give_back(self.count) < 0:
+            raise RuntimeError("admission released more permits than it gave out")
 
     def release(self) -> None:
         """The request is done with them (idempotent)."""
@@ -139,7 +138,3 @@ class Admission:
         if self.ledger.total() != 0:
             raise RuntimeError(f"admission joined another ledger with {self.ledger.total()} permits held")
         self.ledger = ledger
-
-    def _give_back(self, count: int) -> None:
-        if self.ledger.give_back(count) < 0:
-            raise RuntimeError("admission released more permits than it gave out")

@@ -1,9 +1,7 @@
 """Stage 3, batch assembly: the queue of pending sequences, and when and with what its next batch runs.
 
-Sequences wait in one class per urgency and within it in one FIFO bucket per length. The queue plans
-(:meth:`Batcher.offer`) and cuts (:meth:`Batcher.cut`); when, and whose, is the scheduler's. Its rules
-(aging, the queue-delay budget, fill, company, background's floor) are in docs/architecture.md. A plan
-costs a few numpy operations over the distinct lengths pending, whatever the queue's depth.
+The queue plans (:meth:`Batcher.offer`) and cuts (:meth:`Batcher.cut`); when, and whose, is the
+scheduler's. Its rules are in docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -51,18 +49,15 @@ class Batcher:
         cond: threading.Condition | None = None,
         background_share: float = 0.1,
     ) -> None:
-        """``capacity`` bounds the pending sequences (admission keeps the engine below it);
-        ``company_expected``: whether more inputs are being tokenised (if not, a batch runs without waiting);
-        ``costs``: the cost model until :meth:`set_costs` (default: the constant of 16 tokens);
+        """``company_expected``: whether more inputs are being tokenised (if not, nothing waits for company);
         ``max_queue_delay_ms`` None derives the budget from the cost model; ``clock`` and ``cond``: the
         scheduler's (the sequences' ``enqueued_at`` must come from that clock)."""
         self.clock = clock or Clock()
         self._now = self.clock.now
         self.metrics = metrics
         self.company_expected = company_expected
-        self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
-        self.max_batch_attention = max_batch_attention
+        self._limits = (max_batch_size, max_batch_tokens, max_batch_attention)  # a planner's
         self.max_wait_s = max_wait_ms / 1000
         self.max_queue_delay_s = max_queue_delay_ms / 1000 if max_queue_delay_ms is not None else None
         self.aging_s = urgency_aging_ms / 1000
@@ -88,9 +83,7 @@ class Batcher:
     def set_costs(self, costs: CostModel) -> None:
         """Plan by ``costs`` from now on (the inference thread calls it once it has measured or read them)."""
         with self._cond:
-            self.planner = Planner(
-                costs, self.max_batch_size, self.max_batch_tokens, self.max_batch_attention
-            )
+            self.planner = Planner(costs, *self._limits)
             self._scale = 1.0 if costs.measured else None
             self._refitter = Refitter(costs) if costs.measured and costs.points else None
 
@@ -177,9 +170,7 @@ class Batcher:
             refitted = self._refitter.add(*self._last_shape, seconds)
             if refitted is not None:
                 with self._cond:
-                    self.planner = Planner(
-                        refitted, self.max_batch_size, self.max_batch_tokens, self.max_batch_attention
-                    )
+                    self.planner = Planner(refitted, *self._limits)
         elif self._last_cost > 0:
             ratio = seconds / self._last_cost
             scale = self._scale
@@ -254,14 +245,12 @@ class Batcher:
             self.floor.account(self._last_cost, worth, self.planner.full_batch_cost(self._mean_length))
         return batch
 
-    def _contended(self) -> bool:
-        """Whether background work waits beside more urgent work."""
+    def _contended(self) -> bool:  # background work waits beside more urgent work
         return any(c.depth for c in self._background) and any(
             c.depth for c in self._classes[: BACKGROUND.start]
         )
 
     def listen(self, on: bool) -> None:
-        """While the scheduler waits: wake it on arrivals that may matter."""
         self._idle, self._gathering = on and not self.depth, on and self.depth > 0
 
     def seen(self) -> list[float]:

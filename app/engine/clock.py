@@ -1,8 +1,7 @@
-"""The time batch assembly decides by, read and waited on through one small object.
+"""The time batch assembly decides by, read and waited on through one object a test may simulate.
 
-A test hands in a simulated :class:`Clock` whose waits take no time, and asserts exact decisions; the
-real one is ``time.perf_counter`` and ``Condition.wait``. A sequence's ``enqueued_at`` must be read from
-the engine's clock, never from ``time``; durations (a batch's run, tokenising) measure real time.
+A sequence's ``enqueued_at`` must be read from the engine's clock, never from ``time``; durations (a
+batch's run, tokenising) measure real time.
 """
 
 from __future__ import annotations

@@ -43,9 +43,8 @@ class Engine:
         tracing: Tracing | None = None,
         scheduler: Scheduler | None = None,
     ) -> None:
-        """``scheduler``: the inference thread this model shares with the others of a service of several
-        (None: one of its own); of several, ``settings`` are the model's own and ``served_model_name``
-        names it in a 429 of its budget and its batch spans."""
+        """``scheduler``: the one a service of several models shares (None: one of its own); of several,
+        ``settings`` are the model's own."""
         self.model = model
         self.metrics = metrics
         self.settings = settings
@@ -101,35 +100,30 @@ class Engine:
 
     def _calibrate(self) -> None:
         """On the inference thread, before its first batch: each grid shape run once, then the cost model."""
-        shapes = self.model.shapes
+        shapes, s = self.model.shapes, self.settings
         try:
             if shapes is not None:  # a failure here is the thread's: it goes on up
                 shapes.warm(self.limits.room)
-            model = self._costs()
+            model = self.batcher.costs  # measured here or read from the cache, else the constant
+            try:
+                if s.measure_batch_cost:
+                    model = calibration.load_or_measure(
+                        self.model,
+                        calibration.session_runner(self.model),
+                        max_size=s.max_batch_size,
+                        max_tokens=s.max_batch_tokens,
+                        max_attention=self.limits.attention,
+                        intra_op_threads=self.model.threads,
+                        cache_dir=s.cache_path,
+                    )
+            except Exception as exc:  # the constant stands in: batches still run, /info says why
+                log.exception("measuring the batch cost failed; planning by batch_overhead_tokens")
+                model = costs.CostModel.constant(
+                    s.batch_overhead_tokens, f"measuring failed: {type(exc).__name__}"
+                )
             self.batcher.set_costs(model.on_grid(shapes.grid) if shapes is not None else model)
         finally:  # /ready's wait ends either way
             self.calibrated.set()
-
-    def _costs(self) -> costs.CostModel:
-        """Measured here or read from the cache, else the queue's constant (saying why in /info)."""
-        s = self.settings
-        if not s.measure_batch_cost:
-            return self.batcher.costs
-        try:
-            return calibration.load_or_measure(
-                self.model,
-                calibration.session_runner(self.model),
-                max_size=s.max_batch_size,
-                max_tokens=s.max_batch_tokens,
-                max_attention=self.limits.attention,
-                intra_op_threads=self.model.threads,
-                cache_dir=s.cache_path,
-            )
-        except Exception as exc:  # the constant stands in: batches still run, /info says why
-            log.exception("measuring the batch cost failed; planning by batch_overhead_tokens")
-            return costs.CostModel.constant(
-                s.batch_overhead_tokens, f"measuring failed: {type(exc).__name__}"
-            )
 
     async def wait_calibrated(self) -> None:
         """Until the cost model is in place."""
@@ -217,9 +211,7 @@ class Engine:
             "batches_for_the_background_floor": b.floor,
             "batches_beside_another_models": b.beside,
             "batched_by_urgency": {str(u): b.by_urgency[u] for u in URGENCIES if b.by_urgency[u]},
-            "queue_depth_by_urgency": {
-                str(u): depth for u in URGENCIES if (depth := self.batcher.depth_of(u))
-            },
+            "queue_depth_by_urgency": {str(u): d for u in URGENCIES if (d := self.batcher.depth_of(u))},
         }
 
     def scheduling(self) -> dict[str, Any]:

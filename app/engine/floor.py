@@ -1,8 +1,7 @@
 """Background's floor: work less urgent than the default gets a share of the modelled time, under any load.
 
-A deficit account per queue, in the cost model's unit, bounded both ways by one full batch: while
-background waits beside more urgent work, each batch adds ``share`` × its cost to what is owed and takes
-off the worth of the background inputs it held; while something is owed, the next batch is background's.
+A deficit account per queue, in the cost model's unit (docs/architecture.md): each batch while background
+waits beside more urgent work adds ``share`` × its cost and takes off the worth of the background it held.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Stage 4, inference: a model's batch run on ONNX Runtime and its results written back.
 
-Only the outputs some sequence of the batch needs are fetched (a pooled vector is ``[batch, hidden]`` per
-layer, computed in the graph). Post-processing runs right here: a thread of its own would cost two
-hand-offs per batch and save nothing. A fault fails its batch, not the thread.
+Only the outputs some sequence needs are fetched. Post-processing runs right here: a thread of its own
+would cost two hand-offs per batch and save nothing. A fault fails its batch, not the thread.
 """
 
 from __future__ import annotations

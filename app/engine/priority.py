@@ -1,7 +1,7 @@
 """Who is interactive: a request's urgency, as RFC 9218 numbers it (0 most urgent … 7 background, 3 default).
 
-The API layer sets :data:`URGENCY` in the request's task; the engine reads it at admission and when it
-creates a :class:`~app.engine.work.Job`. The tasks in between never see it.
+The API layer sets :data:`URGENCY` in the request's task; the engine reads it at admission and in each
+:class:`~app.engine.work.Job`. The tasks in between never see it.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """The inference thread: which queue's batch runs next, and what the thread does if it dies.
 
-One scheduler serves one model's queue (the engine's own) or, per device, every model's of a service of
-several, one batch at a time on ONNX Runtime's one shared thread pool; express threads (one per model but
-one) run another model's short batch beside a long one. The rules (most urgent, then overdue, then the
-most work per second) are in docs/architecture.md.
+One scheduler serves one model's queue, or every model's of a service of several, one batch at a time;
+express threads run another model's short batch beside a long one (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -11,9 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 
 from app.engine.batching import Batcher
 from app.engine.clock import Clock
@@ -28,7 +24,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Lane:
-    """One model's queue and the stage that runs its batches; ``batches``: how many the threads ran."""
+    """One model's queue and the stage that runs its batches."""
 
     name: str
     batcher: Batcher
@@ -53,8 +49,7 @@ class Scheduler:
 
     def __init__(self, clock: Clock | None = None, trim_every: int = 0, express_share: float = 0.0) -> None:
         """``trim_every``: the inference thread's batches between two trims of the C heap (0: none);
-        ``express_share``: the longest batch an express thread runs beside the inference thread's, as a
-        share of that batch's modelled time (0: no express threads)."""
+        ``express_share``: an express thread's longest batch, as a share of the running one's (0: none)."""
         self.cond = threading.Condition()
         self.clock = clock or Clock()
         self.lanes: list[Lane] = []
@@ -63,26 +58,20 @@ class Scheduler:
         self._stopped = False
         self._running: dict[int, tuple[int, Offer]] = {}  # by thread (MAIN, 1, 2, …): its lane and offer
         self.waiting = 0  # threads waiting on the condition
-        self._threads = [
-            threading.Thread(target=self._run, args=(MAIN,), name="zhembed-inference", daemon=True)
-        ]
+        self.express_threads = 0  # started
+        self._threads: list[threading.Thread] = []
 
     def add(self, name: str, batcher: Batcher, inference: Inference) -> None:
-        """Serve ``batcher``'s batches with ``inference`` (before :meth:`start`)."""
         if batcher._cond is not self.cond or batcher.clock is not self.clock:
             raise ValueError(f"the queue of {name} must share the scheduler's condition and clock")
         self.lanes.append(Lane(name, batcher, inference))
 
-    @property
-    def express_threads(self) -> int:
-        return len(self._threads) - 1
-
     def start(self) -> None:
-        if self.express_share > 0:
-            self._threads += [
-                threading.Thread(target=self._run, args=(k,), name="zhembed-express", daemon=True)
-                for k in range(1, len(self.lanes))
-            ]
+        self.express_threads = len(self.lanes) - 1 if self.express_share > 0 else 0
+        names = ["zhembed-inference"] + ["zhembed-express"] * self.express_threads
+        self._threads = [
+            threading.Thread(target=self._run, args=(k,), name=n, daemon=True) for k, n in enumerate(names)
+        ]
         for thread in self._threads:
             thread.start()
 
@@ -106,7 +95,7 @@ class Scheduler:
                 lane, batch = picked
                 lane.inference.serve(batch, trimmer)  # a fault fails only the batch's requests
         except BaseException as exc:  # the thread is dying: every model says so and answers what waits
-            refuse_after(exc, batch, [lane.inference for lane in self.lanes], partial(self.next_batch, k))
+            self._refuse(exc, batch, k)
 
     def next_express(self, k: int = EXPRESS) -> tuple[Lane, list[Seq]] | None:
         return self.next_batch(k)
@@ -182,23 +171,17 @@ class Scheduler:
                 for lane in self.lanes:
                     lane.batcher.listen(False)
 
-
-def refuse_after(
-    exc: BaseException,
-    batch: list[Seq],
-    stages: list[Inference],
-    take: Callable[[], tuple[Lane, list[Seq]] | None],
-) -> None:
-    """Once ``exc`` has ended a thread's serving: record why in each of ``stages`` (their /health turns
-    503), answer ``batch`` and each batch ``take`` hands out after it 503, until ``take`` returns None."""
-    reason = f"the inference thread stopped: {type(exc).__name__}"
-    log.critical("%s; this worker answers 503 until it is replaced", reason, exc_info=exc)
-    for stage in stages:
-        stage.fault = reason
-    error = Unavailable(f"{reason}; this worker is being replaced: retry")
-    fail_jobs(batch, error)
-    try:
-        while (taken := take()) is not None:
-            fail_jobs(taken[1], error)
-    except BaseException:  # nothing is left to answer what is queued now: the replacement will
-        log.critical("the inference thread could not go on refusing work", exc_info=True)
+    def _refuse(self, exc: BaseException, batch: list[Seq], k: int) -> None:
+        """Once ``exc`` has ended thread ``k``'s serving: every model's ``fault`` says why (their /health
+        turns 503), and ``batch`` and each batch the thread takes after it are answered 503 until stopped."""
+        reason = f"the inference thread stopped: {type(exc).__name__}"
+        log.critical("%s; this worker answers 503 until it is replaced", reason, exc_info=exc)
+        for lane in self.lanes:
+            lane.inference.fault = reason
+        error = Unavailable(f"{reason}; this worker is being replaced: retry")
+        fail_jobs(batch, error)
+        try:
+            while (taken := self.next_batch(k)) is not None:
+                fail_jobs(taken[1], error)
+        except BaseException:  # nothing is left to answer what is queued now: the replacement will
+            log.critical("the inference thread could not go on refusing work", exc_info=True)

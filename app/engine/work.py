@@ -112,13 +112,13 @@ class Job:
         wakes the request."""
         self.remaining -= sequences
         if self.remaining == 0:
-            self.loop.call_soon_threadsafe(_set_result, self.future)
+            self.loop.call_soon_threadsafe(_resolve, self)
 
     def fail(self, exc: BaseException) -> None:
         """Fail the request with ``exc`` (from any thread); marked cancelled at once, so the next batch does
         not run its sequences (the request pokes the batch queue once it wakes)."""
         self.cancelled = True
-        self.loop.call_soon_threadsafe(_set_error, self, exc)
+        self.loop.call_soon_threadsafe(_resolve, self, exc)
 
     def raise_error(self) -> None:
         """Raise what the job failed with, if it did, forgetting it first and dropping this frame's reference
@@ -156,12 +156,7 @@ class Seq:
         self.enqueued_at = enqueued_at
 
 
-def _set_result(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
-
-
-def _set_error(job: Job, exc: BaseException) -> None:
+def _resolve(job: Job, exc: BaseException | None = None) -> None:
     if not job.future.done():
         job.error = exc
         job.future.set_result(None)
