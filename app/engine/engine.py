@@ -88,7 +88,7 @@ class Engine:
         return self.batcher.planner.limits
 
     def start(self) -> None:
-        """Start the tokenisation thread, and the inference thread unless it is shared (its owner starts it)."""
+        """Start the tokenisation thread, and the inference thread unless it is shared (its owner's)."""
         self.tokenization.start()
         if self._owns_scheduler:
             self.scheduler.start()
@@ -151,8 +151,8 @@ class Engine:
         return await self._wait(job)
 
     async def run_texts(self, texts: list[str], plan: Plan) -> Job:
-        """Tokenise ``texts`` and run what ``plan`` makes of them as one job. ``plan`` runs on the tokenisation
-        thread, which queues the sequences itself: the event loop is woken once, with the answer."""
+        """Tokenise ``texts`` and run what ``plan`` makes of them as one job. ``plan`` runs on the
+        tokenisation thread, which queues the sequences itself: the loop is woken once, with the answer."""
         job = Job(asyncio.get_running_loop(), 0)
         created = time.perf_counter()
 

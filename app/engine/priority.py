@@ -23,7 +23,7 @@ BUDGET_STEP = 1 / 8
 
 
 def aged_level(urgency: int, since: float, now: float, aging_s: float) -> int:
-    """One level more urgent for each ``aging_s`` since ``since`` (last served, or queued): nothing starves."""
+    """One level more urgent for each ``aging_s`` since ``since`` (last served, or queued)."""
     return urgency - int((now - since) / aging_s)
 
 
