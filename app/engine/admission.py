@@ -16,10 +16,9 @@ from app.errors import Overloaded
 
 
 class Permits:
-    """Permits held by one request, given back once it is done with them (``with``, or :meth:`release`)
-    AND every stage holding some of its work has let go (:meth:`keep`, :meth:`let_go`): a request whose
-    client left keeps them while its texts wait in the tokenisation queue, so no new request finds that
-    queue full. (A cancelled request's sequences leave the batch queue before its ``with`` ends.)"""
+    """Permits held by one request, given back once it is done with them (``with``, :meth:`release`) AND
+    every stage holding some of its work has let go (:meth:`keep`, :meth:`let_go`): a request whose client
+    left keeps them while its texts wait to be tokenised, so no new request finds that queue full."""
 
     __slots__ = ("_holds", "_released", "_token", "admission", "count")
 

@@ -79,9 +79,8 @@ class Pending:
         return arrivals[0]
 
     def front(self, taken: set[int], limit: int) -> dict[int, int]:
-        """How many of each length among its ``limit`` oldest pending sequences (scanning at most
-        :data:`FRONT_SCAN` × ``limit`` arrivals): a bucket is in arrival order, so a front's sequences of
-        one length are its bucket's head, which is what a batch takes."""
+        """How many of each length among its ``limit`` oldest pending sequences: of one length, they are its
+        bucket's head (a bucket is in arrival order), which is what a batch takes."""
         counts: dict[int, int] = {}
         found = 0
         for seq in itertools.islice(self.arrivals, FRONT_SCAN * limit):
@@ -116,10 +115,9 @@ def pending_lengths(group: list[Pending], taken: set[int], front: int) -> tuple[
 
 @dataclass(frozen=True)
 class Offer:
-    """The batch one queue would run next, planned at ``now`` with its lock held: what :meth:`Batcher.cut`
-    takes and the scheduler compares. ``level``: the urgency it serves after aging; ``due``: it runs now,
-    else at ``due_at`` at the latest; ``seconds``: its modelled time (inf while the scale is unknown);
-    ``floor``: it serves background work owed its floor, at the level of the work it goes before."""
+    """The batch one queue would run next, planned at ``now``: ``level`` is its urgency after aging, ``due``
+    whether it runs now (else at ``due_at``), ``seconds`` its modelled time (inf while the scale is unknown),
+    ``floor`` whether it serves background owed its floor."""
 
     budget_s: float
     now: float
@@ -156,8 +154,7 @@ class Batcher:
         background_share: float = 0.1,
     ) -> None:
         """``company_expected``: whether more inputs are being tokenised (if not, nothing waits for company);
-        ``max_queue_delay_ms`` None derives the budget from the cost model; ``clock`` and ``cond``: the
-        scheduler's (the sequences' ``enqueued_at`` must come from that clock)."""
+        ``clock`` and ``cond``: the scheduler's (the sequences' ``enqueued_at`` must come from that clock)."""
         self.clock = clock or Clock()
         self._now = self.clock.now
         self.metrics = metrics
@@ -170,6 +167,7 @@ class Batcher:
         self.capacity = capacity
         self.stats = BatchStats()
         self._classes = [Pending(u) for u in URGENCIES]
+        self._foreground = self._classes[: BACKGROUND.start]
         self._background = self._classes[BACKGROUND.start :]
         self.floor = Floor(background_share)
         self._front = min(FRONT_BATCHES * max_batch_size, FRONT_MOST)  # background's, planned over
@@ -283,9 +281,8 @@ class Batcher:
             self._scale = ratio if scale is None else scale + SCALE_WEIGHT * (ratio - scale)
 
     def offer(self, now: float, seen: list[float] | None = None) -> Offer | None:
-        """The batch this queue would run next (the lock held, something pending; takes nothing); None when
-        its oldest sequence was cancelled (then dropped: ask again). ``seen``: when work of each urgency
-        last arrived at any queue of the same scheduler (None: this one's own)."""
+        """The batch this queue would run next (the lock held, something pending); None when its oldest was
+        cancelled (then dropped). ``seen``: when each urgency last arrived at the scheduler's queues."""
         group, aged = self._group(now, self._classes)
         level = aged_level(group[0].urgency, group[0].since, now, self.aging_s)
         floor = self.floor.due() and group[-1].urgency not in BACKGROUND and self._contended()
@@ -316,8 +313,7 @@ class Batcher:
         return Offer(budget, now, group, aged, oldest, *planned)
 
     def cut(self, offer: Offer, waited: bool) -> list[Seq]:
-        """Take the batch :meth:`offer` planned (the lock still held since) out of the queue, with the less
-        urgent sequences that ride along, and count it."""
+        """Take the batch :meth:`offer` planned (the lock held since) and its fill out; count it."""
         group, lengths, window, now = offer.group, offer.lengths, offer.window, offer.now
         contended = self._contended()
         batch = self._take(group, self.planner.take(lengths, offer.counts, window), now)
@@ -350,9 +346,7 @@ class Batcher:
         return batch
 
     def _contended(self) -> bool:  # background work waits beside more urgent work
-        return any(c.depth for c in self._background) and any(
-            c.depth for c in self._classes[: BACKGROUND.start]
-        )
+        return any(c.depth for c in self._background) and any(c.depth for c in self._foreground)
 
     def listen(self, on: bool) -> None:
         self._idle, self._gathering = on and not self.depth, on and self.depth > 0
@@ -403,9 +397,8 @@ class Batcher:
         return batch
 
     def _fill(self, batch: list[Seq], group: list[Pending], top: int, oldest: Seq, now: float) -> int:
-        """Add less urgent sequences no longer than ``top`` to ``batch`` (the more urgent first), as many as
-        the room and what is left of ``oldest``'s budget allow: a background class's in arrival order up to
-        the first longer one (its requests whole), another's longest first. How many."""
+        """Add less urgent sequences no longer than ``top``, as many as room and ``oldest``'s budget allow:
+        a background class's in arrival order (its requests whole), another's longest first. How many."""
         room = self.planner.limits.room(top) - len(batch)
         others = [c for c in self._classes if c.depth and c not in group]
         if room <= 0 or not others or self._scale is None:

@@ -18,5 +18,4 @@ class Clock:
     now = staticmethod(time.perf_counter)
 
     def wait(self, cond: threading.Condition, timeout: float | None) -> None:
-        """Wait on ``cond`` (held by the caller) until notified, or ``timeout`` seconds (None: no limit)."""
         cond.wait(timeout)

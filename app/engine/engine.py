@@ -43,8 +43,7 @@ class Engine:
         tracing: Tracing | None = None,
         scheduler: Scheduler | None = None,
     ) -> None:
-        """``scheduler``: the one a service of several models shares (None: one of its own); of several,
-        ``settings`` are the model's own."""
+        """``scheduler``: the one several models share (None: one of its own)."""
         self.model = model
         self.metrics = metrics
         self.settings = settings
@@ -168,7 +167,7 @@ class Engine:
             if not work.ids:  # every input refused (the caller keeps why): answered now
                 job.finish(0)
                 return
-            job.expect(len(work.ids))
+            job.count = job.remaining = len(work.ids)  # before any is queued
             enqueued = self.clock.now()
             self.batcher.submit([Seq(ids, work.need, job, i, enqueued) for i, ids in enumerate(work.ids)])
 

@@ -42,9 +42,8 @@ class Inference:
         calibrate: Callable[[], None] | None = None,
         name: str | None = None,
     ) -> None:
-        """``batcher``: the queue its batches come from, which hears how long each one ran; ``calibrate``:
-        run on the inference thread before its first batch (the session is its alone then); ``name``: the
-        model's, in a service of several."""
+        """``calibrate``: run on the inference thread before its first batch (the session is its alone then);
+        ``name``: the model's, in a service of several."""
         self.model = model
         self.name = name
         self.calibrate = calibrate
@@ -63,8 +62,7 @@ class Inference:
         }
 
     def serve(self, batch: list[Seq], trimmer: allocator.Trimmer | None = None) -> None:
-        """Run one batch, write its results, wake its finished requests and let ``trimmer`` count it; any
-        exception fails only this batch's requests not answered yet."""
+        """Run one batch and answer it; any exception fails only this batch's requests not answered yet."""
         live = [seq for seq in batch if not seq.job.cancelled]
         self.stats.dropped_cancelled += len(batch) - len(live)
         try:

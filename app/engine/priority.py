@@ -1,4 +1,4 @@
-"""Who is interactive: a request's urgency, as RFC 9218 numbers it (0 most urgent … 7 background, 3 default).
+"""Who is interactive: a request's urgency as RFC 9218 numbers it (0 most urgent … 7 background, 3 default).
 
 The API layer sets :data:`URGENCY` in the request's task; the engine reads it at admission and in each
 :class:`~app.engine.work.Job`. The tasks in between never see it.

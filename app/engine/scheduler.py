@@ -32,9 +32,8 @@ class Lane:
 
 
 def rank(offer: Offer) -> tuple[float, ...]:
-    """Among offers of the most urgent level, higher runs first: an overdue one, the furthest past its own
-    model's budget counted in budgets (else models are served in lock-step); else by efficiency, then the
-    oldest input."""
+    """Higher runs first: an overdue offer, furthest past its own model's budget counted in budgets (oldest
+    first served the models in lock-step); else by efficiency, then the oldest input."""
     if offer.overdue:
         return (1.0, (offer.now - offer.oldest.enqueued_at) / offer.budget_s)
     return (0.0, offer.window.efficiency, -offer.oldest.enqueued_at)
@@ -100,9 +99,8 @@ class Scheduler:
         return self.next_batch(k)
 
     def next_batch(self, k: int = MAIN) -> tuple[Lane, list[Seq]] | None:
-        """Thread ``k``'s next batch and its lane: block until one is due (None once stopped); its previous
-        batch is done. An express thread takes, only while the inference thread runs a batch, another
-        model's due batch at least as urgent and modelled at most ``express_share`` of that one."""
+        """Thread ``k``'s next batch and its lane, once one is due (None once stopped); its previous batch is
+        done. An express thread takes only what fits beside the inference thread's batch."""
         with self.cond:
             if self._running.pop(k, None) is not None and self.express_share > 0:
                 self.cond.notify_all()  # its lane is free for either thread again
@@ -141,8 +139,7 @@ class Scheduler:
             return None
 
     def _offers(self, now: float) -> list[tuple[int, Offer]] | None:
-        """What each queue with work pending and no batch running would run next (None: one dropped
-        cancelled work; ask again)."""
+        """Each idle queue's offer (None: one dropped cancelled work; ask again)."""
         seen = None  # one queue reads its own; of several, when work of each urgency last arrived at any
         if len(self.lanes) > 1:
             seen = [max(times) for times in zip(*(lane.batcher.seen() for lane in self.lanes), strict=True)]

@@ -21,10 +21,8 @@ from app.telemetry.context import CURRENT_SPAN
 
 @dataclass(frozen=True)
 class Need:
-    """What one sequence needs from the encoder: pooled vectors of ``layers`` (1-based; ``pooling`` None:
-    none), its real tokens' rows (``tokens``), masked-LM logits at ``mask_positions``, the fine-tuned head's
-    logits, its SPLADE vector. ``pool_from``: positions before it (a prompt sentence-transformers leaves
-    out, ``include_prompt`` false) are not pooled; pooled in numpy then."""
+    """What one sequence needs from the encoder (``layers`` 1-based; ``pooling`` None: no pooled vectors).
+    ``pool_from``: positions before it (a prompt sentence-transformers leaves out) are not pooled."""
 
     layers: tuple[int, ...] = ()
     pooling: Pooling | None = None
@@ -37,8 +35,7 @@ class Need:
 
 @dataclass(frozen=True)
 class Planned:
-    """A request's encodings, planned on the tokenisation thread: its sequences' token ids, what they need,
-    and ``context`` for the request to read back (``Job.context``)."""
+    """A request's encodings as planned on the tokenisation thread; ``context`` becomes ``Job.context``."""
 
     ids: list[np.ndarray]
     need: Need
@@ -50,14 +47,11 @@ Plan = Callable[[list[Encoding]], Planned]
 
 
 class Job:
-    """One request's sequences in the engine, their results and the future the request awaits.
-
-    Results, written on the inference thread: ``vectors`` [sequences, layers, hidden] (a head's logits or
-    SPLADE vectors: [sequences, 1, n]); ``token_states`` per sequence [layers, length, hidden] (a tagger's
-    logits: [1, length, labels]); ``mask_probs`` per sequence a [vocab] row per mask; ``queued_s`` the
-    longest wait for a batch; ``batches`` each batch's inference seconds by its start. Cancelled or failed,
-    its sequences not yet run are dropped by every stage.
-    """
+    """One request's sequences in the engine, their results (written on the inference thread) and the
+    future the request awaits: ``vectors`` [sequences, layers, hidden] (a head's logits, SPLADE vectors:
+    [sequences, 1, n]); ``token_states`` per sequence [layers, length, hidden] (a tagger's: [1, length,
+    labels]); ``mask_probs`` per sequence a [vocab] row per mask. Cancelled or failed, its sequences not
+    yet run are dropped by every stage."""
 
     __slots__ = (
         "batches",
@@ -100,16 +94,11 @@ class Job:
         self.trace = CURRENT_SPAN.get()  # the request's span, for the batch spans to link to
         self.urgency = URGENCY.get()  # the request's, set by the API layer in this task
 
-    def expect(self, count: int) -> None:
-        """Set the count of a job created before its texts were tokenised, before any is queued."""
-        self.count = self.remaining = count
-
     def cancel(self) -> None:
         self.cancelled = True
 
     def finish(self, sequences: int) -> None:
-        """``sequences`` more are done (inference thread, the only one changing ``remaining``); the last
-        wakes the request."""
+        """``sequences`` more are done (only the inference thread changes ``remaining``); the last wakes."""
         self.remaining -= sequences
         if self.remaining == 0:
             self.loop.call_soon_threadsafe(_resolve, self)
@@ -133,8 +122,7 @@ class Job:
 
 
 class Seq:
-    """One input (or window of a long input) on its way through the engine; ``enqueued_at`` is read from
-    the engine's clock (:mod:`app.engine.clock`), and zero is a time like any other."""
+    """One input (or window of one); ``enqueued_at`` is read from the engine's clock (zero is a time too)."""
 
     __slots__ = ("enqueued_at", "ids", "job", "length", "need", "slot", "types")
 
