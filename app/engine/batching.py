@@ -1,62 +1,27 @@
-"""Stage 3, batch assembly: the queue of pending sequences, and when and with what the next batch runs.
+"""Stage 3, batch assembly: the queue of pending sequences, and when and with what its next batch runs.
 
-Pending sequences wait in one class per urgency (0 most urgent … 7 background; the request's, see
-:mod:`app.engine.priority`) and within it in one FIFO bucket per length. For each batch:
-
-1. **Who is served.** The most urgent class with work pending, unless a less urgent one has *aged* past
-   it: a class counts one level more urgent for each ``urgency_aging_ms`` since it was last served, so
-   background work always runs eventually. Classes at the same level are planned as one. And background
-   (``u=4`` … ``u=7``) has a *floor*: while it is owed ``background_share`` of the modelled time, it gets
-   the next batch, a small one (:mod:`app.engine.floor`). A background class is planned over its oldest
-   inputs, its oldest always in the batch, so its requests finish whole and in order.
-2. **Which batch.** The planner (:mod:`app.engine.planner`) picks, by the measured cost model
-   (:mod:`app.engine.costs`), the window of similar lengths that does the most useful work per second:
-   in a short queue, lengths are grouped only where that beats running everything at once.
-3. **Waiting is bounded by time.** An item that has waited longer than the queue-delay budget (the
-   setting ``max_queue_delay_ms``, or derived: :data:`DERIVED_BUDGET_BATCHES` of the modelled time of one
-   full batch of the mean length seen) is never passed over again: the batch must hold it.
-4. **Background fills and yields.** A batch with room takes less urgent sequences no longer than its own
-   longest (background's in arrival order), as many as the oldest item's remaining budget pays for (the
-   model says what each adds: on a GPU nearly nothing, on a CPU its tokens). While more urgent work has
-   been seen within :data:`ACTIVE_S`, a batch of less urgent work (aged or not) costs at most the budget
-   (a floor batch, at least its oldest input alone over :data:`~app.engine.floor.THRIFT`), so an urgent
-   arrival waits at most that for the batch in progress.
-5. **Company.** When the queue holds too little to fill the batch, the batch is not due yet: it waits for
-   company, at most ``max_wait_ms`` counted from the oldest item's arrival, and only while more inputs are
-   being tokenised; with enough work it never waits. Cancelled requests' items are dropped here, unrun.
-
-The queue plans (:meth:`Batcher.offer`) and cuts (:meth:`Batcher.cut`); when, and whose, is the
-scheduler's (:mod:`app.engine.scheduler`), whose inference thread serves this queue alone in a service of
-one model, or beside the other models' queues. That thread cuts each batch right after the previous one
-has run and reports how long it took (:meth:`Batcher.ran`): a measured model is refitted from the batches
-served (what a batch costs while the service runs beside it, on a machine that may be busier than at
-start-up); with the constant model, whose unit is tokens, the queue learns seconds per token for its
-budget. While the scheduler waits (:meth:`Batcher.listen`), an arrival wakes it only when it may change
-the answer: when the queue was empty, or may now hold a full batch, or nobody else is coming.
-
-Every time it decides by is read through a :class:`~app.engine.clock.Clock` (the scheduler's, which
-waits through it too: real time unless a test hands in a simulated one).
-
-Cost per batch does not grow with the queue: a plan is a few numpy operations over the distinct lengths
-of the class served (of a background class, over its front: a bounded scan of its oldest arrivals), and
-cancelled sequences are swept out only when a request is cancelled.
+Sequences wait in one class per urgency (:class:`Pending`), within it in one FIFO per length. The queue
+plans (:meth:`Batcher.offer`) and cuts (:meth:`Batcher.cut`); when, and whose, is the scheduler's. Its
+rules are in docs/architecture.md.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from app.engine.clock import Clock
 from app.engine.costs import CostModel, Refitter
 from app.engine.floor import THRIFT, Floor
-from app.engine.pending import BatchStats, Offer, Pending, fill, front_size, pending_lengths, take
-from app.engine.planner import Planner
+from app.engine.planner import Planner, Window
 from app.engine.priority import BACKGROUND, URGENCIES, aged_level
 from app.engine.work import Seq
+from app.errors import InternalError
 from app.telemetry.metrics import Metrics
 
 # More urgent work counts as about this long after its last arrival: closed-loop clients come back within
@@ -68,6 +33,107 @@ DERIVED_BUDGET_BATCHES = 0.5
 LENGTH_WEIGHT = 0.1  # per batch, of the moving mean length the derived budget is computed for
 SCALE_WEIGHT = 0.2  # per batch, of the moving seconds per unit of modelled cost
 INITIAL_LENGTH = 32.0
+# A background class is planned over its oldest inputs, this many full batches' worth (at most FRONT_MOST):
+# enough to group similar lengths as well as the whole queue would (alone, it runs as fast as before), few
+# enough that its oldest requests finish first. The scan is bounded too: inputs taken from a front's middle
+# stay in the arrivals until those before them are taken.
+FRONT_BATCHES = 8
+FRONT_MOST = 256
+FRONT_SCAN = 2
+
+
+@dataclass
+class BatchStats:
+    batches: int = 0
+    items: int = 0
+    largest_batch: int = 0
+    real_tokens: int = 0
+    padded_tokens: int = 0  # tokens computed, padding included
+    dropped_cancelled: int = 0
+    waits: int = 0  # batches that waited for company
+    overdue: int = 0  # batches that had to hold an item past its queue-delay budget
+    filled: int = 0  # less urgent sequences that rode in a more urgent batch
+    capped: int = 0  # batches of less urgent work held to the budget while more urgent work was about
+    aged: int = 0  # batches that served aged work beside or ahead of more urgent pending work
+    beside: int = 0  # batches the express thread ran beside another model's (app.engine.scheduler)
+    floor: int = 0  # batches of background work run for its floor (app.engine.floor)
+    by_urgency: list[int] = field(default_factory=lambda: [0] * len(URGENCIES))  # sequences batched
+
+
+class Pending:
+    __slots__ = ("arrivals", "buckets", "depth", "seen", "since", "urgency")
+
+    def __init__(self, urgency: int) -> None:
+        self.urgency = urgency
+        self.buckets: dict[int, deque[Seq]] = {}  # length -> its sequences, oldest first
+        self.arrivals: deque[Seq] = deque()  # in arrival order, with taken ones not yet popped
+        self.depth = 0
+        self.since = 0.0  # when it was last served, or became non-empty: what it ages from
+        self.seen = -float("inf")  # when its last sequence arrived
+
+    def oldest(self, taken: set[int]) -> Seq:
+        """Its oldest pending sequence (it has one), popping the taken ones before it."""
+        arrivals = self.arrivals
+        while id(arrivals[0]) in taken:
+            taken.discard(id(arrivals.popleft()))
+        return arrivals[0]
+
+    def front(self, taken: set[int], limit: int) -> dict[int, int]:
+        """How many of each length among its ``limit`` oldest pending sequences: of one length, they are its
+        bucket's head (a bucket is in arrival order), which is what a batch takes."""
+        counts: dict[int, int] = {}
+        found = 0
+        for seq in itertools.islice(self.arrivals, FRONT_SCAN * limit):
+            if id(seq) in taken:
+                continue
+            counts[seq.length] = counts.get(seq.length, 0) + 1
+            found += 1
+            if found == limit:
+                break
+        return counts
+
+
+def pending_lengths(group: list[Pending], taken: set[int], front: int) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct pending lengths of ``group`` (sorted) and how many of each; of a background class, over
+    its ``front`` oldest only."""
+    if len(group) == 1 and group[0].urgency not in BACKGROUND:
+        pending = sorted((n, len(b)) for n, b in group[0].buckets.items())
+    else:
+        merged: dict[int, int] = {}
+        for c in group:
+            if c.urgency in BACKGROUND:
+                for n, k in c.front(taken, front).items():
+                    merged[n] = merged.get(n, 0) + k
+            else:
+                for n, b in c.buckets.items():
+                    merged[n] = merged.get(n, 0) + len(b)
+        pending = sorted(merged.items())
+    lengths = np.array([n for n, _ in pending], dtype=np.int64)
+    counts = np.array([k for _, k in pending], dtype=np.int64)
+    return lengths, counts
+
+
+@dataclass(frozen=True)
+class Offer:
+    """The batch one queue would run next, planned at ``now``: ``level`` is its urgency after aging, ``due``
+    whether it runs now (else at ``due_at``), ``seconds`` its modelled time (inf while the scale is unknown),
+    ``floor`` whether it serves background owed its floor."""
+
+    budget_s: float
+    now: float
+    group: list[Pending]
+    aged: bool
+    oldest: Seq
+    lengths: np.ndarray
+    counts: np.ndarray
+    window: Window
+    overdue: bool
+    cap: float | None
+    due: bool
+    due_at: float
+    level: int
+    seconds: float
+    floor: bool = False
 
 
 class Batcher:
@@ -79,7 +145,6 @@ class Batcher:
         capacity: int,
         metrics: Metrics,
         company_expected: Callable[[], bool] = lambda: True,
-        overhead_tokens: int = 16,
         costs: CostModel | None = None,
         max_queue_delay_ms: float | None = None,
         urgency_aging_ms: float = 1000.0,
@@ -88,36 +153,26 @@ class Batcher:
         cond: threading.Condition | None = None,
         background_share: float = 0.1,
     ) -> None:
-        """``capacity`` bounds the pending sequences; admission keeps the engine below it.
-
-        ``company_expected`` says whether more inputs are on their way (being tokenised); when none
-        are, a batch that is not full runs at once instead of waiting ``max_wait_ms`` for nobody.
-        ``costs``: the cost model until :meth:`set_costs` (default: the constant, ``overhead_tokens``).
-        ``max_queue_delay_ms``: the queue-delay budget; None derives it from the cost model.
-        ``clock``: what it reads the time from, its scheduler's (:mod:`app.engine.clock`; default: real
-        time); the sequences' ``enqueued_at`` must come from it too.
-        ``max_batch_attention``: size × longest² bound on a batch (0: none; :class:`~app.engine.planner.Limits`).
-        ``cond``: the scheduler's condition, shared by the queues it serves (its own: a queue planned by hand).
-        ``background_share``: background's floor, a share of the modelled time (:mod:`app.engine.floor`).
-        """
+        """``company_expected``: whether more inputs are being tokenised (if not, nothing waits for company);
+        ``clock`` and ``cond``: the scheduler's (the sequences' ``enqueued_at`` must come from that clock)."""
         self.clock = clock or Clock()
         self._now = self.clock.now
         self.metrics = metrics
         self.company_expected = company_expected
-        self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
-        self.max_batch_attention = max_batch_attention
+        self._limits = (max_batch_size, max_batch_tokens, max_batch_attention)  # a planner's
         self.max_wait_s = max_wait_ms / 1000
         self.max_queue_delay_s = max_queue_delay_ms / 1000 if max_queue_delay_ms is not None else None
         self.aging_s = urgency_aging_ms / 1000
         self.capacity = capacity
         self.stats = BatchStats()
         self._classes = [Pending(u) for u in URGENCIES]
+        self._foreground = self._classes[: BACKGROUND.start]
         self._background = self._classes[BACKGROUND.start :]
         self.floor = Floor(background_share)
-        self._front = front_size(max_batch_size)  # background's, planned over (app.engine.pending)
+        self._front = min(FRONT_BATCHES * max_batch_size, FRONT_MOST)  # background's, planned over
         self._taken: set[int] = set()  # ids of sequences batched (or dropped) but still in an arrivals deque
-        self._depth = 0
+        self.depth = 0
         self._cond = cond if cond is not None else threading.Condition()
         self._idle = False  # the scheduler waits for any sequence at all
         self._gathering = False  # the scheduler waits for company until a deadline
@@ -127,25 +182,18 @@ class Batcher:
         self._refitter: Refitter | None = None
         self._scale: float | None = None  # seconds per unit of modelled cost; None: not known yet
         self.planner: Planner  # by set_costs, now and whenever the cost model changes
-        self.set_costs(costs or CostModel.constant(overhead_tokens))
+        self.set_costs(costs or CostModel.constant(16))
 
     def set_costs(self, costs: CostModel) -> None:
         """Plan by ``costs`` from now on (the inference thread calls it once it has measured or read them)."""
         with self._cond:
-            self.planner = self._planner(costs)
+            self.planner = Planner(costs, *self._limits)
             self._scale = 1.0 if costs.measured else None
             self._refitter = Refitter(costs) if costs.measured and costs.points else None
-
-    def _planner(self, costs: CostModel) -> Planner:
-        return Planner(costs, self.max_batch_size, self.max_batch_tokens, self.max_batch_attention)
 
     @property
     def costs(self) -> CostModel:
         return self.planner.model
-
-    @property
-    def depth(self) -> int:
-        return self._depth
 
     def depth_of(self, urgency: int) -> int:
         return self._classes[urgency].depth
@@ -165,9 +213,9 @@ class Batcher:
         with self._cond:
             if sequences[0].job.cancelled:
                 return
-            if self._depth + len(sequences) > self.capacity:
+            if self.depth + len(sequences) > self.capacity:
                 raise RuntimeError(
-                    f"batch queue over its bound ({self._depth} + {len(sequences)} > {self.capacity}): "
+                    f"batch queue over its bound ({self.depth} + {len(sequences)} > {self.capacity}): "
                     "admission should have prevented this"
                 )
             now = self._now()
@@ -183,17 +231,16 @@ class Batcher:
                 bucket.append(seq)
             cls.arrivals.extend(sequences)
             cls.depth += len(sequences)
-            self._depth += len(sequences)
+            self.depth += len(sequences)
             if self._idle or (self._gathering and self._may_be_due()):
                 self._cond.notify_all()
 
     def _may_be_due(self) -> bool:
-        """Whether the waiting scheduler should plan again: the queue may hold a full batch, or nobody
-        else is coming. Cheap (no plan): an upper bound on what a plan would find."""
-        if self._depth >= self.max_batch_size or not self.company_expected():
+        """An upper bound, without planning: the queue may hold a full batch, or nobody else is coming."""
+        if self.depth >= self.max_batch_size or not self.company_expected():
             return True
         longest = max(max(c.buckets) for c in self._classes if c.buckets)
-        return self._depth >= self.planner.limits.room(longest)
+        return self.depth >= self.planner.limits.room(longest)
 
     def poke(self) -> None:
         """A request was cancelled or failed: drop its pending sequences, so they neither run nor count."""
@@ -201,27 +248,41 @@ class Batcher:
             self._drop_cancelled()
             self._cond.notify_all()
 
+    def _drop_cancelled(self) -> None:
+        dropped = 0
+        for cls in self._classes:
+            for length in list(cls.buckets):
+                bucket = cls.buckets[length]
+                kept = deque(seq for seq in bucket if not seq.job.cancelled)
+                if len(kept) == len(bucket):
+                    continue
+                self._taken.update(id(seq) for seq in bucket if seq.job.cancelled)
+                gone = len(bucket) - len(kept)
+                cls.depth -= gone
+                dropped += gone
+                if kept:
+                    cls.buckets[length] = kept
+                else:
+                    del cls.buckets[length]
+        self.depth -= dropped
+        self.stats.dropped_cancelled += dropped
+
     def ran(self, seconds: float) -> None:
         """The batch handed out last ran in ``seconds`` (inference thread): a measured model is refitted
-        from it (:class:`~app.engine.costs.Refitter`); the constant one learns seconds per token."""
+        from it; the constant one learns seconds per token."""
         if self._refitter is not None:
             refitted = self._refitter.add(*self._last_shape, seconds)
             if refitted is not None:
                 with self._cond:
-                    self.planner = self._planner(refitted)
+                    self.planner = Planner(refitted, *self._limits)
         elif self._last_cost > 0:
             ratio = seconds / self._last_cost
             scale = self._scale
             self._scale = ratio if scale is None else scale + SCALE_WEIGHT * (ratio - scale)
 
     def offer(self, now: float, seen: list[float] | None = None) -> Offer | None:
-        """The batch this queue would run next, with the lock held and something pending; None when its
-        oldest sequence was cancelled (then dropped: ask again). Takes nothing: :meth:`cut` does.
-
-        ``seen``: when work of each urgency last arrived at any queue the same thread serves (their
-        :meth:`seen`), so that this one's less urgent batches are held to the budget while another model
-        has more urgent work about; None: this queue's own only.
-        """
+        """The batch this queue would run next (the lock held, something pending); None when its oldest was
+        cancelled (then dropped). ``seen``: when each urgency last arrived at the scheduler's queues."""
         group, aged = self._group(now, self._classes)
         level = aged_level(group[0].urgency, group[0].since, now, self.aging_s)
         floor = self.floor.due() and group[-1].urgency not in BACKGROUND and self._contended()
@@ -252,33 +313,43 @@ class Batcher:
         return Offer(budget, now, group, aged, oldest, *planned)
 
     def cut(self, offer: Offer, waited: bool) -> list[Seq]:
-        """Take the batch :meth:`offer` planned (the lock still held since) out of the queue, with the less
-        urgent sequences that ride along, and count it."""
+        """Take the batch :meth:`offer` planned (the lock held since) and its fill out; count it."""
         group, lengths, window, now = offer.group, offer.lengths, offer.window, offer.now
         contended = self._contended()
-        plan = self.planner.take(lengths, offer.counts, window)
-        batch = take(group, plan, now, self._taken, self.stats.by_urgency)
-        self._depth -= len(batch)
+        batch = self._take(group, self.planner.take(lengths, offer.counts, window), now)
         filled = self._fill(batch, group, int(lengths[window.top]), offer.oldest, now)
-        self._count(batch, waited, offer.overdue, offer.cap is not None, offer.aged, filled)
-        self.stats.floor += offer.floor
+        s, size = self.stats, len(batch)
+        s.batches += 1
+        s.items += size
+        s.largest_batch = max(s.largest_batch, size)
+        real = sum(seq.length for seq in batch)
+        longest = max(seq.length for seq in batch)
+        rows, length = self.planner.model.shape(size, longest)  # on a grid, the padded shape
+        s.real_tokens += real
+        s.padded_tokens += (computed := rows * length)
+        s.waits += int(waited)
+        s.overdue += int(offer.overdue)
+        s.capped += int(offer.cap is not None)
+        s.aged += int(offer.aged)
+        s.filled += filled
+        s.floor += offer.floor
+        self._last_cost = self.planner.model.cost(size, longest)
+        self._last_shape = (size, longest)
+        self._mean_length += LENGTH_WEIGHT * (real / size - self._mean_length)
+        self.metrics.batch_assembled(size, real, computed)
         if not any(c.depth for c in self._background):
             self.floor.clear()
         elif contended:  # what background got of what it is owed, in worth (app.engine.floor)
-            mine = np.array([s.length for s in batch if s.job.urgency in BACKGROUND], dtype=np.int64)
+            mine = np.array([seq.length for seq in batch if seq.job.urgency in BACKGROUND], dtype=np.int64)
             worth = float(self.planner.worth(mine).sum()) if len(mine) else 0.0
             self.floor.account(self._last_cost, worth, self.planner.full_batch_cost(self._mean_length))
         return batch
 
-    def _contended(self) -> bool:
-        """Whether background work waits beside more urgent work."""
-        return any(c.depth for c in self._background) and any(
-            c.depth for c in self._classes[: BACKGROUND.start]
-        )
+    def _contended(self) -> bool:  # background work waits beside more urgent work
+        return any(c.depth for c in self._background) and any(c.depth for c in self._foreground)
 
     def listen(self, on: bool) -> None:
-        """While the scheduler waits (:mod:`app.engine.scheduler`): wake it on arrivals that may matter."""
-        self._idle, self._gathering = on and not self._depth, on and self._depth > 0
+        self._idle, self._gathering = on and not self.depth, on and self.depth > 0
 
     def seen(self) -> list[float]:
         """When work of each urgency last arrived here (``-inf``: never)."""
@@ -294,38 +365,40 @@ class Batcher:
         return group, group[-1].urgency > present[0].urgency
 
     def _cap(self, urgency: int, now: float, seen: list[float] | None = None) -> float | None:
-        """The cost bound of a batch that serves ``urgency`` work (model units): the budget, while more
-        urgent work was seen within ACTIVE_S (here, or in ``seen``), aged work too (it gets its batch, not
-        a long one); None otherwise (or while the scale is not known)."""
+        """The cost bound (model units) of a batch serving ``urgency``: the budget while more urgent work
+        was seen within ACTIVE_S (here, or in ``seen``); None otherwise, or while the scale is unknown."""
         arrived = seen or [c.seen for c in self._classes]
         if self._scale is None or not any(now - t < ACTIVE_S for t in arrived[:urgency]):
             return None
         budget = self.budget_s()
         return budget / self._scale if budget != float("inf") else None
 
-    def _drop_cancelled(self) -> None:
-        dropped = 0
-        for cls in self._classes:
-            for length in list(cls.buckets):
+    def _take(self, group: list[Pending], plan: list[tuple[int, int]], now: float) -> list[Seq]:
+        """Remove the planned sequences from ``group``, per length the oldest first across its classes."""
+        taken, counts = self._taken, self.stats.by_urgency
+        batch: list[Seq] = []
+        for length, k in plan:
+            holders = [c for c in group if length in c.buckets]
+            for _ in range(k):
+                cls = holders[0]
+                if len(holders) > 1:  # several classes at one level: the oldest sequence of this length
+                    cls = min(holders, key=lambda c: c.buckets[length][0].enqueued_at)
                 bucket = cls.buckets[length]
-                kept = deque(seq for seq in bucket if not seq.job.cancelled)
-                if len(kept) == len(bucket):
-                    continue
-                self._taken.update(id(seq) for seq in bucket if seq.job.cancelled)
-                gone = len(bucket) - len(kept)
-                cls.depth -= gone
-                dropped += gone
-                if kept:
-                    cls.buckets[length] = kept
-                else:
+                seq = bucket.popleft()
+                taken.add(id(seq))
+                batch.append(seq)
+                cls.depth -= 1
+                cls.since = now  # served: it ages from here
+                counts[cls.urgency] += 1
+                if not bucket:
                     del cls.buckets[length]
-        self._depth -= dropped
-        self.stats.dropped_cancelled += dropped
+                    holders.remove(cls)
+        self.depth -= len(batch)
+        return batch
 
     def _fill(self, batch: list[Seq], group: list[Pending], top: int, oldest: Seq, now: float) -> int:
-        """Add less urgent sequences no longer than ``top`` to ``batch``, as many as the room, the token
-        budget and what is left of ``oldest``'s queue-delay budget allow: a background class's in arrival
-        order up to the first longer one, another's longest first; how many."""
+        """Add less urgent sequences no longer than ``top``, as many as room and ``oldest``'s budget allow:
+        a background class's in arrival order (its requests whole), another's longest first. How many."""
         room = self.planner.limits.room(top) - len(batch)
         others = [c for c in self._classes if c.depth and c not in group]
         if room <= 0 or not others or self._scale is None:
@@ -333,29 +406,41 @@ class Batcher:
         slack = (self.budget_s() - (now - oldest.enqueued_at)) / self._scale
         each = float(self.planner.model.per_sequence(np.array([top]))[0])
         room = min(room, int(slack // each) if each > 0 else room)
-        added = fill(batch, others, top, room, now, self._taken, self.stats.by_urgency)
-        self._depth -= added
+        taken, added = self._taken, 0
+        for cls in others:
+            before = added
+            if cls.urgency in BACKGROUND:
+                while added < room and cls.depth:
+                    seq = cls.oldest(taken)
+                    if seq.length > top:
+                        break
+                    bucket = cls.buckets[seq.length]
+                    if bucket[0] is not seq:
+                        raise InternalError("a background class's oldest sequence is not first of its length")
+                    cls.arrivals.popleft()
+                    bucket.popleft()
+                    if not bucket:
+                        del cls.buckets[seq.length]
+                    batch.append(seq)
+                    cls.depth -= 1
+                    added += 1
+            else:
+                for length in sorted((n for n in cls.buckets if n <= top), reverse=True):
+                    bucket = cls.buckets[length]
+                    while bucket and added < room:
+                        seq = bucket.popleft()
+                        taken.add(id(seq))
+                        batch.append(seq)
+                        cls.depth -= 1
+                        added += 1
+                    if not bucket:
+                        del cls.buckets[length]
+                    if added == room:
+                        break
+            if added > before:
+                self.stats.by_urgency[cls.urgency] += added - before
+                cls.since = now
+            if added == room:
+                break
+        self.depth -= added
         return added
-
-    def _count(
-        self, batch: list[Seq], waited: bool, overdue: bool, capped: bool, aged: bool, filled: int
-    ) -> None:
-        s = self.stats
-        s.batches += 1
-        s.items += len(batch)
-        s.largest_batch = max(s.largest_batch, len(batch))
-        real = sum(seq.length for seq in batch)
-        longest = max(seq.length for seq in batch)
-        rows, length = self.planner.model.shape(len(batch), longest)  # on a grid, the padded shape
-        computed = rows * length
-        s.real_tokens += real
-        s.padded_tokens += computed
-        s.waits += int(waited)
-        s.overdue += int(overdue)
-        s.capped += int(capped)
-        s.aged += int(aged)
-        s.filled += filled
-        self._last_cost = self.planner.model.cost(len(batch), longest)
-        self._last_shape = (len(batch), longest)
-        self._mean_length += LENGTH_WEIGHT * (real / len(batch) - self._mean_length)
-        self.metrics.batch_assembled(len(batch), real, computed)

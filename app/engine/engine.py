@@ -1,15 +1,7 @@
-"""The engine: the stages wired together, started and stopped as one.
+"""The engine: one model's stages wired together, started and stopped as one.
 
-admission (per request, on the event loop) → tokenisation thread → batch queue → inference thread
-(assembles a batch, runs it, post-processes it) → the awaiting request. Two threads besides the event
-loop, and for /embed one wake-up of the loop per request (:meth:`Engine.run_texts`). The inference thread
-is a :class:`~app.engine.scheduler.Scheduler`'s: of one lane, the engine's own, unless a service of
-several models hands in the one they share.
-
-The inference thread starts by measuring what a batch costs here, or reading it from the cache
-(:mod:`app.engine.calibration`), and hands the fitted model to the queue before its first batch; a request's
-urgency (:data:`app.engine.priority.URGENCY`, set by the API layer) is read at admission and when its job
-is created.
+admission → tokenisation thread → batch queue → inference thread (a
+:class:`~app.engine.scheduler.Scheduler`'s: its own, or the one several models share) → the request.
 """
 
 from __future__ import annotations
@@ -42,17 +34,6 @@ from app.telemetry.tracing import Tracing
 log = logging.getLogger(__name__)
 
 
-# The CPU's default attention budget: 8 inputs of 256 tokens, or 2 of 512 (Settings.max_batch_attention).
-CPU_BATCH_ATTENTION = 8 * 256 * 256
-
-
-def batch_attention(settings: Settings, provider: str) -> int:
-    """The batch's size × longest² budget for ``provider`` (0: none)."""
-    if settings.max_batch_attention is not None:
-        return settings.max_batch_attention
-    return 0 if provider == CUDA else CPU_BATCH_ATTENTION
-
-
 class Engine:
     def __init__(
         self,
@@ -62,12 +43,7 @@ class Engine:
         tracing: Tracing | None = None,
         scheduler: Scheduler | None = None,
     ) -> None:
-        """``tracing``: where batch spans go (None: tracing off); ``scheduler``: the one inference thread
-        this model shares with the others of a service of several (None: one of its own, one lane). Of
-        several, ``settings`` are the model's own (:meth:`Settings.model_entries`) and
-        ``settings.served_model_name`` its name, which a 429 of its budget and its batch spans give.
-        Admission counts permits here until a worker of several joins the server's ledger
-        (:meth:`~app.engine.admission.Admission.join`)."""
+        """``scheduler``: the one several models share (None: one of its own)."""
         self.model = model
         self.metrics = metrics
         self.settings = settings
@@ -75,9 +51,7 @@ class Engine:
         self._owns_scheduler = scheduler is None
         self.scheduler = scheduler or Scheduler(trim_every=settings.memory_trim_batches)
         self.admission = Admission(settings.max_concurrent_inputs, model=name)
-        # The one clock every time the engine compares is read from (arrivals, aging, waits): the
-        # scheduler's, which a test may hand in, or real time.
-        self.clock = self.scheduler.clock
+        self.clock = self.scheduler.clock  # every time the engine compares is read from it
         self.tokenization = Tokenization(
             model.tokenizer,
             capacity=settings.max_concurrent_inputs,
@@ -86,15 +60,18 @@ class Engine:
         )
         # Each admitted input becomes at most this many windows (a token never spans less than a char).
         windows = math.ceil(settings.max_input_chars / max(model.tokenizer.max_length - 2, 1)) + 1
+        attention = settings.max_batch_attention  # on a CPU by default 8 inputs of 256 tokens, or 2 of 512
+        if attention is None:
+            attention = 0 if model.providers[0] == CUDA else 8 * 256 * 256
         self.batcher = Batcher(
             max_batch_tokens=settings.max_batch_tokens,
             max_batch_size=settings.max_batch_size,
-            max_batch_attention=batch_attention(settings, model.providers[0]),
+            max_batch_attention=attention,
             max_wait_ms=settings.max_wait_ms,
             capacity=settings.max_concurrent_inputs * windows,
             metrics=self.metrics,
             company_expected=lambda: self.tokenization.pending_texts > 0,
-            overhead_tokens=settings.batch_overhead_tokens,
+            costs=costs.CostModel.constant(settings.batch_overhead_tokens),
             max_queue_delay_ms=settings.max_queue_delay_ms,
             urgency_aging_ms=settings.urgency_aging_ms,
             background_share=settings.background_share,
@@ -107,12 +84,10 @@ class Engine:
 
     @property
     def limits(self) -> Limits:
-        """What one batch may hold."""
         return self.batcher.planner.limits
 
     def start(self) -> None:
-        """Start the tokenisation thread, and the inference thread unless a shared scheduler runs it
-        (whose owner starts and stops it once every model is in)."""
+        """Start the tokenisation thread, and the inference thread unless it is shared (its owner's)."""
         self.tokenization.start()
         if self._owns_scheduler:
             self.scheduler.start()
@@ -123,53 +98,43 @@ class Engine:
         self.tokenization.stop()
 
     def _calibrate(self) -> None:
-        """On the inference thread, before its first batch: on the grid of shapes, each shape run once
-        (:mod:`app.model.shaped`: a failure there is the thread's, and the worker's); then the cost model,
-        measured or from the cache, charging each batch its grid shape where there is one."""
-        shapes = self.model.shapes
+        """On the inference thread, before its first batch: each grid shape run once, then the cost model."""
+        shapes, s = self.model.shapes, self.settings
         try:
             if shapes is not None:  # a failure here is the thread's: it goes on up
                 shapes.warm(self.limits.room)
-            model = self._costs()
+            model = self.batcher.costs  # measured here or read from the cache, else the constant
+            try:
+                if s.measure_batch_cost:
+                    model = calibration.load_or_measure(
+                        self.model,
+                        calibration.session_runner(self.model),
+                        max_size=s.max_batch_size,
+                        max_tokens=s.max_batch_tokens,
+                        max_attention=self.limits.attention,
+                        intra_op_threads=self.model.threads,
+                        cache_dir=s.cache_path,
+                    )
+            except Exception as exc:  # the constant stands in: batches still run, /info says why
+                log.exception("measuring the batch cost failed; planning by batch_overhead_tokens")
+                model = costs.CostModel.constant(
+                    s.batch_overhead_tokens, f"measuring failed: {type(exc).__name__}"
+                )
             self.batcher.set_costs(model.on_grid(shapes.grid) if shapes is not None else model)
         finally:  # /ready's wait ends either way
             self.calibrated.set()
 
-    def _costs(self) -> costs.CostModel:
-        """The cost model to plan by: measured here or read from the cache (``measure_batch_cost``), else
-        the queue's constant; where measuring fails, the constant, saying why in /info."""
-        s = self.settings
-        if not s.measure_batch_cost:
-            return self.batcher.costs
-        try:
-            return calibration.load_or_measure(
-                self.model,
-                calibration.session_runner(self.model),
-                max_size=s.max_batch_size,
-                max_tokens=s.max_batch_tokens,
-                max_attention=self.limits.attention,
-                intra_op_threads=self.model.threads,
-                cache_dir=s.cache_path,
-            )
-        except Exception as exc:  # the constant stands in: batches still run, /info says why
-            log.exception("measuring the batch cost failed; planning by batch_overhead_tokens")
-            return costs.CostModel.constant(
-                s.batch_overhead_tokens, f"measuring failed: {type(exc).__name__}"
-            )
-
     async def wait_calibrated(self) -> None:
-        """Until the cost model is in place (at once after the first start: it is read from the cache)."""
+        """Until the cost model is in place."""
         if not self.calibrated.is_set():
             await asyncio.to_thread(self.calibrated.wait)
 
     def admit(self, inputs: int) -> Permits:
-        """Take a permit per input or raise :class:`~app.errors.Overloaded`, before any work is queued;
-        a less urgent request (the task's :data:`~app.engine.priority.URGENCY`) is refused sooner."""
+        """Take a permit per input, at the task's urgency, or raise :class:`~app.errors.Overloaded`."""
         return self.admission.try_acquire(inputs, URGENCY.get())
 
     def held(self) -> Permits | None:
-        """The permits this engine admitted the current request with (in its ``with`` block), which a
-        stage keeps while it holds the request's work; None outside one, or another model's."""
+        """The permits this engine admitted the current request with (None outside its ``with`` block)."""
         permits = HELD.get()
         return permits if permits is not None and permits.admission is self.admission else None
 
@@ -179,24 +144,14 @@ class Engine:
         return await self.tokenization.encode(texts, add_special_tokens, offsets, self.held())
 
     async def run(self, job: Job, sequences: list[Seq]) -> Job:
-        """Queue ``job``'s ``sequences`` for batching and wait until all have run; the results are in
-        the job.
-
-        If the awaiting request is cancelled (its client left), or the job fails (one of its batches
-        did), the assembler and the inference stage drop whatever of it has not run yet: before this
-        returns, none of it is left in the batch queue, so the request's permits may go.
-        """
+        """Queue ``job``'s ``sequences`` and wait until all have run. Cancelled or failed, none of it is left
+        in the batch queue when this returns, so the request's permits may go."""
         self.batcher.submit(sequences)
         return await self._wait(job)
 
     async def run_texts(self, texts: list[str], plan: Plan) -> Job:
-        """Tokenise ``texts``, turn their encodings into sequences with ``plan`` and run them as one job;
-        the job's results (and ``context``, what ``plan`` left) once all have run.
-
-        ``plan`` runs on the tokenisation thread, which queues the sequences itself: the event loop is
-        woken once, with the answer (or with the ServiceError ``plan`` raised, or a tokeniser fault); a
-        plan of no sequences is answered at once, with its ``context``.
-        """
+        """Tokenise ``texts`` and run what ``plan`` makes of them as one job. ``plan`` runs on the
+        tokenisation thread, which queues the sequences itself: the loop is woken once, with the answer."""
         job = Job(asyncio.get_running_loop(), 0)
         created = time.perf_counter()
 
@@ -209,10 +164,10 @@ class Engine:
                 job.fail(exc)
                 return
             job.context = work.context
-            if not work.ids:  # nothing to run (every input refused, and the caller keeps why): answered now
+            if not work.ids:  # every input refused (the caller keeps why): answered now
                 job.finish(0)
                 return
-            job.expect(len(work.ids))
+            job.count = job.remaining = len(work.ids)  # before any is queued
             enqueued = self.clock.now()
             self.batcher.submit([Seq(ids, work.need, job, i, enqueued) for i, ids in enumerate(work.ids)])
 
@@ -255,13 +210,11 @@ class Engine:
             "batches_for_the_background_floor": b.floor,
             "batches_beside_another_models": b.beside,
             "batched_by_urgency": {str(u): b.by_urgency[u] for u in URGENCIES if b.by_urgency[u]},
-            "queue_depth_by_urgency": {
-                str(u): depth for u in URGENCIES if (depth := self.batcher.depth_of(u))
-            },
+            "queue_depth_by_urgency": {str(u): d for u in URGENCIES if (d := self.batcher.depth_of(u))},
         }
 
     def scheduling(self) -> dict[str, Any]:
-        """What /info shows of how batches are chosen: the cost model and the queue-delay budget."""
+        """What /info shows of how batches are chosen."""
         budget = self.batcher.budget_s()
         return {
             "cost_model": self.batcher.costs.describe(),

@@ -1,22 +1,7 @@
 """Stage 4, inference: a model's batch run on ONNX Runtime and its results written back.
 
-The inference thread (the scheduler's, :mod:`app.engine.scheduler`, which serves one model's queue or
-several) cuts a batch, hands it to its model's :class:`Inference` (:meth:`Inference.serve`) and asks for
-the next batch only once this one has run, so each batch is cut from everything that arrived meanwhile.
-ONNX Runtime releases the GIL while it computes, so the event loop and the tokenisation thread keep
-working during a batch. After the run, post-processing (:mod:`app.engine.postprocess`) writes the batch's results into its jobs and wakes
-each finished request. With the pooled vectors computed in the graph, that is a few array copies per
-batch: a thread of its own would cost two hand-offs per batch and save nothing.
-
-Only the outputs some item of the batch needs are fetched: a pooled vector needs ``[batch, hidden]`` per
-layer (the graph's ``cls_{i}`` / ``mean_{i}`` outputs), not ``[batch, sequence, hidden]``; a graph
-exported without them is pooled in numpy from the per-token states.
-
-**A fault fails its batch, not the thread.** Any exception while a batch is served (the run, the cost
-model's refit, metrics, post-processing, tracing, the trimmer) fails that batch's requests that are not
-answered yet with one :class:`~app.errors.InternalError`, logged once with its error id, and the thread
-takes the next batch. Should the thread die anyway (a ``BaseException``), the scheduler records why in
-each model's ``fault`` and answers 503 from then on (:func:`app.engine.scheduler.refuse_after`).
+Only the outputs some sequence needs are fetched. Post-processing runs right here: a thread of its own
+would cost two hand-offs per batch and save nothing. A fault fails its batch, not the thread.
 """
 
 from __future__ import annotations
@@ -30,7 +15,7 @@ import numpy as np
 from app.engine import pooling
 from app.engine.batching import Batcher
 from app.engine.postprocess import FinishedBatch, split_batch
-from app.engine.work import Job, Seq
+from app.engine.work import Seq
 from app.errors import InternalError, ServiceError, log_fault
 from app.model import allocator
 from app.model.manifest import HEAD_OUTPUT, POOLER_OUTPUT
@@ -57,10 +42,8 @@ class Inference:
         calibrate: Callable[[], None] | None = None,
         name: str | None = None,
     ) -> None:
-        """``batcher``: the queue its batches come from, which hears how long each one ran;
-        ``tracing``: where each batch's span goes, linked to its requests' spans (None: tracing off);
-        ``calibrate``: run on the inference thread before its first batch (the session is its alone then);
-        ``name``: the model's, in a service of several (it names a failed batch and a batch's span)."""
+        """``calibrate``: run on the inference thread before its first batch (the session is its alone then);
+        ``name``: the model's, in a service of several."""
         self.model = model
         self.name = name
         self.calibrate = calibrate
@@ -79,9 +62,7 @@ class Inference:
         }
 
     def serve(self, batch: list[Seq], trimmer: allocator.Trimmer | None = None) -> None:
-        """Run one batch this model's queue handed out, write its results and wake its finished requests
-        (on the inference thread), then let ``trimmer`` count it. Any exception fails only this batch's
-        requests not answered yet (see the module)."""
+        """Run one batch and answer it; any exception fails only this batch's requests not answered yet."""
         live = [seq for seq in batch if not seq.job.cancelled]
         self.stats.dropped_cancelled += len(batch) - len(live)
         try:
@@ -97,37 +78,24 @@ class Inference:
         finished = self.run_batch(live)
         seconds = finished.finished_at - finished.started_at
         self.batcher.ran(seconds)
-        self.metrics.batch_ran(
-            seconds,
-            finished.cpu_s,
-            finished.begun_at - np.fromiter((item.enqueued_at for item in live), np.float64, len(live)),
-            [item.job.urgency for item in live],
-        )
+        waits = finished.begun_at - np.fromiter((item.enqueued_at for item in live), np.float64, len(live))
+        self.metrics.batch_ran(seconds, finished.cpu_s, waits, [item.job.urgency for item in live])
         done = split_batch(finished)
         for job, count in done:
             job.finish(count)
-        if self.tracing is not None:
-            self._trace(self.tracing, finished, [job for job, _ in done], self.name)
-
-    @staticmethod
-    def _trace(tracing: Tracing, batch: FinishedBatch, jobs: list[Job], model: str | None = None) -> None:
-        """The batch's span, from the times it was measured with, linked to the requests it served."""
-        spans = [job.trace for job in jobs if job.trace is not None]
-        if not spans:
-            return
-        now_ns, now = time.time_ns(), time.perf_counter()
-        tracing.batch(
-            now_ns - int((now - batch.started_at) * 1e9),
-            now_ns - int((now - batch.finished_at) * 1e9),
-            len(batch.sequences),
-            int(batch.attention_mask.size),
-            spans,
-            model,
-        )
+        if self.tracing is not None and (spans := [job.trace for job, _ in done if job.trace is not None]):
+            now_ns, now = time.time_ns(), time.perf_counter()  # the span, from the times it was measured with
+            self.tracing.batch(
+                now_ns - int((now - finished.started_at) * 1e9),
+                now_ns - int((now - finished.finished_at) * 1e9),
+                len(live),
+                int(finished.attention_mask.size),
+                spans,
+                self.name,
+            )
 
     def run_batch(self, items: list[Seq]) -> FinishedBatch:
-        """Pad ``items`` into one batch, run the encoder (and the masked-LM head on masked positions, the
-        sparse graph on the sequences that want SPLADE vectors)."""
+        """Pad ``items`` into one batch and run the encoder, the masked-LM head and the sparse graph."""
         lengths = np.fromiter((item.length for item in items), np.int64, len(items))
         longest = int(lengths.max())
         attention_mask = (np.arange(longest)[None, :] < lengths[:, None]).astype(np.int64)
@@ -171,8 +139,7 @@ class Inference:
             if need.head:
                 wanted[HEAD_OUTPUT] = None
 
-        # Its time on the engine's clock, which its sequences' waits end at; real time for its own
-        # duration (busy time, the cost model), which is the machine's whatever clock the queue runs on.
+        # Its start on the engine's clock, which its sequences' waits end at; its duration in real time.
         begun = self.batcher.clock.now()
         started, cpu = time.perf_counter(), time.thread_time()
         names = list(wanted)
@@ -212,6 +179,5 @@ class Inference:
 
 
 def fail_jobs(batch: list[Seq], error: ServiceError) -> None:
-    """Fail each job of ``batch`` with ``error`` (one answered already ignores it)."""
     for job in {id(seq.job): seq.job for seq in batch}.values():
         job.fail(error)

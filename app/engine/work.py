@@ -1,14 +1,7 @@
-"""What flows between the stages: a request's job and its sequences.
+"""What flows between the stages: a request's :class:`Job` and its sequences (:class:`Seq`).
 
-A :class:`Job` is one request's engine call: it is created on the event loop, carries the request's
-results as arrays, and is resolved ONCE, when its last sequence has been post-processed (one thread-safe
-wake-up of the event loop per request, not one per text). A job whose texts the engine tokenises itself
-(:meth:`app.engine.engine.Engine.run_texts`) learns its sequence count on the tokenisation thread, from
-its :data:`Plan`, which turns the encodings into :class:`Planned` token ids there: the request's texts go
-from the loop to the batch queue without waking the loop in between. A :class:`Seq` is one input, or one
-window of a long input; it knows its job and its row (``slot``) in the job's results. Both use
-``__slots__`` and plain attributes: every text of every request passes through here, and what runs per
-text is what a GPU waits on.
+A job is resolved ONCE, when its last sequence has been post-processed: one wake-up of the event loop per
+request, not per text. Both use ``__slots__`` and plain attributes: every text passes through here.
 """
 
 from __future__ import annotations
@@ -28,16 +21,8 @@ from app.telemetry.context import CURRENT_SPAN
 
 @dataclass(frozen=True)
 class Need:
-    """What one sequence needs from the encoder.
-
-    ``layers`` are 1-based; ``pooling`` None means it wants no pooled vectors (fill-mask).
-    ``pool_from``: token positions before it are left out of the pooling (a prompt that the model's
-    sentence-transformers Pooling excludes: ``include_prompt`` false); pooled in numpy then.
-    ``tokens`` means it wants the full rows of its real tokens in each of ``layers`` (/embed_all).
-    ``mask_positions`` are token positions to run the masked-LM head on.
-    ``head``: it wants the fine-tuned head's logits (per sequence, or per real token for a tagger).
-    ``sparse``: it wants its SPLADE vector [vocab] (the sparse graph on its last hidden state).
-    """
+    """What one sequence needs from the encoder (``layers`` 1-based; ``pooling`` None: no pooled vectors).
+    ``pool_from``: positions before it (a prompt sentence-transformers leaves out) are not pooled."""
 
     layers: tuple[int, ...] = ()
     pooling: Pooling | None = None
@@ -50,8 +35,7 @@ class Need:
 
 @dataclass(frozen=True)
 class Planned:
-    """What a request's encodings become on the tokenisation thread: the token ids of its sequences,
-    what they need, and ``context`` for the request to read back on the loop (``Job.context``)."""
+    """A request's encodings as planned on the tokenisation thread; ``context`` becomes ``Job.context``."""
 
     ids: list[np.ndarray]
     need: Need
@@ -63,26 +47,11 @@ Plan = Callable[[list[Encoding]], Planned]
 
 
 class Job:
-    """One request's sequences in the engine, their results, and the future the request awaits.
-
-    Results (filled by post-processing on the inference thread, read by the request once the future is
-    done):
-
-    - ``vectors``: [sequences, len(layers), hidden] pooled vectors (pooler: one "layer"), a sequence
-      head's logits [sequences, 1, labels], or SPLADE vectors [sequences, 1, vocab];
-    - ``token_states``: per sequence [len(layers), length, hidden], every real token's state (/embed_all),
-      or a tagger's logits [1, length, labels];
-    - ``mask_probs``: per sequence one [vocab] probability row per mask position (fill-mask);
-    - ``queued_s``: the longest any sequence waited for its batch; ``batches``: the inference seconds of
-      each batch the job used, by the batch's start time;
-    - ``tokenized_s``: seconds from the job's creation until its texts were encoded (``run_texts`` only);
-      ``context``: what its :data:`Plan` left for the request;
-    - ``urgency``: the request's (0 most urgent … 7 background), read from
-      :data:`app.engine.priority.URGENCY` when the job is created, in the request's task.
-
-    Cancelling (its client left) or failing (one of its batches did) makes every stage drop its
-    sequences that have not run yet: none runs with no request waiting for it.
-    """
+    """One request's sequences in the engine, their results (written on the inference thread) and the
+    future the request awaits: ``vectors`` [sequences, layers, hidden] (a head's logits, SPLADE vectors:
+    [sequences, 1, n]); ``token_states`` per sequence [layers, length, hidden] (a tagger's: [1, length,
+    labels]); ``mask_probs`` per sequence a [vocab] row per mask. Cancelled or failed, its sequences not
+    yet run are dropped by every stage."""
 
     __slots__ = (
         "batches",
@@ -112,7 +81,7 @@ class Job:
         # traceback holds frames that hold this job, so a job holding it would be a cycle per failed request.
         self.error: BaseException | None = None
         self.count = count
-        self.remaining = count  # changed by the inference thread only (post-processing)
+        self.remaining = count
         self.cancelled = False  # a plain store: read by the stage threads, set by cancel or fail
         self.vectors: np.ndarray | None = None
         self.token_states: list[np.ndarray | None] = []
@@ -122,41 +91,27 @@ class Job:
         self.tokenized_s = 0.0
         self.context: Any = None
         self.tokens = 0  # tokens of its sequences that ran (post-processing adds them up)
-        # The request's trace span, for the batch spans to link to (None unless tracing is on).
-        self.trace = CURRENT_SPAN.get()
-        # The request's urgency (0 most urgent … 7 background), set by the API layer in this task.
-        self.urgency = URGENCY.get()
-
-    def expect(self, count: int) -> None:
-        """Set the number of sequences, for a job created before its texts were tokenised (count 0);
-        on the tokenisation thread, before any of them is queued."""
-        self.count = self.remaining = count
+        self.trace = CURRENT_SPAN.get()  # the request's span, for the batch spans to link to
+        self.urgency = URGENCY.get()  # the request's, set by the API layer in this task
 
     def cancel(self) -> None:
         self.cancelled = True
 
     def finish(self, sequences: int) -> None:
-        """``sequences`` more of this job are done; wake the request when that was the last of them.
-
-        Called on the inference thread; safe because only that thread changes ``remaining``.
-        """
+        """``sequences`` more are done (only the inference thread changes ``remaining``); the last wakes."""
         self.remaining -= sequences
         if self.remaining == 0:
-            self.loop.call_soon_threadsafe(_set_result, self.future)
+            self.loop.call_soon_threadsafe(_resolve, self)
 
     def fail(self, exc: BaseException) -> None:
-        """Fail the request with ``exc`` (from any thread); later results are ignored, and its sequences
-        not yet run are dropped (marked here, at once: the batch after this one must not run them; the
-        request pokes the batch queue once it wakes, :meth:`app.engine.engine.Engine.run`)."""
+        """Fail the request with ``exc`` (from any thread); marked cancelled at once, so the next batch does
+        not run its sequences (the request pokes the batch queue once it wakes)."""
         self.cancelled = True
-        self.loop.call_soon_threadsafe(_set_error, self, exc)
+        self.loop.call_soon_threadsafe(_resolve, self, exc)
 
     def raise_error(self) -> None:
-        """Raise what the job failed with, if it did, and let go of it (once the future is done).
-
-        The job forgets the exception before raising it, and this frame drops its own reference after:
-        the frames on its traceback (the request's, the plan's) hold the job, and neither may lead back.
-        """
+        """Raise what the job failed with, if it did, forgetting it first and dropping this frame's reference
+        after: the traceback's frames hold the job, which must not lead back to them."""
         error, self.error = self.error, None
         if error is None:
             return
@@ -167,12 +122,7 @@ class Job:
 
 
 class Seq:
-    """One sequence of token ids: an input (or one window of a long input) on its way through the engine.
-    (Not ``Sequence``: that name is ``collections.abc``'s.)
-
-    ``enqueued_at``: when it was queued, read from the engine's clock (:mod:`app.engine.clock`), which
-    the batch queue compares it with; every value is a time, zero too (a simulated clock starts there).
-    """
+    """One input (or window of one); ``enqueued_at`` is read from the engine's clock (zero is a time too)."""
 
     __slots__ = ("enqueued_at", "ids", "job", "length", "need", "slot", "types")
 
@@ -194,12 +144,7 @@ class Seq:
         self.enqueued_at = enqueued_at
 
 
-def _set_result(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
-
-
-def _set_error(job: Job, exc: BaseException) -> None:
+def _resolve(job: Job, exc: BaseException | None = None) -> None:
     if not job.future.done():
         job.error = exc
         job.future.set_result(None)
