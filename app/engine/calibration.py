@@ -1,12 +1,8 @@
-"""Measuring the batch cost model on this machine, once: the cache beside the export that spares a restart.
+"""Measuring the batch cost model on this machine, once, and the cache that spares a restart from it.
 
-The inference thread, before its first batch (:meth:`app.engine.engine.Engine._calibrate`), times the
-encoder over :func:`app.engine.costs.grid` with :func:`app.engine.costs.measure` and fits the model. It is
-cached as JSON beside the export (or under ``cache_dir`` where the export folder is read-only, or marked
-so), keyed by the graph's sha256, the execution provider, ONNX Runtime's version, the threads and the CPU
-(model name and feature flags) or GPU (name): a restart, or a second worker, reads it instead of
-measuring. Workers that start together measure once: the first takes a file lock, the others wait for
-its result.
+Cached as JSON beside the export (or under ``cache_dir`` where the export folder is read-only, or marked
+so), keyed by the graph, the provider, ONNX Runtime's version, the threads and the CPU or GPU. Workers
+that start together measure once: the first takes a file lock, the others wait for its result.
 """
 
 from __future__ import annotations
@@ -20,8 +16,6 @@ import os
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -67,30 +61,26 @@ def device_key(model: OnnxModel, intra_op_threads: int) -> dict[str, str]:
     if provider == CUDA:
         key["device"] = gpu_name()
     else:
-        key["device"] = cpu_name()
+        key["device"] = _field(Path("/proc/cpuinfo"), "model name") or "unknown CPU"
         key["cpu_flags_sha256"] = hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:16]
         key["threads"] = f"{intra_op_threads or 'all'} of {len(os.sched_getaffinity(0))} cores"
     return key
 
 
-def cpu_name(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return "unknown CPU"
-    return next(
-        (line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")),
-        "unknown CPU",
-    )
+def _field(path: Path, prefix: str) -> str | None:
+    """The value of the first ``prefix: value`` line of ``path``."""
+    with contextlib.suppress(OSError):
+        for line in path.read_text().splitlines():
+            if line.startswith(prefix):
+                return line.split(":", 1)[1].strip()
+    return None
 
 
 def gpu_name() -> str:
     """The first GPU's name, from the NVIDIA driver's /proc entries or nvidia-smi."""
     for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
-        with contextlib.suppress(OSError):
-            for line in info.read_text().splitlines():
-                if line.startswith("Model:"):
-                    return line.split(":", 1)[1].strip()
+        if (name := _field(info, "Model:")) is not None:
+            return name
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
@@ -104,14 +94,9 @@ def gpu_name() -> str:
     return "unknown GPU"
 
 
-def _file_name(key: dict[str, str]) -> str:
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24] + ".json"
-
-
 def _writable(folder: Path) -> bool:
-    """Whether the cost model may be written to ``folder`` (created if need be). A folder, or the folder
-    it would be created in, that nobody may write to counts as read-only even for root, who could: an
-    export marked read-only is left as it is."""
+    """Whether ``folder`` may be written to (created if need be). One that nobody may write to counts as
+    read-only even for root, who could: an export marked read-only is left as it is."""
     existing = folder if folder.exists() else folder.parent
     try:
         if existing.exists() and not existing.stat().st_mode & 0o222:
@@ -136,16 +121,6 @@ def _read(path: Path, key: dict[str, str], where: str) -> CostModel | None:
         return None  # a file of another shape: measured again and rewritten
 
 
-@contextlib.contextmanager
-def _locked(folder: Path, name: str) -> Iterator[None]:
-    with (folder / f".{name}.lock").open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)  # a second worker waits here for the first one's result
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def load_or_measure(
     model: OnnxModel,
     run: Runner,
@@ -159,49 +134,48 @@ def load_or_measure(
 ) -> CostModel:
     """The cost model for this graph, provider and device: from the cache, or measured and cached."""
     key = device_key(model, intra_op_threads)
-    name = _file_name(key)
+    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24] + ".json"
     # Where each folder is, as /info says it: never a path (the model is named, not located, there).
     folders = {"beside the export": model.folder / FOLDER, "under cache_dir": cache_dir / FOLDER}
     for where, folder in folders.items():
         if (cached := _read(folder / name, key, where)) is not None:
             return cached
+    shapes = grid(max_size, max_tokens, model.tokenizer.max_length, max_attention)
     writable = next(((w, f) for w, f in folders.items() if _writable(f)), None)
-    max_length = model.tokenizer.max_length
     if writable is None:
         log.warning(
             "cannot write the batch cost model to %s: measured on every start",
             " or ".join(map(str, folders.values())),
         )
-        fitted = _measured(run, key, grid(max_size, max_tokens, max_length, max_attention), budget_s)
-        return replace(fitted, source="measured at start-up (not cached: no writable folder)")
+        return _measured(run, key, shapes, budget_s, "measured at start-up (not cached: no writable folder)")
     where, folder = writable
-    with _locked(folder, name):
-        if (cached := _read(folder / name, key, where)) is not None:  # another worker measured it meanwhile
+    path = folder / name
+    # A second worker waits here for the first one's result; closing the file lets the lock go.
+    with (folder / f".{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (cached := _read(path, key, where)) is not None:  # another worker measured it meanwhile
             return cached
-        fitted = _measured(run, key, grid(max_size, max_tokens, max_length, max_attention), budget_s)
-        path = folder / name
+        fitted = _measured(run, key, shapes, budget_s, f"measured at start-up, cached {where}")
         partial = path.with_suffix(".partial")
         partial.write_text(json.dumps(fitted.to_json(), indent=1))
         partial.replace(path)  # readers see the whole file or none
         log.info("batch cost model cached in %s", path)
-        return replace(fitted, source=f"measured at start-up, cached {where}")
+        return fitted
 
 
-def _measured(run: Runner, key: dict[str, str], shapes: list[tuple[int, int]], budget_s: float) -> CostModel:
+def _measured(
+    run: Runner, key: dict[str, str], shapes: list[tuple[int, int]], budget_s: float, source: str
+) -> CostModel:
     started = time.perf_counter()
     points = measure(run, shapes, budget_s)
     took = time.perf_counter() - started
-    a, b, c, d = fit(points)
-    model = CostModel(a, b, c, d, "s", "measured", tuple(points), key, took)
+    model = CostModel(*fit(points), "s", source, tuple(points), key, took)
     errors = np.abs(model.errors())
     log.info(
         "batch cost on %s: %.3f ms + B x (%.4f + %.5f S + %.2e S^2) ms; %d points in %.1f s, "
         "fit error max %.1f%% mean %.1f%%",
         key.get("device"),
-        a * 1e3,
-        b * 1e3,
-        c * 1e3,
-        d * 1e3,
+        *(x * 1e3 for x in (model.a, model.b, model.c, model.d)),
         len(points),
         took,
         errors.max() * 100,

@@ -1,27 +1,17 @@
-"""What one batch costs on this machine: the model, its fit, the grid it is measured on, its refit.
+"""What one batch costs on this machine: ``seconds(B, S) = a + B · (b + c·S + d·S²)`` for B sequences
+padded to S tokens, its fit, the grid it is measured on and its refit from served batches.
 
-The planner (:mod:`app.engine.planner`) compares batches by what they cost, and no constant is right on
-both a CPU (a batch costs about its tokens; a small batch wastes little) and a GPU (a batch costs about a
-fixed launch time until the device is busy; a small batch wastes most of it). So the inference thread,
-before its first batch, times the encoder over a small grid of batch sizes × sequence lengths (within the
-batch limits; :data:`MEASURE_BUDGET_S` at most) and fits
-
-    seconds(B, S) = a + B · (b + c·S + d·S²)
-
-by least squares on the relative error, every coefficient ≥ 0: ``a`` is what a batch costs whatever it
-holds (a session run, kernel launches), ``b`` what each sequence costs, ``c`` each token (the GEMMs) and
-``d`` each token per token of its length (attention). The fit and its error over the grid are in /info;
-then the model is refitted from the batches the service runs (:class:`Refitter`). Measuring on a given
-machine, and the cache that spares a restart from it: :mod:`app.engine.calibration`. With
-``measure_batch_cost`` off the model is the old constant: a batch costs its tokens (padding included)
-plus ``batch_overhead_tokens``, in tokens instead of seconds.
+No constant is right on both a CPU (a batch costs about its tokens) and a GPU (about a fixed launch time),
+so the model is measured (:mod:`app.engine.calibration`) and fitted by least squares on the relative
+error, every coefficient ≥ 0. With ``measure_batch_cost`` off a batch costs its padded tokens plus
+``batch_overhead_tokens``, in tokens instead of seconds.
 """
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -63,7 +53,6 @@ class CostModel:
 
     @classmethod
     def constant(cls, overhead_tokens: int, why: str = "measure_batch_cost off") -> CostModel:
-        """The fallback: a batch costs its padded tokens plus ``overhead_tokens``."""
         return cls(float(overhead_tokens), 0.0, 1.0, 0.0, "tokens", f"batch_overhead_tokens ({why})")
 
     @property
@@ -71,16 +60,14 @@ class CostModel:
         return self.unit == "s"
 
     def on_grid(self, grid: ShapeGrid | None) -> CostModel:
-        """This model charging each batch its ``grid`` shape's cost (the padding included)."""
         return replace(self, grid=grid)
 
     def shape(self, size: int, length: int) -> tuple[int, int]:
-        """The shape a batch of ``size`` sequences padded to ``length`` runs at (on the grid, its grid's)."""
+        """The shape a batch runs at: on the grid, its grid shape."""
         return (size, length) if self.grid is None else self.grid.shape(size, length)
 
     def per_sequence(self, lengths: np.ndarray) -> np.ndarray:
-        """What each sequence of a batch padded to ``lengths`` adds: ``b + c·S + d·S²`` (on the grid, ``S``
-        its grid length)."""
+        """What each sequence of a batch padded to ``lengths`` adds: ``b + c·S + d·S²``."""
         s = (lengths if self.grid is None else self.grid.lengths_of(lengths)).astype(np.float64)
         return self.b + s * (self.c + self.d * s)
 
@@ -90,12 +77,10 @@ class CostModel:
 
     def errors(self) -> np.ndarray:
         """Relative error of the fit at each grid point (fitted / measured − 1)."""
-        if not self.points:
-            return np.zeros(0)
         return np.array([self.cost(b, s) / t - 1 for b, s, t in self.points])
 
     def describe(self) -> dict[str, Any]:
-        """What /info shows: the formula, its coefficients, where it came from, the fit's error."""
+        """What /info shows."""
         scale, unit = (1e3, "ms") if self.measured else (1.0, "tokens")
         errors = np.abs(self.errors())
         return {
@@ -141,61 +126,60 @@ def _rows(sizes: np.ndarray, lengths: np.ndarray, seconds: np.ndarray) -> np.nda
     return terms / seconds[..., None]
 
 
+def _normal(
+    points: Sequence[tuple[int, int, float]], weight: float = 1.0
+) -> tuple[np.ndarray, np.ndarray, bool]:
+    """The normal equations (RᵀR, Rᵀ1) of ``points``, and whether they reach :data:`ATTENTION_FROM`."""
+    sizes, lengths, seconds = (np.array([p[i] for p in points], dtype=np.float64) for i in range(3))
+    rows = _rows(sizes, lengths, seconds)
+    return (
+        weight * rows.T @ rows,
+        weight * rows.sum(axis=0),
+        bool(len(lengths) and lengths.max() >= ATTENTION_FROM),
+    )
+
+
 def _solve(gram: np.ndarray, moment: np.ndarray, attention: bool) -> tuple[float, float, float, float]:
-    """Non-negative least squares from the normal equations (``gram`` = RᵀR, ``moment`` = Rᵀ1): the fit
-    of every term where it is non-negative, else the best of every subset of the four terms (a negative
-    coefficient would make some batch cost less than nothing, or a longer one cost less). ``attention``
-    False leaves ``d`` at 0."""
+    """Non-negative least squares from the normal equations: the fit of every term where it is
+    non-negative (then no subset fits better), else the best non-negative fit of a subset of the terms (a
+    negative coefficient would make some batch cost less than nothing). ``attention`` False: ``d`` is 0."""
     terms = 4 if attention else 3
-    try:  # the fit of every term: where it is non-negative, no subset fits better (the usual case)
-        full = np.linalg.solve(gram[:terms, :terms], moment[:terms])
-    except np.linalg.LinAlgError:
-        full = None
-    if full is not None and not (full < 0).any():
-        a, b, c, *rest = (float(x) for x in full)
-        return a, b, c, rest[0] if rest else 0.0
-    best: tuple[float, np.ndarray] | None = None
-    for used in itertools.product((False, True), repeat=4):
-        columns = [i for i, on in enumerate(used) if on]
-        if not columns or (used[3] and not attention):
-            continue
-        sub = gram[np.ix_(columns, columns)]
+    best: np.ndarray | None = None
+    least = 0.0
+    for columns in [list(c) for n in range(terms, 0, -1) for c in itertools.combinations(range(terms), n)]:
         try:
-            solution = np.linalg.solve(sub, moment[columns])
+            solution = np.linalg.solve(gram[np.ix_(columns, columns)], moment[columns])
         except np.linalg.LinAlgError:  # a term the points cannot tell from the others
             continue
         if (solution < 0).any():
             continue
         coefficients = np.zeros(4)
         coefficients[columns] = solution
+        if len(columns) == terms:  # the usual case
+            best = coefficients
+            break
         # The squared residual, less the constant Σ1²: -2·xᵀm + xᵀGx.
         residual = float(coefficients @ gram @ coefficients - 2 * coefficients @ moment)
-        if best is None or residual < best[0]:
-            best = (residual, coefficients)
+        if best is None or residual < least:
+            best, least = coefficients, residual
     if best is None:
         raise ValueError("no non-negative fit of the batch costs")
-    a, b, c, d = (float(x) for x in best[1])
+    a, b, c, d = (float(x) for x in best)
     return a, b, c, d
 
 
 def fit(points: list[tuple[int, int, float]]) -> tuple[float, float, float, float]:
-    """``(a, b, c, d)`` ≥ 0 minimising the squared relative error over ``points`` (B, S, seconds); ``d``
-    stays 0 unless the points reach :data:`ATTENTION_FROM` tokens."""
-    sizes, lengths, seconds = (np.array([p[i] for p in points], dtype=np.float64) for i in range(3))
-    rows = _rows(sizes, lengths, seconds)
-    return _solve(rows.T @ rows, rows.sum(axis=0), bool(lengths.max() >= ATTENTION_FROM))
+    """``(a, b, c, d)`` ≥ 0 minimising the squared relative error over ``points`` (B, S, seconds)."""
+    return _solve(*_normal(points))
 
 
 class Refitter:
-    """Refits a measured model from the batches the service runs, so that it says what a batch costs
-    while serving (the event loop and the tokeniser then share the cores with the session: on 2 CPU cores
-    the per-batch cost ``a`` came out about twice the quiet start-up grid's).
+    """Refits a measured model from the batches the service runs: serving, the event loop and the tokeniser
+    share the cores with the session (on 2 CPU cores ``a`` came out about twice the start-up grid's).
 
-    The grid's points stay in the fit at a constant weight (:data:`GRID_WEIGHT` batches' worth in all), so
-    a term the served batches do not vary (all of one size, say) keeps the grid's value; the served
-    batches fade by half every :data:`HALF_LIFE` batches, so the fit follows a machine that gets busier
-    or quieter. Costs a list append per batch; every :data:`EVERY` batches, one numpy pass folding them
-    in and a 4×4 solve (sixteen where the fit of every term has a negative coefficient).
+    The grid's points stay in the fit at :data:`GRID_WEIGHT` batches' worth, so a term the served batches
+    do not vary keeps the grid's value; served batches fade by half every :data:`HALF_LIFE` batches. Costs
+    a list append per batch; every :data:`EVERY` batches, one numpy pass and a 4×4 solve.
     """
 
     GRID_WEIGHT = 4.0
@@ -204,16 +188,13 @@ class Refitter:
 
     def __init__(self, model: CostModel) -> None:
         self.model = model
-        sizes, lengths, seconds = (np.array([p[i] for p in model.points], dtype=np.float64) for i in range(3))
-        rows = _rows(sizes, lengths, seconds)
-        weight = self.GRID_WEIGHT / max(len(rows), 1)
-        self._prior = (weight * rows.T @ rows, weight * rows.sum(axis=0))
-        self._attention = bool(lengths.max() >= ATTENTION_FROM) if len(lengths) else False
+        weight = self.GRID_WEIGHT / max(len(model.points), 1)
+        self._grid_gram, self._grid_moment, self._attention = _normal(model.points, weight)
         self._gram = np.zeros((4, 4))
         self._moment = np.zeros(4)
         self._keep = 0.5 ** (1 / self.HALF_LIFE)
-        # The batches since the last refit, (B, S, seconds): folded into the sums at the refit, in one
-        # numpy pass (per batch, numpy's per-call cost was most of what the refit cost the inference thread).
+        # The batches since the last refit, (B, S, seconds), folded in at the refit in one numpy pass (per
+        # batch, numpy's per-call cost was most of what the refit cost the inference thread).
         self._pending: list[tuple[float, float, float]] = []
         self._served = 0
         self._error: float | None = None
@@ -223,32 +204,26 @@ class Refitter:
         if seconds <= 0:
             return None
         size, length = self.model.shape(size, length)  # what ran: on the grid, the padded shape
-        predicted = self.model.cost(size, length)
-        miss = abs(predicted / seconds - 1)
+        miss = abs(self.model.cost(size, length) / seconds - 1)
         self._error = miss if self._error is None else self._error + 0.05 * (miss - self._error)
         self._pending.append((float(size), float(length), seconds))
         self._served += 1
         if self._served % self.EVERY:
             return None
-        self._fold()
-        a, b, c, d = _solve(self._prior[0] + self._gram, self._prior[1] + self._moment, self._attention)
-        self.model = replace(self.model, a=a, b=b, c=c, d=d, served=self._served, served_error=self._error)
-        return self.model
-
-    def _fold(self) -> None:
-        """The pending batches into the sums: each fades by :attr:`_keep` per batch served after it."""
-        sizes, lengths, seconds = np.array(self._pending).T
+        # Fold the pending batches into the sums, each faded by _keep per batch served after it.
+        rows = _rows(*np.array(self._pending).T)
         self._pending.clear()
-        rows = _rows(sizes, lengths, seconds)
         weights = self._keep ** np.arange(len(rows) - 1, -1, -1, dtype=np.float64)
         fade = self._keep ** len(rows)
         self._gram = fade * self._gram + (rows * weights[:, None]).T @ rows
         self._moment = fade * self._moment + weights @ rows
+        a, b, c, d = _solve(self._grid_gram + self._gram, self._grid_moment + self._moment, self._attention)
+        self.model = replace(self.model, a=a, b=b, c=c, d=d, served=self._served, served_error=self._error)
+        return self.model
 
 
 def grid(max_size: int, max_tokens: int, max_length: int, max_attention: int = 0) -> list[tuple[int, int]]:
-    """The (batch size, length) points to time, cheapest first, within the batch limits (``max_attention``:
-    size × length² at most, 0: no bound)."""
+    """The (batch size, length) points to time, cheapest first, within the batch limits."""
     sizes = sorted({s for s in SIZES if s <= max_size} | {max_size})
     lengths = sorted({n for n in LENGTHS if n <= max_length} | {min(max_length, LENGTHS[0])})
     points = [
@@ -260,7 +235,7 @@ def grid(max_size: int, max_tokens: int, max_length: int, max_attention: int = 0
     return sorted(points, key=lambda p: (p[0] * p[1], p[1]))
 
 
-def enough(points: list[tuple[int, int, float]]) -> bool:
+def enough(points: Sequence[tuple[float, ...]]) -> bool:
     """Whether ``points`` can pin down all four terms: three lengths (for S²) and two sizes (for a)."""
     return len({p[1] for p in points}) >= 3 and len({p[0] for p in points}) >= 2 and len(points) >= 5
 
@@ -271,26 +246,20 @@ def measure(
     budget_s: float = MEASURE_BUDGET_S,
     clock: Callable[[], float] = time.perf_counter,
 ) -> list[tuple[int, int, float]]:
-    """Time ``run`` at ``points``: the cheapest first, once each, while that first round stays within a
-    third of ``budget_s`` (but at least until the points are :func:`enough`, where the grid allows); then
-    round after round over the same points while the budget lasts, keeping each point's cheapest run.
-    Rounds, not repeats of one point: a burst of other work on a shared machine then slows one run of
-    each point instead of every run of some, and the cheapest is the one it spared."""
+    """Time ``run`` at ``points``, cheapest first, once each while that round stays within a third of
+    ``budget_s`` (but at least until they are :func:`enough`); then in rounds over them while the budget
+    lasts, keeping each point's cheapest run. Rounds, not repeats: a burst of other work on a shared
+    machine then slows one run of each point instead of every run of some."""
     best: dict[tuple[int, int], float] = {}
     started = clock()
     per_token = 0.0
     for size, length in points:
         expected = per_token * size * length
-        if best and clock() - started + expected > budget_s / 3 and enough(_points(best)):
+        if best and clock() - started + expected > budget_s / 3 and enough(list(best)):
             break
-        seconds = run(size, length)
-        best[(size, length)] = seconds
+        best[(size, length)] = seconds = run(size, length)
         per_token = max(per_token, seconds / (size * length))
     while clock() - started + sum(best.values()) <= budget_s:
         for point in best:
             best[point] = min(best[point], run(*point))
-    return _points(best)
-
-
-def _points(best: dict[tuple[int, int], float]) -> list[tuple[int, int, float]]:
     return [(size, length, seconds) for (size, length), seconds in best.items()]
