@@ -82,12 +82,9 @@ def gpu_name() -> str:
         if (name := _field(info, "Model:")) is not None:
             return name
     with contextlib.suppress(OSError, subprocess.SubprocessError):
+        query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
+            query, capture_output=True, text=True, timeout=10, check=True
         ).stdout.splitlines()
         if out and out[0].strip():
             return out[0].strip()

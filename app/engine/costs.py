@@ -86,10 +86,7 @@ class CostModel:
         return {
             "formula": "a + B*(b + c*S + d*S^2) for B sequences padded to S tokens",
             "unit": unit,
-            "a": round(self.a * scale, 6),
-            "b": round(self.b * scale, 6),
-            "c": round(self.c * scale, 6),
-            "d": round(self.d * scale, 9),
+            **{k: round(getattr(self, k) * scale, 9 if k == "d" else 6) for k in "abcd"},
             "source": self.source,
             "key": self.key,
             "grid": [
@@ -120,57 +117,40 @@ class CostModel:
         return cls(a, b, c, d, "s", source, points, dict(data["key"]), float(data.get("measured_s", 0.0)))
 
 
-def _rows(sizes: np.ndarray, lengths: np.ndarray, seconds: np.ndarray) -> np.ndarray:
-    """The four terms of each batch, divided by what it took: least squares on them is on relative error."""
+def _rows(points: np.ndarray) -> np.ndarray:
+    """The four terms of each (B, S, seconds) over its seconds: least squares on them is on relative error."""
+    sizes, lengths, seconds = points.reshape(-1, 3).T
     terms = np.stack([np.ones_like(sizes), sizes, sizes * lengths, sizes * lengths**2], axis=-1)
     return terms / seconds[..., None]
 
 
-def _normal(
-    points: Sequence[tuple[int, int, float]], weight: float = 1.0
-) -> tuple[np.ndarray, np.ndarray, bool]:
-    """The normal equations (RᵀR, Rᵀ1) of ``points``, and whether they reach :data:`ATTENTION_FROM`."""
-    sizes, lengths, seconds = (np.array([p[i] for p in points], dtype=np.float64) for i in range(3))
-    rows = _rows(sizes, lengths, seconds)
-    return (
-        weight * rows.T @ rows,
-        weight * rows.sum(axis=0),
-        bool(len(lengths) and lengths.max() >= ATTENTION_FROM),
-    )
-
-
 def _solve(gram: np.ndarray, moment: np.ndarray, attention: bool) -> tuple[float, float, float, float]:
-    """Non-negative least squares from the normal equations: the fit of every term where it is
-    non-negative (then no subset fits better), else the best non-negative fit of a subset of the terms (a
-    negative coefficient would make some batch cost less than nothing). ``attention`` False: ``d`` is 0."""
+    """Non-negative least squares from the normal equations (RᵀR, Rᵀ1): the fit of every term where it is
+    non-negative, else the best non-negative fit of a subset of the terms (a negative coefficient would make
+    some batch cost less than nothing). ``attention`` False: ``d`` is 0."""
     terms = 4 if attention else 3
-    best: np.ndarray | None = None
-    least = 0.0
+    fits: list[np.ndarray] = []
     for columns in [list(c) for n in range(terms, 0, -1) for c in itertools.combinations(range(terms), n)]:
         try:
             solution = np.linalg.solve(gram[np.ix_(columns, columns)], moment[columns])
         except np.linalg.LinAlgError:  # a term the points cannot tell from the others
             continue
-        if (solution < 0).any():
-            continue
-        coefficients = np.zeros(4)
-        coefficients[columns] = solution
-        if len(columns) == terms:  # the usual case
-            best = coefficients
-            break
-        # The squared residual, less the constant Σ1²: -2·xᵀm + xᵀGx.
-        residual = float(coefficients @ gram @ coefficients - 2 * coefficients @ moment)
-        if best is None or residual < least:
-            best, least = coefficients, residual
-    if best is None:
+        if not (solution < 0).any():
+            fits.append(np.zeros(4))
+            fits[-1][columns] = solution
+            if len(columns) == terms:  # the usual case: no subset fits better
+                break
+    if not fits:
         raise ValueError("no non-negative fit of the batch costs")
-    a, b, c, d = (float(x) for x in best)
+    # The least squared residual, less the constant Σ1²: -2·xᵀm + xᵀGx.
+    a, b, c, d = (float(x) for x in min(fits, key=lambda x: float(x @ gram @ x - 2 * x @ moment)))
     return a, b, c, d
 
 
 def fit(points: list[tuple[int, int, float]]) -> tuple[float, float, float, float]:
     """``(a, b, c, d)`` ≥ 0 minimising the squared relative error over ``points`` (B, S, seconds)."""
-    return _solve(*_normal(points))
+    rows = _rows(np.array(points, dtype=np.float64))
+    return _solve(rows.T @ rows, rows.sum(axis=0), any(s >= ATTENTION_FROM for _, s, _ in points))
 
 
 class Refitter:
@@ -188,8 +168,10 @@ class Refitter:
 
     def __init__(self, model: CostModel) -> None:
         self.model = model
-        weight = self.GRID_WEIGHT / max(len(model.points), 1)
-        self._grid_gram, self._grid_moment, self._attention = _normal(model.points, weight)
+        rows = _rows(np.array(model.points, dtype=np.float64))
+        weight = self.GRID_WEIGHT / max(len(rows), 1)
+        self._prior = (weight * rows.T @ rows, weight * rows.sum(axis=0))
+        self._attention = any(s >= ATTENTION_FROM for _, s, _ in model.points)
         self._gram = np.zeros((4, 4))
         self._moment = np.zeros(4)
         self._keep = 0.5 ** (1 / self.HALF_LIFE)
@@ -211,13 +193,13 @@ class Refitter:
         if self._served % self.EVERY:
             return None
         # Fold the pending batches into the sums, each faded by _keep per batch served after it.
-        rows = _rows(*np.array(self._pending).T)
+        rows = _rows(np.array(self._pending))
         self._pending.clear()
         weights = self._keep ** np.arange(len(rows) - 1, -1, -1, dtype=np.float64)
         fade = self._keep ** len(rows)
         self._gram = fade * self._gram + (rows * weights[:, None]).T @ rows
         self._moment = fade * self._moment + weights @ rows
-        a, b, c, d = _solve(self._grid_gram + self._gram, self._grid_moment + self._moment, self._attention)
+        a, b, c, d = _solve(self._prior[0] + self._gram, self._prior[1] + self._moment, self._attention)
         self.model = replace(self.model, a=a, b=b, c=c, d=d, served=self._served, served_error=self._error)
         return self.model
 
