@@ -1,8 +1,6 @@
-"""Measuring the batch cost model on this machine, once, and the cache that spares a restart from it.
-
-Cached as JSON beside the export (or under ``cache_dir`` where the export folder is read-only, or marked
-so), keyed by the graph, the provider, ONNX Runtime's version, the threads and the CPU or GPU. Workers
-that start together measure once: the first takes a file lock, the others wait for its result.
+"""Measuring the batch cost model on this machine once, cached as JSON beside the export (or under
+``cache_dir``) and keyed by the graph, provider, runtime, threads and device. Workers that start together
+measure once: the first takes a file lock, the others wait for its result.
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from app.engine.costs import MEASURE_BUDGET_S, SCHEMA, CostModel, Runner, fit, grid, measure
+from app.engine.costs import SCHEMA, CostModel, Runner, fit, grid, measure
 from app.model.runtime import CUDA, OnnxModel, cpu_flags
 
 log = logging.getLogger(__name__)
@@ -108,14 +106,11 @@ def _writable(folder: Path) -> bool:
 def _read(path: Path, key: dict[str, str], where: str) -> CostModel | None:
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA or data.get("key") != key:
-        return None
-    try:
-        return CostModel.from_json(data, f"read from the cache {where}")
-    except (KeyError, TypeError, ValueError, IndexError):
-        return None  # a file of another shape: measured again and rewritten
+        if isinstance(data, dict) and data.get("schema") == SCHEMA and data.get("key") == key:
+            return CostModel.from_json(data, f"read from the cache {where}")
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None  # none, or a file of another shape: measured again and rewritten
+    return None
 
 
 def load_or_measure(
@@ -127,7 +122,6 @@ def load_or_measure(
     intra_op_threads: int,
     cache_dir: Path,
     max_attention: int = 0,
-    budget_s: float = MEASURE_BUDGET_S,
 ) -> CostModel:
     """The cost model for this graph, provider and device: from the cache, or measured and cached."""
     key = device_key(model, intra_op_threads)
@@ -144,7 +138,7 @@ def load_or_measure(
             "cannot write the batch cost model to %s: measured on every start",
             " or ".join(map(str, folders.values())),
         )
-        return _measured(run, key, shapes, budget_s, "measured at start-up (not cached: no writable folder)")
+        return _measured(run, key, shapes, "measured at start-up (not cached: no writable folder)")
     where, folder = writable
     path = folder / name
     # A second worker waits here for the first one's result; closing the file lets the lock go.
@@ -152,7 +146,7 @@ def load_or_measure(
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (cached := _read(path, key, where)) is not None:  # another worker measured it meanwhile
             return cached
-        fitted = _measured(run, key, shapes, budget_s, f"measured at start-up, cached {where}")
+        fitted = _measured(run, key, shapes, f"measured at start-up, cached {where}")
         partial = path.with_suffix(".partial")
         partial.write_text(json.dumps(fitted.to_json(), indent=1))
         partial.replace(path)  # readers see the whole file or none
@@ -160,11 +154,9 @@ def load_or_measure(
         return fitted
 
 
-def _measured(
-    run: Runner, key: dict[str, str], shapes: list[tuple[int, int]], budget_s: float, source: str
-) -> CostModel:
+def _measured(run: Runner, key: dict[str, str], shapes: list[tuple[int, int]], source: str) -> CostModel:
     started = time.perf_counter()
-    points = measure(run, shapes, budget_s)
+    points = measure(run, shapes)
     took = time.perf_counter() - started
     model = CostModel(*fit(points), "s", source, tuple(points), key, took)
     errors = np.abs(model.errors())

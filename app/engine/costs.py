@@ -1,10 +1,7 @@
-"""What one batch costs on this machine: ``seconds(B, S) = a + B · (b + c·S + d·S²)`` for B sequences
-padded to S tokens, its fit, the grid it is measured on and its refit from served batches.
-
-No constant is right on both a CPU (a batch costs about its tokens) and a GPU (about a fixed launch time),
-so the model is measured (:mod:`app.engine.calibration`) and fitted by least squares on the relative
-error, every coefficient ≥ 0. With ``measure_batch_cost`` off a batch costs its padded tokens plus
-``batch_overhead_tokens``, in tokens instead of seconds.
+"""What one batch costs on this machine: ``a + B·(b + c·S + d·S²)`` seconds for B sequences padded to S
+tokens, fitted (every coefficient ≥ 0) on the relative error over a measured grid, then refitted from the
+batches served. No constant is right on both a CPU (a batch costs about its tokens) and a GPU (about a
+fixed launch time); with ``measure_batch_cost`` off it is one, in tokens (:meth:`CostModel.constant`).
 """
 
 from __future__ import annotations
@@ -125,9 +122,8 @@ def _rows(points: np.ndarray) -> np.ndarray:
 
 
 def _solve(gram: np.ndarray, moment: np.ndarray, attention: bool) -> tuple[float, float, float, float]:
-    """Non-negative least squares from the normal equations (RᵀR, Rᵀ1): the fit of every term where it is
-    non-negative, else the best non-negative fit of a subset of the terms (a negative coefficient would make
-    some batch cost less than nothing). ``attention`` False: ``d`` is 0."""
+    """Least squares from the normal equations (RᵀR, Rᵀ1), every coefficient ≥ 0 (a negative one would make
+    some batch cost less than nothing): else the best fit of a subset of the terms. No attention: d = 0."""
     terms = 4 if attention else 3
     fits: list[np.ndarray] = []
     for columns in [list(c) for n in range(terms, 0, -1) for c in itertools.combinations(range(terms), n)]:
@@ -154,13 +150,10 @@ def fit(points: list[tuple[int, int, float]]) -> tuple[float, float, float, floa
 
 
 class Refitter:
-    """Refits a measured model from the batches the service runs: serving, the event loop and the tokeniser
-    share the cores with the session (on 2 CPU cores ``a`` came out about twice the start-up grid's).
-
-    The grid's points stay in the fit at :data:`GRID_WEIGHT` batches' worth, so a term the served batches
-    do not vary keeps the grid's value; served batches fade by half every :data:`HALF_LIFE` batches. Costs
-    a list append per batch; every :data:`EVERY` batches, one numpy pass and a 4×4 solve.
-    """
+    """Refits a measured model from the batches served, beside the event loop and the tokeniser (on 2 CPU
+    cores ``a`` came out about twice the quiet grid's). The grid's points keep :data:`GRID_WEIGHT` batches'
+    worth, so a term the served batches do not vary keeps the grid's value; served batches fade by half
+    every :data:`HALF_LIFE` batches."""
 
     GRID_WEIGHT = 4.0
     HALF_LIFE = 200
@@ -208,12 +201,8 @@ def grid(max_size: int, max_tokens: int, max_length: int, max_attention: int = 0
     """The (batch size, length) points to time, cheapest first, within the batch limits."""
     sizes = sorted({s for s in SIZES if s <= max_size} | {max_size})
     lengths = sorted({n for n in LENGTHS if n <= max_length} | {min(max_length, LENGTHS[0])})
-    points = [
-        (b, s)
-        for b in sizes
-        for s in lengths
-        if b == 1 or (b * s <= max_tokens and (max_attention <= 0 or b * s * s <= max_attention))
-    ]
+    most = max_attention if max_attention > 0 else float("inf")
+    points = [(b, s) for b in sizes for s in lengths if b == 1 or (b * s <= max_tokens and b * s * s <= most)]
     return sorted(points, key=lambda p: (p[0] * p[1], p[1]))
 
 
@@ -228,10 +217,9 @@ def measure(
     budget_s: float = MEASURE_BUDGET_S,
     clock: Callable[[], float] = time.perf_counter,
 ) -> list[tuple[int, int, float]]:
-    """Time ``run`` at ``points``, cheapest first, once each while that round stays within a third of
-    ``budget_s`` (but at least until they are :func:`enough`); then in rounds over them while the budget
-    lasts, keeping each point's cheapest run. Rounds, not repeats: a burst of other work on a shared
-    machine then slows one run of each point instead of every run of some."""
+    """Time ``run`` at ``points`` once each while that takes a third of ``budget_s`` (and until they are
+    :func:`enough`), then in rounds over them, keeping each point's cheapest run: a burst of other work on
+    a shared machine then slows one run of each point, not every run of some."""
     best: dict[tuple[int, int], float] = {}
     started = clock()
     per_token = 0.0

@@ -1,9 +1,6 @@
-"""Which batch to run next, by what it costs: a few numpy operations over the distinct pending lengths.
-
-A candidate batch is a *window* of the length-sorted pending sequences: ``size`` of them, the longest at
-``lengths[top]`` (only each length's last sequence is a candidate top). Its *efficiency* is its worth
-(what its sequences would cost in the best batches they could be in) over its cost, at most about 1; the
-most efficient window runs, so lengths are grouped only where the cost model says it pays.
+"""Which batch to run next: of the *windows* of the length-sorted pending sequences, the most *efficient*,
+its worth (what its sequences would cost in the best batches they could be in) over its cost, so lengths
+are grouped only where the cost model says it pays. A few numpy operations over the distinct lengths.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Pooling: how a sequence's token states become one vector. A new mode is this module's change only: add
-it to :data:`Pooling`, :data:`POOLERS` and :data:`DESCRIPTIONS`; the API schema and options read them here.
-
-Each function maps padded token states [batch, seq, hidden] and the attention mask [batch, seq] to
-[batch, hidden], over the real (unmasked) tokens, [CLS] and [SEP] included.
+"""Pooling: token states [batch, seq, hidden] and their mask [batch, seq] to [batch, hidden], over the
+unmasked tokens. A new mode is this module's change only (:data:`Pooling`, POOLERS and DESCRIPTIONS).
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""Stage 2, tokenisation: one thread encodes queued texts, many requests per ``encode_batch`` call.
-
-The most urgent request first (aged as in the batch queue), at most :data:`CHARS_PER_CALL` characters a
-call, so an urgent request waits behind at most one call's worth of a background one's texts. Each entry
-keeps its request's permits until it has left this stage, so admission alone bounds the queue.
-:meth:`Tokenization.then` hands the encodings to a callback on this thread (it queues the sequences for
-batching without waking the loop); :meth:`Tokenization.encode` wakes the loop with them.
+"""Stage 2, tokenisation: one thread encodes queued texts, the most urgent request first, many requests
+per ``encode_batch`` call. Each entry keeps its request's permits until it has left this stage, so
+admission alone bounds the queue. :meth:`Tokenization.then` hands the encodings to a callback on this
+thread (which queues the sequences for batching without waking the loop); ``encode`` wakes the loop.
 """
 
 from __future__ import annotations
@@ -102,12 +99,8 @@ class Tokenization:
         offsets: bool = True,
         held: Permits | None = None,
     ) -> list[Encoding]:
-        """Encodings of ``texts``, in order: from the thread, or here when short (:data:`INLINE_CHARS`).
-        ``held``: the request's permits, kept while its texts are queued here.
-
-        Raises:
-            Overloaded: the queue is full (only work that took no permits can find it so).
-        """
+        """Encodings of ``texts``, from the thread, or here when short; raises Overloaded where the queue is
+        full (only work that took no permits can find it so)."""
         chars = sum(map(_text_chars, texts))
         if len(texts) <= INLINE_CHARS and chars <= INLINE_CHARS:
             self.inline_calls += 1
@@ -134,11 +127,7 @@ class Tokenization:
         held: Permits | None = None,
     ) -> None:
         """Encode ``texts`` ([CLS]/[SEP] added, no offsets) and call ``done`` with their encodings on this
-        thread, or ``failed`` if encoding raised; neither once ``wanted()`` is False.
-
-        Raises:
-            Overloaded: as :meth:`encode`.
-        """
+        thread, or ``failed`` if encoding raised; neither once ``wanted()`` is False."""
         self._put(_Request(texts, True, False, done, failed, wanted, sum(map(len, texts)), held))
 
     def _put(self, request: _Request) -> None:
@@ -170,9 +159,8 @@ class Tokenization:
                     self._encode(group, special, offsets)
 
     def _take(self, now: float) -> tuple[list[tuple[_Request, int, int]], list[_Request]]:
-        """This call's (request, first, end) parts, the most urgent first, up to :data:`CHARS_PER_CALL` and
-        :data:`_TEXTS_PER_CALL` (a request that does not fit is cut, and continues next call); and the
-        requests that left. With the lock held."""
+        """This call's (request, first, end) parts, most urgent first (a request that does not fit is cut,
+        and continues next call), and the requests that left. With the lock held."""
         parts: list[tuple[_Request, int, int]] = []
         gone: list[_Request] = []
         chars, texts, full = CHARS_PER_CALL, _TEXTS_PER_CALL, False
@@ -228,7 +216,16 @@ class Tokenization:
         except Exception as exc:  # handed to the requests, which fail loudly; the thread lives on
             self._done += len(texts)
             for r, _, _ in parts:
-                self._fail(r, exc)
+                if r.over:  # failed in an earlier call
+                    continue
+                with self._cond:
+                    if r.start < len(r.texts):  # its rest still queued, at the head of its urgency's queue
+                        self._waiting[r.urgency].remove(r)
+                        self._entries -= 1
+                        self._done += len(r.texts) - r.start
+                        r.start = len(r.texts)
+                r.failed(exc)
+                self._leave(r)
             return
         self.calls += 1
         at = 0
@@ -250,19 +247,6 @@ class Tokenization:
                 log.exception("tokenisation callback failed")
                 r.failed(exc)
             self._leave(r)
-
-    def _fail(self, request: _Request, exc: BaseException) -> None:
-        """Fail ``request`` once; a part of it still queued is dropped (counted done) with it."""
-        if request.over:
-            return
-        with self._cond:
-            if request.start < len(request.texts):  # still queued, at the head of its urgency's queue
-                self._waiting[request.urgency].remove(request)
-                self._entries -= 1
-                self._done += len(request.texts) - request.start
-                request.start = len(request.texts)
-        request.failed(exc)
-        self._leave(request)
 
 
 def _text_chars(text: str | tuple[str, str]) -> int:
