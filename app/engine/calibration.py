@@ -29,8 +29,7 @@ FOLDER = "batch_costs"  # beside the export's manifest.json, or under cache_dir
 
 def session_runner(model: OnnxModel) -> Runner:
     """Times one encoder run of a synthetic batch, fetching what a default /embed fetches."""
-    layer = model.num_layers
-    fetch = [model.pooled_output(layer, "mean") or model.output_name(layer)]
+    fetch = [model.pooled_output(model.num_layers, "mean") or model.output_name(model.num_layers)]
     cls_id, sep_id = model.manifest.tokenizer.cls_id, model.manifest.tokenizer.sep_id
     # Ids of ordinary characters; what they say does not change what a run costs.
     first = 672 if model.manifest.config.vocab_size > 8000 else cls_id + 3

@@ -224,8 +224,7 @@ def measure(
     started = clock()
     per_token = 0.0
     for size, length in points:
-        expected = per_token * size * length
-        if best and clock() - started + expected > budget_s / 3 and enough(list(best)):
+        if best and clock() - started + per_token * size * length > budget_s / 3 and enough(list(best)):
             break
         best[(size, length)] = seconds = run(size, length)
         per_token = max(per_token, seconds / (size * length))

@@ -80,8 +80,7 @@ class Planner:
         self._grow(512)
 
     def _grow(self, longest: int) -> None:
-        n = max(longest + 1, 2 * len(self._per))
-        lengths = np.arange(n)
+        lengths = np.arange(max(longest + 1, 2 * len(self._per)))
         self._per = self.model.per_sequence(lengths)
         self._fit = self.limits.rooms(lengths)
         # On the grid a full batch of ``fit`` is charged its grid rows (1 when there is none: exactly).

@@ -20,8 +20,7 @@ def cls_pool(hidden: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
     """The first unmasked token's state, as sentence-transformers takes it when a prompt is masked out."""
     if attention_mask[:, 0].all():
         return hidden[:, 0, :]
-    first = attention_mask.argmax(axis=1)
-    return hidden[np.arange(hidden.shape[0]), first]
+    return hidden[np.arange(hidden.shape[0]), attention_mask.argmax(axis=1)]
 
 
 def _sum(hidden: np.ndarray, attention_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -45,8 +44,7 @@ def max_pool(hidden: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
 
 def weightedmean_pool(hidden: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
     weights = attention_mask.astype(np.float32) * np.arange(1, attention_mask.shape[1] + 1, dtype=np.float32)
-    summed = np.einsum("bsh,bs->bh", hidden, weights)
-    return summed / np.maximum(weights.sum(axis=1, keepdims=True), 1.0)
+    return np.einsum("bsh,bs->bh", hidden, weights) / np.maximum(weights.sum(axis=1, keepdims=True), 1.0)
 
 
 def lasttoken_pool(hidden: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:

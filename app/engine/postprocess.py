@@ -16,8 +16,7 @@ from app.model.manifest import HEAD_OUTPUT, POOLER_OUTPUT
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    exp = np.exp(shifted)
+    exp = np.exp(logits - logits.max(axis=-1, keepdims=True))
     return exp / exp.sum(axis=-1, keepdims=True)
 
 
@@ -37,11 +36,9 @@ class FinishedBatch:
     sequences: list[Seq]
     attention_mask: np.ndarray
     outputs: dict[str, np.ndarray]
-    # sequence index → rows of mask_logits that belong to it
-    mask_rows: dict[int, slice]
+    mask_rows: dict[int, slice]  # sequence index → its rows of mask_logits
     mask_logits: np.ndarray | None
-    # sequence index → its row of sparse_vectors (the SPLADE vectors [k, vocab] of the rows that asked)
-    sparse: dict[int, int]
+    sparse: dict[int, int]  # sequence index → its row of sparse_vectors ([k, vocab], of the rows that asked)
     sparse_vectors: np.ndarray | None
     output_names: dict[int, str]  # 1-based layer → encoder output name
     started_at: float  # real time (perf_counter): its duration, the machine's
@@ -64,12 +61,11 @@ def split_batch(batch: FinishedBatch) -> list[tuple[Job, int]]:
             if not skip and name is not None and name in batch.outputs:
                 pooled[key] = batch.outputs[name]
             else:
-                states = batch.outputs[batch.output_names[layer]]
                 mask = batch.attention_mask
                 if skip:  # positions before ``skip`` (a prompt) are left out, as sentence-transformers does
                     mask = mask.copy()
                     mask[:, :skip] = 0
-                pooled[key] = pooling.pool(mode, states, mask)
+                pooled[key] = pooling.pool(mode, batch.outputs[batch.output_names[layer]], mask)
         return pooled[key]
 
     probs = softmax(batch.mask_logits) if batch.mask_logits is not None else None

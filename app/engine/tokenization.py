@@ -25,12 +25,10 @@ from app.model.tokenizer import TextInputs, TextTokenizer
 
 log = logging.getLogger(__name__)
 
-# Texts encoded per call: large enough to amortise the call, small enough that one huge request does
-# not hold up the next request's first encodings for long.
+# Texts per call: enough to amortise the call, few enough that a huge request holds up the next briefly.
 _TEXTS_PER_CALL = 256
-# Characters encoded per call: what a more urgent request may wait behind, ~5-16 ms (docs/architecture.md);
-# one 8,192-character text cost the same per character as a call of four, so the bound costs no
-# throughput. A single text longer than this is encoded alone.
+# Characters per call: what a more urgent request may wait behind, ~5-16 ms (docs/architecture.md), at no
+# cost in throughput (one 8,192-character text cost per character what four did). A longer text goes alone.
 CHARS_PER_CALL = 16384
 # Characters a request may hold and be encoded on the event loop, holding the GIL: ~2 µs a character, so
 # at most ~0.5 ms of the loop, where the two hops to the thread and back wait milliseconds for the GIL.
