@@ -31,7 +31,8 @@ Runner = Callable[[int, int], float]  # (batch size, sequence length) → second
 
 @dataclass(frozen=True)
 class CostModel:
-    """``a + B·(b + c·S + d·S²)``: seconds (``unit`` "s"), or tokens for the constant fallback."""
+    """``a + B·(b + c·S + d·S²)`` seconds (or tokens, the constant): ``a`` per batch (a session run, kernel
+    launches), ``b`` per sequence, ``c`` per token (the GEMMs), ``d`` per token per token (attention)."""
 
     a: float
     b: float

@@ -1,6 +1,5 @@
-"""Which batch to run next: of the *windows* of the length-sorted pending sequences, the most *efficient*,
-its worth (what its sequences would cost in the best batches they could be in) over its cost, so lengths
-are grouped only where the cost model says it pays. A few numpy operations over the distinct lengths.
+"""Which batch to run next: of the windows of the length-sorted pending sequences, the most efficient (its
+sequences' worth, what they would cost in the best batches they could be in, over its cost).
 """
 
 from __future__ import annotations
