@@ -45,7 +45,7 @@ class _Request:
     wanted: Callable[[], bool]  # False once the request is gone: its texts are skipped
     chars: int  # characters of its texts not yet taken into a call
     held: Permits | None  # its request's permits, kept until it has left this stage
-    urgency: int = field(default_factory=URGENCY.get)
+    urgency: int = field(default_factory=URGENCY.get)  # the request's, read as it is queued
     queued_at: float = 0.0
     start: int = 0  # its first text not yet taken into a call
     encodings: list[Encoding] | None = None  # of its texts encoded so far, while it is cut over calls
