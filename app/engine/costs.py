@@ -166,8 +166,7 @@ class Refitter:
         weight = self.GRID_WEIGHT / max(len(rows), 1)
         self._prior = (weight * rows.T @ rows, weight * rows.sum(axis=0))
         self._attention = any(s >= ATTENTION_FROM for _, s, _ in model.points)
-        self._gram = np.zeros((4, 4))
-        self._moment = np.zeros(4)
+        self._gram, self._moment = np.zeros((4, 4)), np.zeros(4)  # the served batches' sums, faded
         self._keep = 0.5 ** (1 / self.HALF_LIFE)
         # The batches since the last refit, (B, S, seconds), folded in at the refit in one numpy pass (per
         # batch, numpy's per-call cost was most of what the refit cost the inference thread).

@@ -67,13 +67,11 @@ class Tokenization:
         self._entries = 0  # requests queued, partly encoded ones included
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="zhembed-tokenize", daemon=True)
-        self.calls = 0
-        self.inline_calls = 0
+        self.calls = self.inline_calls = 0
         self.largest_call_chars = 0  # the most characters one call has encoded (a text over the bound alone)
         # Texts queued and texts done: each counter has one writer (the event loop, this thread), so
         # their difference is read without a lock by the batch assembler (pending_texts).
-        self._queued = 0
-        self._done = 0
+        self._queued = self._done = 0
 
     @property
     def pending_texts(self) -> int:
