@@ -1,7 +1,7 @@
 """What one batch costs on this machine: ``a + B·(b + c·S + d·S²)`` seconds for B sequences padded to S
 tokens, fitted (every coefficient ≥ 0) on the relative error over a measured grid, then refitted from the
-batches served. No constant is right on both a CPU (a batch costs about its tokens) and a GPU (about a
-fixed launch time); with ``measure_batch_cost`` off it is one, in tokens (:meth:`CostModel.constant`).
+batches served: no constant is right on both a CPU (a batch costs about its tokens) and a GPU (about a
+fixed launch time). With ``measure_batch_cost`` off it is :meth:`CostModel.constant`, in tokens.
 """
 
 from __future__ import annotations
