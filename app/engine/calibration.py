@@ -1,12 +1,6 @@
-"""Measuring the batch cost model on this machine, once: the cache beside the export that spares a restart.
-
-The inference thread, before its first batch (:meth:`app.engine.engine.Engine._calibrate`), times the
-encoder over :func:`app.engine.costs.grid` with :func:`app.engine.costs.measure` and fits the model. It is
-cached as JSON beside the export (or under ``cache_dir`` where the export folder is read-only, or marked
-so), keyed by the graph's sha256, the execution provider, ONNX Runtime's version, the threads and the CPU
-(model name and feature flags) or GPU (name): a restart, or a second worker, reads it instead of
-measuring. Workers that start together measure once: the first takes a file lock, the others wait for
-its result.
+"""Measuring the batch cost model on this machine once, cached as JSON beside the export (or under
+``cache_dir``) and keyed by the graph, provider, runtime, threads and device. Workers that start together
+measure once: the first takes a file lock, the others wait for its result.
 """
 
 from __future__ import annotations
@@ -20,14 +14,12 @@ import os
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
-from app.engine.costs import MEASURE_BUDGET_S, SCHEMA, CostModel, Runner, fit, grid, measure
+from app.engine.costs import SCHEMA, CostModel, Runner, fit, grid, measure
 from app.model.runtime import CUDA, OnnxModel, cpu_flags
 
 log = logging.getLogger(__name__)
@@ -37,8 +29,7 @@ FOLDER = "batch_costs"  # beside the export's manifest.json, or under cache_dir
 
 def session_runner(model: OnnxModel) -> Runner:
     """Times one encoder run of a synthetic batch, fetching what a default /embed fetches."""
-    layer = model.num_layers
-    fetch = [model.pooled_output(layer, "mean") or model.output_name(layer)]
+    fetch = [model.pooled_output(model.num_layers, "mean") or model.output_name(model.num_layers)]
     cls_id, sep_id = model.manifest.tokenizer.cls_id, model.manifest.tokenizer.sep_id
     # Ids of ordinary characters; what they say does not change what a run costs.
     first = 672 if model.manifest.config.vocab_size > 8000 else cls_id + 3
@@ -67,51 +58,39 @@ def device_key(model: OnnxModel, intra_op_threads: int) -> dict[str, str]:
     if provider == CUDA:
         key["device"] = gpu_name()
     else:
-        key["device"] = cpu_name()
+        key["device"] = _field(Path("/proc/cpuinfo"), "model name") or "unknown CPU"
         key["cpu_flags_sha256"] = hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:16]
         key["threads"] = f"{intra_op_threads or 'all'} of {len(os.sched_getaffinity(0))} cores"
     return key
 
 
-def cpu_name(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return "unknown CPU"
-    return next(
-        (line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")),
-        "unknown CPU",
-    )
+def _field(path: Path, prefix: str) -> str | None:
+    """The value of the first ``prefix: value`` line of ``path``."""
+    with contextlib.suppress(OSError):
+        for line in path.read_text().splitlines():
+            if line.startswith(prefix):
+                return line.split(":", 1)[1].strip()
+    return None
 
 
 def gpu_name() -> str:
     """The first GPU's name, from the NVIDIA driver's /proc entries or nvidia-smi."""
     for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
-        with contextlib.suppress(OSError):
-            for line in info.read_text().splitlines():
-                if line.startswith("Model:"):
-                    return line.split(":", 1)[1].strip()
+        if (name := _field(info, "Model:")) is not None:
+            return name
     with contextlib.suppress(OSError, subprocess.SubprocessError):
+        query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
+            query, capture_output=True, text=True, timeout=10, check=True
         ).stdout.splitlines()
         if out and out[0].strip():
             return out[0].strip()
     return "unknown GPU"
 
 
-def _file_name(key: dict[str, str]) -> str:
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24] + ".json"
-
-
 def _writable(folder: Path) -> bool:
-    """Whether the cost model may be written to ``folder`` (created if need be). A folder, or the folder
-    it would be created in, that nobody may write to counts as read-only even for root, who could: an
-    export marked read-only is left as it is."""
+    """Whether ``folder`` may be written to (created if need be). One that nobody may write to counts as
+    read-only even for root, who could: an export marked read-only is left as it is."""
     existing = folder if folder.exists() else folder.parent
     try:
         if existing.exists() and not existing.stat().st_mode & 0o222:
@@ -126,24 +105,11 @@ def _writable(folder: Path) -> bool:
 def _read(path: Path, key: dict[str, str], where: str) -> CostModel | None:
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA or data.get("key") != key:
-        return None
-    try:
-        return CostModel.from_json(data, f"read from the cache {where}")
-    except (KeyError, TypeError, ValueError, IndexError):
-        return None  # a file of another shape: measured again and rewritten
-
-
-@contextlib.contextmanager
-def _locked(folder: Path, name: str) -> Iterator[None]:
-    with (folder / f".{name}.lock").open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)  # a second worker waits here for the first one's result
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        if isinstance(data, dict) and data.get("schema") == SCHEMA and data.get("key") == key:
+            return CostModel.from_json(data, f"read from the cache {where}")
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None  # none, or a file of another shape: measured again and rewritten
+    return None
 
 
 def load_or_measure(
@@ -155,53 +121,49 @@ def load_or_measure(
     intra_op_threads: int,
     cache_dir: Path,
     max_attention: int = 0,
-    budget_s: float = MEASURE_BUDGET_S,
 ) -> CostModel:
     """The cost model for this graph, provider and device: from the cache, or measured and cached."""
     key = device_key(model, intra_op_threads)
-    name = _file_name(key)
+    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24] + ".json"
     # Where each folder is, as /info says it: never a path (the model is named, not located, there).
     folders = {"beside the export": model.folder / FOLDER, "under cache_dir": cache_dir / FOLDER}
     for where, folder in folders.items():
         if (cached := _read(folder / name, key, where)) is not None:
             return cached
+    shapes = grid(max_size, max_tokens, model.tokenizer.max_length, max_attention)
     writable = next(((w, f) for w, f in folders.items() if _writable(f)), None)
-    max_length = model.tokenizer.max_length
     if writable is None:
         log.warning(
             "cannot write the batch cost model to %s: measured on every start",
             " or ".join(map(str, folders.values())),
         )
-        fitted = _measured(run, key, grid(max_size, max_tokens, max_length, max_attention), budget_s)
-        return replace(fitted, source="measured at start-up (not cached: no writable folder)")
+        return _measured(run, key, shapes, "measured at start-up (not cached: no writable folder)")
     where, folder = writable
-    with _locked(folder, name):
-        if (cached := _read(folder / name, key, where)) is not None:  # another worker measured it meanwhile
+    path = folder / name
+    # A second worker waits here for the first one's result; closing the file lets the lock go.
+    with (folder / f".{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (cached := _read(path, key, where)) is not None:  # another worker measured it meanwhile
             return cached
-        fitted = _measured(run, key, grid(max_size, max_tokens, max_length, max_attention), budget_s)
-        path = folder / name
+        fitted = _measured(run, key, shapes, f"measured at start-up, cached {where}")
         partial = path.with_suffix(".partial")
         partial.write_text(json.dumps(fitted.to_json(), indent=1))
         partial.replace(path)  # readers see the whole file or none
         log.info("batch cost model cached in %s", path)
-        return replace(fitted, source=f"measured at start-up, cached {where}")
+        return fitted
 
 
-def _measured(run: Runner, key: dict[str, str], shapes: list[tuple[int, int]], budget_s: float) -> CostModel:
+def _measured(run: Runner, key: dict[str, str], shapes: list[tuple[int, int]], source: str) -> CostModel:
     started = time.perf_counter()
-    points = measure(run, shapes, budget_s)
+    points = measure(run, shapes)
     took = time.perf_counter() - started
-    a, b, c, d = fit(points)
-    model = CostModel(a, b, c, d, "s", "measured", tuple(points), key, took)
+    model = CostModel(*fit(points), "s", source, tuple(points), key, took)
     errors = np.abs(model.errors())
     log.info(
         "batch cost on %s: %.3f ms + B x (%.4f + %.5f S + %.2e S^2) ms; %d points in %.1f s, "
         "fit error max %.1f%% mean %.1f%%",
         key.get("device"),
-        a * 1e3,
-        b * 1e3,
-        c * 1e3,
-        d * 1e3,
+        *(x * 1e3 for x in (model.a, model.b, model.c, model.d)),
         len(points),
         took,
         errors.max() * 100,

@@ -1,27 +1,14 @@
-"""What one batch costs on this machine: the model, its fit, the grid it is measured on, its refit.
-
-The planner (:mod:`app.engine.planner`) compares batches by what they cost, and no constant is right on
-both a CPU (a batch costs about its tokens; a small batch wastes little) and a GPU (a batch costs about a
-fixed launch time until the device is busy; a small batch wastes most of it). So the inference thread,
-before its first batch, times the encoder over a small grid of batch sizes × sequence lengths (within the
-batch limits; :data:`MEASURE_BUDGET_S` at most) and fits
-
-    seconds(B, S) = a + B · (b + c·S + d·S²)
-
-by least squares on the relative error, every coefficient ≥ 0: ``a`` is what a batch costs whatever it
-holds (a session run, kernel launches), ``b`` what each sequence costs, ``c`` each token (the GEMMs) and
-``d`` each token per token of its length (attention). The fit and its error over the grid are in /info;
-then the model is refitted from the batches the service runs (:class:`Refitter`). Measuring on a given
-machine, and the cache that spares a restart from it: :mod:`app.engine.calibration`. With
-``measure_batch_cost`` off the model is the old constant: a batch costs its tokens (padding included)
-plus ``batch_overhead_tokens``, in tokens instead of seconds.
+"""What one batch costs on this machine: ``a + B·(b + c·S + d·S²)`` seconds for B sequences padded to S
+tokens, fitted (every coefficient ≥ 0) on the relative error over a measured grid, then refitted from the
+batches served: no constant is right on both a CPU (a batch costs about its tokens) and a GPU (about a
+fixed launch time). With ``measure_batch_cost`` off it is :meth:`CostModel.constant`, in tokens.
 """
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -44,7 +31,8 @@ Runner = Callable[[int, int], float]  # (batch size, sequence length) → second
 
 @dataclass(frozen=True)
 class CostModel:
-    """``a + B·(b + c·S + d·S²)``: seconds (``unit`` "s"), or tokens for the constant fallback."""
+    """``a + B·(b + c·S + d·S²)`` seconds (or tokens, the constant): ``a`` per batch (a session run, kernel
+    launches), ``b`` per sequence, ``c`` per token (the GEMMs), ``d`` per token per token (attention)."""
 
     a: float
     b: float
@@ -63,7 +51,6 @@ class CostModel:
 
     @classmethod
     def constant(cls, overhead_tokens: int, why: str = "measure_batch_cost off") -> CostModel:
-        """The fallback: a batch costs its padded tokens plus ``overhead_tokens``."""
         return cls(float(overhead_tokens), 0.0, 1.0, 0.0, "tokens", f"batch_overhead_tokens ({why})")
 
     @property
@@ -71,16 +58,14 @@ class CostModel:
         return self.unit == "s"
 
     def on_grid(self, grid: ShapeGrid | None) -> CostModel:
-        """This model charging each batch its ``grid`` shape's cost (the padding included)."""
         return replace(self, grid=grid)
 
     def shape(self, size: int, length: int) -> tuple[int, int]:
-        """The shape a batch of ``size`` sequences padded to ``length`` runs at (on the grid, its grid's)."""
+        """The shape a batch runs at: on the grid, its grid shape."""
         return (size, length) if self.grid is None else self.grid.shape(size, length)
 
     def per_sequence(self, lengths: np.ndarray) -> np.ndarray:
-        """What each sequence of a batch padded to ``lengths`` adds: ``b + c·S + d·S²`` (on the grid, ``S``
-        its grid length)."""
+        """What each sequence of a batch padded to ``lengths`` adds: ``b + c·S + d·S²``."""
         s = (lengths if self.grid is None else self.grid.lengths_of(lengths)).astype(np.float64)
         return self.b + s * (self.c + self.d * s)
 
@@ -90,21 +75,16 @@ class CostModel:
 
     def errors(self) -> np.ndarray:
         """Relative error of the fit at each grid point (fitted / measured − 1)."""
-        if not self.points:
-            return np.zeros(0)
         return np.array([self.cost(b, s) / t - 1 for b, s, t in self.points])
 
     def describe(self) -> dict[str, Any]:
-        """What /info shows: the formula, its coefficients, where it came from, the fit's error."""
+        """What /info shows."""
         scale, unit = (1e3, "ms") if self.measured else (1.0, "tokens")
         errors = np.abs(self.errors())
         return {
             "formula": "a + B*(b + c*S + d*S^2) for B sequences padded to S tokens",
             "unit": unit,
-            "a": round(self.a * scale, 6),
-            "b": round(self.b * scale, 6),
-            "c": round(self.c * scale, 6),
-            "d": round(self.d * scale, 9),
+            **{k: round(getattr(self, k) * scale, 9 if k == "d" else 6) for k in "abcd"},
             "source": self.source,
             "key": self.key,
             "grid": [
@@ -135,68 +115,46 @@ class CostModel:
         return cls(a, b, c, d, "s", source, points, dict(data["key"]), float(data.get("measured_s", 0.0)))
 
 
-def _rows(sizes: np.ndarray, lengths: np.ndarray, seconds: np.ndarray) -> np.ndarray:
-    """The four terms of each batch, divided by what it took: least squares on them is on relative error."""
+def _rows(points: np.ndarray) -> np.ndarray:
+    """The four terms of each (B, S, seconds) over its seconds: least squares on them is on relative error."""
+    sizes, lengths, seconds = points.reshape(-1, 3).T
     terms = np.stack([np.ones_like(sizes), sizes, sizes * lengths, sizes * lengths**2], axis=-1)
     return terms / seconds[..., None]
 
 
 def _solve(gram: np.ndarray, moment: np.ndarray, attention: bool) -> tuple[float, float, float, float]:
-    """Non-negative least squares from the normal equations (``gram`` = RᵀR, ``moment`` = Rᵀ1): the fit
-    of every term where it is non-negative, else the best of every subset of the four terms (a negative
-    coefficient would make some batch cost less than nothing, or a longer one cost less). ``attention``
-    False leaves ``d`` at 0."""
+    """Least squares from the normal equations (RᵀR, Rᵀ1), every coefficient ≥ 0 (a negative one would make
+    some batch cost less than nothing): else the best fit of a subset of the terms. No attention: d = 0."""
     terms = 4 if attention else 3
-    try:  # the fit of every term: where it is non-negative, no subset fits better (the usual case)
-        full = np.linalg.solve(gram[:terms, :terms], moment[:terms])
-    except np.linalg.LinAlgError:
-        full = None
-    if full is not None and not (full < 0).any():
-        a, b, c, *rest = (float(x) for x in full)
-        return a, b, c, rest[0] if rest else 0.0
-    best: tuple[float, np.ndarray] | None = None
-    for used in itertools.product((False, True), repeat=4):
-        columns = [i for i, on in enumerate(used) if on]
-        if not columns or (used[3] and not attention):
-            continue
-        sub = gram[np.ix_(columns, columns)]
+    fits: list[np.ndarray] = []
+    for columns in [list(c) for n in range(terms, 0, -1) for c in itertools.combinations(range(terms), n)]:
         try:
-            solution = np.linalg.solve(sub, moment[columns])
+            solution = np.linalg.solve(gram[np.ix_(columns, columns)], moment[columns])
         except np.linalg.LinAlgError:  # a term the points cannot tell from the others
             continue
-        if (solution < 0).any():
-            continue
-        coefficients = np.zeros(4)
-        coefficients[columns] = solution
-        # The squared residual, less the constant Σ1²: -2·xᵀm + xᵀGx.
-        residual = float(coefficients @ gram @ coefficients - 2 * coefficients @ moment)
-        if best is None or residual < best[0]:
-            best = (residual, coefficients)
-    if best is None:
+        if not (solution < 0).any():
+            fits.append(np.zeros(4))
+            fits[-1][columns] = solution
+            if len(columns) == terms:  # the usual case: no subset fits better
+                break
+    if not fits:
         raise ValueError("no non-negative fit of the batch costs")
-    a, b, c, d = (float(x) for x in best[1])
+    # The least squared residual, less the constant Σ1²: -2·xᵀm + xᵀGx.
+    a, b, c, d = (float(x) for x in min(fits, key=lambda x: float(x @ gram @ x - 2 * x @ moment)))
     return a, b, c, d
 
 
 def fit(points: list[tuple[int, int, float]]) -> tuple[float, float, float, float]:
-    """``(a, b, c, d)`` ≥ 0 minimising the squared relative error over ``points`` (B, S, seconds); ``d``
-    stays 0 unless the points reach :data:`ATTENTION_FROM` tokens."""
-    sizes, lengths, seconds = (np.array([p[i] for p in points], dtype=np.float64) for i in range(3))
-    rows = _rows(sizes, lengths, seconds)
-    return _solve(rows.T @ rows, rows.sum(axis=0), bool(lengths.max() >= ATTENTION_FROM))
+    """``(a, b, c, d)`` ≥ 0 minimising the squared relative error over ``points`` (B, S, seconds)."""
+    rows = _rows(np.array(points, dtype=np.float64))
+    return _solve(rows.T @ rows, rows.sum(axis=0), any(s >= ATTENTION_FROM for _, s, _ in points))
 
 
 class Refitter:
-    """Refits a measured model from the batches the service runs, so that it says what a batch costs
-    while serving (the event loop and the tokeniser then share the cores with the session: on 2 CPU cores
-    the per-batch cost ``a`` came out about twice the quiet start-up grid's).
-
-    The grid's points stay in the fit at a constant weight (:data:`GRID_WEIGHT` batches' worth in all), so
-    a term the served batches do not vary (all of one size, say) keeps the grid's value; the served
-    batches fade by half every :data:`HALF_LIFE` batches, so the fit follows a machine that gets busier
-    or quieter. Costs a list append per batch; every :data:`EVERY` batches, one numpy pass folding them
-    in and a 4×4 solve (sixteen where the fit of every term has a negative coefficient).
-    """
+    """Refits a measured model from the batches served, beside the event loop and the tokeniser (on 2 CPU
+    cores ``a`` came out about twice the quiet grid's). The grid's points keep :data:`GRID_WEIGHT` batches'
+    worth, so a term the served batches do not vary keeps the grid's value; served batches fade by half
+    every :data:`HALF_LIFE` batches."""
 
     GRID_WEIGHT = 4.0
     HALF_LIFE = 200
@@ -204,16 +162,14 @@ class Refitter:
 
     def __init__(self, model: CostModel) -> None:
         self.model = model
-        sizes, lengths, seconds = (np.array([p[i] for p in model.points], dtype=np.float64) for i in range(3))
-        rows = _rows(sizes, lengths, seconds)
+        rows = _rows(np.array(model.points, dtype=np.float64))
         weight = self.GRID_WEIGHT / max(len(rows), 1)
         self._prior = (weight * rows.T @ rows, weight * rows.sum(axis=0))
-        self._attention = bool(lengths.max() >= ATTENTION_FROM) if len(lengths) else False
-        self._gram = np.zeros((4, 4))
-        self._moment = np.zeros(4)
+        self._attention = any(s >= ATTENTION_FROM for _, s, _ in model.points)
+        self._gram, self._moment = np.zeros((4, 4)), np.zeros(4)  # the served batches' sums, faded
         self._keep = 0.5 ** (1 / self.HALF_LIFE)
-        # The batches since the last refit, (B, S, seconds): folded into the sums at the refit, in one
-        # numpy pass (per batch, numpy's per-call cost was most of what the refit cost the inference thread).
+        # The batches since the last refit, (B, S, seconds), folded in at the refit in one numpy pass (per
+        # batch, numpy's per-call cost was most of what the refit cost the inference thread).
         self._pending: list[tuple[float, float, float]] = []
         self._served = 0
         self._error: float | None = None
@@ -223,44 +179,34 @@ class Refitter:
         if seconds <= 0:
             return None
         size, length = self.model.shape(size, length)  # what ran: on the grid, the padded shape
-        predicted = self.model.cost(size, length)
-        miss = abs(predicted / seconds - 1)
+        miss = abs(self.model.cost(size, length) / seconds - 1)
         self._error = miss if self._error is None else self._error + 0.05 * (miss - self._error)
         self._pending.append((float(size), float(length), seconds))
         self._served += 1
         if self._served % self.EVERY:
             return None
-        self._fold()
-        a, b, c, d = _solve(self._prior[0] + self._gram, self._prior[1] + self._moment, self._attention)
-        self.model = replace(self.model, a=a, b=b, c=c, d=d, served=self._served, served_error=self._error)
-        return self.model
-
-    def _fold(self) -> None:
-        """The pending batches into the sums: each fades by :attr:`_keep` per batch served after it."""
-        sizes, lengths, seconds = np.array(self._pending).T
+        # Fold the pending batches into the sums, each faded by _keep per batch served after it.
+        rows = _rows(np.array(self._pending))
         self._pending.clear()
-        rows = _rows(sizes, lengths, seconds)
         weights = self._keep ** np.arange(len(rows) - 1, -1, -1, dtype=np.float64)
         fade = self._keep ** len(rows)
         self._gram = fade * self._gram + (rows * weights[:, None]).T @ rows
         self._moment = fade * self._moment + weights @ rows
+        a, b, c, d = _solve(self._prior[0] + self._gram, self._prior[1] + self._moment, self._attention)
+        self.model = replace(self.model, a=a, b=b, c=c, d=d, served=self._served, served_error=self._error)
+        return self.model
 
 
 def grid(max_size: int, max_tokens: int, max_length: int, max_attention: int = 0) -> list[tuple[int, int]]:
-    """The (batch size, length) points to time, cheapest first, within the batch limits (``max_attention``:
-    size × length² at most, 0: no bound)."""
+    """The (batch size, length) points to time, cheapest first, within the batch limits."""
     sizes = sorted({s for s in SIZES if s <= max_size} | {max_size})
     lengths = sorted({n for n in LENGTHS if n <= max_length} | {min(max_length, LENGTHS[0])})
-    points = [
-        (b, s)
-        for b in sizes
-        for s in lengths
-        if b == 1 or (b * s <= max_tokens and (max_attention <= 0 or b * s * s <= max_attention))
-    ]
+    most = max_attention if max_attention > 0 else float("inf")
+    points = [(b, s) for b in sizes for s in lengths if b == 1 or (b * s <= max_tokens and b * s * s <= most)]
     return sorted(points, key=lambda p: (p[0] * p[1], p[1]))
 
 
-def enough(points: list[tuple[int, int, float]]) -> bool:
+def enough(points: Sequence[tuple[float, ...]]) -> bool:
     """Whether ``points`` can pin down all four terms: three lengths (for S²) and two sizes (for a)."""
     return len({p[1] for p in points}) >= 3 and len({p[0] for p in points}) >= 2 and len(points) >= 5
 
@@ -271,26 +217,18 @@ def measure(
     budget_s: float = MEASURE_BUDGET_S,
     clock: Callable[[], float] = time.perf_counter,
 ) -> list[tuple[int, int, float]]:
-    """Time ``run`` at ``points``: the cheapest first, once each, while that first round stays within a
-    third of ``budget_s`` (but at least until the points are :func:`enough`, where the grid allows); then
-    round after round over the same points while the budget lasts, keeping each point's cheapest run.
-    Rounds, not repeats of one point: a burst of other work on a shared machine then slows one run of
-    each point instead of every run of some, and the cheapest is the one it spared."""
+    """Time ``run`` at ``points`` once each while that takes a third of ``budget_s`` (and until they are
+    :func:`enough`), then in rounds over them, keeping each point's cheapest run: a burst of other work on
+    a shared machine then slows one run of each point, not every run of some."""
     best: dict[tuple[int, int], float] = {}
     started = clock()
     per_token = 0.0
     for size, length in points:
-        expected = per_token * size * length
-        if best and clock() - started + expected > budget_s / 3 and enough(_points(best)):
+        if best and clock() - started + per_token * size * length > budget_s / 3 and enough(list(best)):
             break
-        seconds = run(size, length)
-        best[(size, length)] = seconds
+        best[(size, length)] = seconds = run(size, length)
         per_token = max(per_token, seconds / (size * length))
     while clock() - started + sum(best.values()) <= budget_s:
         for point in best:
             best[point] = min(best[point], run(*point))
-    return _points(best)
-
-
-def _points(best: dict[tuple[int, int], float]) -> list[tuple[int, int, float]]:
     return [(size, length, seconds) for (size, length), seconds in best.items()]

@@ -1,23 +1,5 @@
-"""Which batch to run next, by what it costs: a few numpy operations over the distinct pending lengths.
-
-The queue (:mod:`app.engine.batching`) hands over the pending sequences of the work it serves as distinct
-lengths (sorted) and a count of each. A candidate batch is a *window* of that length-sorted sequence:
-``size`` sequences whose longest has length ``lengths[top]``, the rest the next shorter ones (a window
-ending inside a run of equal lengths is never better than one ending at the run's end, so only each run's
-last sequence is a candidate top: distinct lengths × sizes). What a window costs comes from the
-:class:`~app.engine.costs.CostModel`; what it is worth is what its sequences would cost in the best batch
-they could be in (as many of their own length as the limits allow), so a window's *efficiency* (worth /
-cost, at most about 1) says how much of its cost is useful work, for short and long sequences alike.
-
-The most efficient window runs, however long the queue: so when it is short (everything pending would
-fit one batch) lengths are grouped only where the model says it pays, i.e. where a tighter window does
-more useful work per second than running everything at once. On a CPU, where a batch costs about its
-tokens, a short and a long group then run apart; on a GPU, where a batch costs about its launch,
-everything runs together.
-
-An ``anchor`` (an item that has waited past its budget, or background's oldest) must be in the window; a
-``cap`` bounds the window's cost (less urgent work while more urgent work is about); a ``thrift`` asks for
-the cheapest window nearly as efficient as the best (a batch for background's floor, :mod:`app.engine.floor`).
+"""Which batch to run next: of the windows of the length-sorted pending sequences, the most efficient (its
+sequences' worth, what they would cost in the best batches they could be in, over its cost).
 """
 
 from __future__ import annotations
@@ -33,13 +15,8 @@ from app.errors import InternalError
 @dataclass(frozen=True)
 class Limits:
     """What one batch may hold: ``size`` inputs, ``tokens`` (size × longest, padding included) and
-    ``attention`` (size × longest², the attention's scores; 0: no bound).
-
-    The tokens bound what a batch costs; the attention, what it holds in memory, which grows with the
-    square of its length: at 8 × 512 the scores alone are 100 MB a layer's softmax (fp32, 12 heads), four
-    times what 8 × 256 holds. Bounding it keeps a worker's largest batch, and so its memory's ceiling,
-    affordable enough to reach at start (:meth:`largest`; docs/performance.md, issue 31 step 17).
-    """
+    ``attention`` (size × longest², 0: no bound). The attention's scores bound its memory: at 8 × 512 they
+    are 100 MB a layer's softmax (fp32, 12 heads), four times 8 × 256's (docs/deployment.md)."""
 
     size: int
     tokens: int
@@ -54,17 +31,14 @@ class Limits:
         return np.maximum(room, 1)
 
     def room(self, length: int) -> int:
-        """How many sequences of ``length`` one batch may hold (at least one)."""
         return int(self.rooms(np.array([length]))[0])
 
     def allows(self, size: int, length: int) -> bool:
-        """Whether a batch of ``size`` sequences, the longest ``length``, is within the limits."""
         return size <= self.room(length)
 
     def largest(self, max_length: int) -> list[tuple[int, int]]:
         """The batch shapes (size, length) that hold the most memory: the longest batch of the most inputs,
-        and the longest batch there may be. A batch's buffers grow with size × length and with size ×
-        length², so no batch within the limits holds more than the larger of these two."""
+        and the longest batch there may be (buffers grow with size × length and size × length²)."""
         full = max_length
         while full > 1 and self.room(full) < self.size:
             full -= 1
@@ -74,8 +48,7 @@ class Limits:
 
 @dataclass(frozen=True)
 class Window:
-    """``size`` sequences with the longest at ``lengths[top]``; what it costs, in the model's unit, and
-    what of that is useful work (what its sequences would cost in the best batches they could be in)."""
+    """``size`` sequences with the longest at ``lengths[top]``; its cost and useful work (model's unit)."""
 
     top: int
     size: int
@@ -84,14 +57,11 @@ class Window:
 
     @property
     def efficiency(self) -> float:
-        """The share of its cost that is useful work (about 1 at best), comparable across models: each
-        measures it in its own cost model's unit."""
+        """The share of its cost that is useful work (about 1 at best), comparable across models."""
         return self.useful / self.cost if self.cost > 0 else 0.0
 
 
 class Planner:
-    """The batch limits and the cost model, with what every plan reuses (window sizes as a row)."""
-
     def __init__(
         self, model: CostModel, max_batch_size: int, max_batch_tokens: int, max_batch_attention: int = 0
     ) -> None:
@@ -109,8 +79,7 @@ class Planner:
         self._grow(512)
 
     def _grow(self, longest: int) -> None:
-        n = max(longest + 1, 2 * len(self._per))
-        lengths = np.arange(n)
+        lengths = np.arange(max(longest + 1, 2 * len(self._per)))
         self._per = self.model.per_sequence(lengths)
         self._fit = self.limits.rooms(lengths)
         # On the grid a full batch of ``fit`` is charged its grid rows (1 when there is none: exactly).
@@ -118,13 +87,12 @@ class Planner:
         self._worth = self.model.a / self._fit + self._per * padded
 
     def worth(self, lengths: np.ndarray) -> np.ndarray:
-        """What a sequence of each length costs in the best batch the limits allow it (the model's unit)."""
+        """What a sequence of each length costs in the best batch the limits allow it."""
         if int(lengths.max()) >= len(self._worth):
             self._grow(int(lengths.max()))
         return self._worth[lengths]
 
     def full_batch_cost(self, length: float) -> float:
-        """What a full batch of sequences of ``length`` costs: as many as the limits allow."""
         size = self.limits.room(max(1, int(length)))
         return self.model.cost(size, round(length))
 
@@ -137,14 +105,9 @@ class Planner:
         thrift: float | None = None,
         least: float = 0.0,
     ) -> Window:
-        """The window to run (see the module). ``anchor`` (an index into ``lengths``) must be in it; ``cap``
-        (the model's unit) bounds its cost; ``thrift``: instead of the best, of the windows whose useful work
-        per cost is at least this share of the best's, the cheapest whose useful work is at least ``least``
-        (none: the most useful), and of equal costs the more efficient.
-
-        Raises:
-            InternalError: no window is allowed (cannot happen: one sequence alone always is).
-        """
+        """The most efficient window. ``anchor`` (an index into ``lengths``) must be in it; ``cap`` bounds its
+        cost; ``thrift``: of the windows at least this share as efficient as the best, the cheapest whose
+        useful work is at least ``least`` (none: the most useful), and of equal costs the more efficient."""
         if int(lengths[-1]) >= len(self._per):  # lengths are sorted
             self._grow(int(lengths[-1]))
         ends = np.cumsum(counts)  # exclusive end of each length's run in the sorted sequence

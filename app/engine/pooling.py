@@ -1,8 +1,5 @@
-"""Pooling: how a sequence's token states become one vector. The vocabulary, its meaning and its code.
-
-Adding a pooling mode touches this module (and its test) only: add it to :data:`Pooling`, give
-:data:`POOLERS` its function and :data:`DESCRIPTIONS` its line; the API schema, the options and the
-post-processing stage read them from here.
+"""Pooling: token states [batch, seq, hidden] and their mask [batch, seq] to [batch, hidden], over the
+unmasked tokens. A new mode is this module's change only (:data:`Pooling`, POOLERS and DESCRIPTIONS).
 """
 
 from __future__ import annotations
@@ -20,12 +17,10 @@ POOLER: Literal["pooler"] = "pooler"
 
 
 def cls_pool(hidden: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-    """[batch, seq, hidden] → [batch, hidden]: the [CLS] token's state (the first unmasked one, as
-    sentence-transformers takes it, when a prompt is masked out of the pooling)."""
+    """The first unmasked token's state, as sentence-transformers takes it when a prompt is masked out."""
     if attention_mask[:, 0].all():
         return hidden[:, 0, :]
-    first = attention_mask.argmax(axis=1)
-    return hidden[np.arange(hidden.shape[0]), first]
+    return hidden[np.arange(hidden.shape[0]), attention_mask.argmax(axis=1)]
 
 
 def _sum(hidden: np.ndarray, attention_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -34,36 +29,29 @@ def _sum(hidden: np.ndarray, attention_mask: np.ndarray) -> tuple[np.ndarray, np
 
 
 def mean_pool(hidden: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-    """[batch, seq, hidden] → [batch, hidden]: mean over real tokens ([CLS] and [SEP] included)."""
     summed, count = _sum(hidden, attention_mask)
     return summed / np.maximum(count, 1.0)
 
 
 def mean_sqrt_len_pool(hidden: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-    """The sum over real tokens divided by the square root of their number."""
     summed, count = _sum(hidden, attention_mask)
     return summed / np.sqrt(np.maximum(count, 1.0))
 
 
 def max_pool(hidden: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-    """Each dimension's maximum over real tokens."""
     return np.where(attention_mask[:, :, None].astype(bool), hidden, -np.inf).max(axis=1).astype(np.float32)
 
 
 def weightedmean_pool(hidden: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-    """The mean over real tokens weighted by position (1 for [CLS], 2 for the next, ...)."""
     weights = attention_mask.astype(np.float32) * np.arange(1, attention_mask.shape[1] + 1, dtype=np.float32)
-    summed = np.einsum("bsh,bs->bh", hidden, weights)
-    return summed / np.maximum(weights.sum(axis=1, keepdims=True), 1.0)
+    return np.einsum("bsh,bs->bh", hidden, weights) / np.maximum(weights.sum(axis=1, keepdims=True), 1.0)
 
 
 def lasttoken_pool(hidden: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-    """The last real token's state ([SEP] for BERT)."""
     last = attention_mask.shape[1] - 1 - attention_mask[:, ::-1].argmax(axis=1)
     return hidden[np.arange(hidden.shape[0]), last]
 
 
-# Mode → function of (padded token states [batch, seq, hidden], attention mask [batch, seq]).
 POOLERS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "cls": cls_pool,
     "mean": mean_pool,
@@ -88,16 +76,11 @@ if set(POOLERS) | {POOLER} != set(get_args(Pooling)) or set(DESCRIPTIONS) != set
 
 
 def pool(mode: str, hidden: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-    """Pool a padded batch of token states with ``mode``.
-
-    Raises:
-        KeyError: ``mode`` has no pooling function (validation lets only known modes through).
-    """
+    """Raises KeyError where ``mode`` has no function (validation lets only known modes through)."""
     return POOLERS[mode](hidden, attention_mask)
 
 
 def describe() -> str:
-    """One line per mode, for the API docs."""
     return (
         "Default: the model's (its sentence-transformers Pooling, else mean). "
         + "; ".join(f"{mode}: {text}" for mode, text in DESCRIPTIONS.items())

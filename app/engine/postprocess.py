@@ -1,10 +1,6 @@
-"""Stage 5, post-processing in numpy, per batch.
-
-On the inference thread, right after the batch ran (:mod:`app.engine.inference` says why): the pooled
-vectors each item asked for (the graph's own pooled outputs, or pooled here with :mod:`app.engine.pooling`
-when the graph has none), the unpadded token rows of items that want every token (/embed_all),
-masked-LM probabilities, and SPLADE vectors (/embed_sparse). What is done per request with the results (layer
-combination, window averages, normalisation) is in :mod:`app.tasks.layers`; wire encodings in the API layer.
+"""Stage 5, post-processing in numpy, per batch, on the inference thread: each job's pooled vectors (the
+graph's pooled outputs, else pooled here), token rows (/embed_all), head scores, masked-LM probabilities
+and SPLADE vectors. Per-request arithmetic (layers, windows, normalisation) is in :mod:`app.tasks.layers`.
 """
 
 from __future__ import annotations
@@ -20,14 +16,12 @@ from app.model.manifest import HEAD_OUTPUT, POOLER_OUTPUT
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    exp = np.exp(shifted)
+    exp = np.exp(logits - logits.max(axis=-1, keepdims=True))
     return exp / exp.sum(axis=-1, keepdims=True)
 
 
 def head_scores(logits: np.ndarray, activation: str) -> np.ndarray:
-    """A fine-tuned head's scores from its logits, by the manifest's ``head.activation``: softmax over
-    the labels, sigmoid, or (``identity``) the logits themselves."""
+    """A fine-tuned head's scores by the manifest's ``head.activation`` (``identity``: the logits)."""
     if activation == "softmax":
         return softmax(logits)
     if activation == "sigmoid":
@@ -42,11 +36,9 @@ class FinishedBatch:
     sequences: list[Seq]
     attention_mask: np.ndarray
     outputs: dict[str, np.ndarray]
-    # sequence index → rows of mask_logits that belong to it
-    mask_rows: dict[int, slice]
+    mask_rows: dict[int, slice]  # sequence index → its rows of mask_logits
     mask_logits: np.ndarray | None
-    # sequence index → its row of sparse_vectors (the SPLADE vectors [k, vocab] of the rows that asked)
-    sparse: dict[int, int]
+    sparse: dict[int, int]  # sequence index → its row of sparse_vectors ([k, vocab], of the rows that asked)
     sparse_vectors: np.ndarray | None
     output_names: dict[int, str]  # 1-based layer → encoder output name
     started_at: float  # real time (perf_counter): its duration, the machine's
@@ -58,17 +50,8 @@ class FinishedBatch:
 
 
 def split_batch(batch: FinishedBatch) -> list[tuple[Job, int]]:
-    """Write one finished batch's results into the jobs of its sequences.
-
-    Pooled vectors are taken from the graph's pooled outputs where the batch fetched them, else computed
-    once per (layer, pooling) for the whole batch; either way they are copied into each job
-    with one array assignment per (job, need), not per sequence; token rows (/embed_all) and mask
-    probabilities (fill-mask) are per sequence. Returns each job with how many of its sequences were
-    in this batch (the caller counts them done).
-
-    Raises:
-        InternalError: a sequence asked for masked positions but the batch ran no masked-LM head.
-    """
+    """Write one finished batch's results into its jobs, vectors with one array assignment per (job, need);
+    returns each job with how many of its sequences were in this batch (the caller counts them done)."""
     pooled: dict[tuple[int, str, int], np.ndarray] = {}
 
     def pool(layer: int, mode: str, skip: int) -> np.ndarray:
@@ -78,12 +61,11 @@ def split_batch(batch: FinishedBatch) -> list[tuple[Job, int]]:
             if not skip and name is not None and name in batch.outputs:
                 pooled[key] = batch.outputs[name]
             else:
-                states = batch.outputs[batch.output_names[layer]]
                 mask = batch.attention_mask
                 if skip:  # positions before ``skip`` (a prompt) are left out, as sentence-transformers does
                     mask = mask.copy()
                     mask[:, :skip] = 0
-                pooled[key] = pooling.pool(mode, states, mask)
+                pooled[key] = pooling.pool(mode, batch.outputs[batch.output_names[layer]], mask)
         return pooled[key]
 
     probs = softmax(batch.mask_logits) if batch.mask_logits is not None else None
@@ -110,8 +92,7 @@ def split_batch(batch: FinishedBatch) -> list[tuple[Job, int]]:
             if logits.ndim == 2:  # one row per sequence: a classifier or a reranker
                 _store_vectors(job, slots, logits[rows][:, None, :])
             else:  # one row per token: a tagger
-                if not job.token_states:
-                    job.token_states = [None] * job.count
+                job.token_states = job.token_states or [None] * job.count
                 for row, slot in zip(rows, slots, strict=True):
                     job.token_states[slot] = logits[row, None, : batch.sequences[row].length]
         if need.sparse:
@@ -119,8 +100,7 @@ def split_batch(batch: FinishedBatch) -> list[tuple[Job, int]]:
                 raise InternalError("a sequence asked for a sparse vector but the batch ran no sparse graph")
             _store_vectors(job, slots, batch.sparse_vectors[[batch.sparse[row] for row in rows]][:, None, :])
         if need.tokens:
-            if not job.token_states:
-                job.token_states = [None] * job.count
+            job.token_states = job.token_states or [None] * job.count
             for row, slot in zip(rows, slots, strict=True):
                 # Rows [0, length) are the sequence's own tokens; the rest of the padded row is never read.
                 length = batch.sequences[row].length
@@ -130,8 +110,7 @@ def split_batch(batch: FinishedBatch) -> list[tuple[Job, int]]:
         if need.mask_positions:
             if probs is None:
                 raise InternalError("a sequence asked for masked positions but the batch ran no MLM head")
-            if not job.mask_probs:
-                job.mask_probs = [None] * job.count
+            job.mask_probs = job.mask_probs or [None] * job.count
             for row, slot in zip(rows, slots, strict=True):
                 job.mask_probs[slot] = probs[batch.mask_rows[row]]
         job.tokens += sum(batch.sequences[row].length for row in rows)
@@ -139,13 +118,11 @@ def split_batch(batch: FinishedBatch) -> list[tuple[Job, int]]:
         waited = batch.begun_at - batch.sequences[rows[0]].enqueued_at
         job.queued_s = max(job.queued_s, waited)
         job.batches[batch.started_at] = inference_s
-        _, count = done.get(id(job), (job, 0))
-        done[id(job)] = (job, count + len(rows))
+        done[id(job)] = (job, done.get(id(job), (job, 0))[1] + len(rows))
     return list(done.values())
 
 
 def _store_vectors(job: Job, slots: list[int], vectors: np.ndarray) -> None:
-    """Copy ``vectors`` [n, layers, hidden] into the job's results at ``slots``."""
     if job.vectors is None:
         job.vectors = np.empty((job.count, *vectors.shape[1:]), dtype=np.float32)
     job.vectors[slots] = vectors
