@@ -94,7 +94,6 @@ class Core:
         self.defaults: EmbedOptions = model_defaults(m.defaults)
 
     def routes(self) -> list[str]:
-        """The data routes this model serves."""
         return [
             *EMBEDDING_ROUTES,
             *(("/fill-mask",) if self.model.has_mlm_head else ()),
@@ -129,7 +128,6 @@ class Core:
         direction: Direction = "right",
         refuse_empty: bool = True,
     ) -> Rules:
-        """How a route prepares its inputs for this model."""
         info = self.model.manifest.tokenizer
         limit = self.model.tokenizer.max_length
         return Rules(limit, too_long, long_text, direction, (info.cls_id, info.sep_id), refuse_empty)

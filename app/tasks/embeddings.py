@@ -83,8 +83,6 @@ class _Call:
 
 
 class Embeddings:
-    """The embedding task over the shared :class:`~app.tasks.core.Core`."""
-
     def __init__(self, core: Core) -> None:
         self.core = core
         m = core.model.manifest
@@ -103,9 +101,7 @@ class Embeddings:
     async def embed(self, inputs: str | list[str], options: EmbedOptions) -> Answer[np.ndarray]:
         """One float32 vector per input, in input order: [inputs, width]."""
         names = listed("inputs", inputs)
-        texts = self.core.texts(inputs, names)
-        self.core.check_ready()
-        got = await self.vectors(texts, options, names)
+        got = await self.vectors(self.core.texts(inputs, names), options, names)
         return Answer(got.vectors, got.timings)
 
     @timed
@@ -130,7 +126,6 @@ class Embeddings:
         else:
             names = listed("input", inputs)
             todo = self.core.texts(cast(str | list[str], inputs), names)
-        self.core.check_ready()
         got = await self.vectors(todo, options, names, TOO_LONG_OPENAI)
         return Answer((got.vectors, int(got.tokens.sum())), got.timings)
 
@@ -156,7 +151,6 @@ class Embeddings:
                 "inputs", lambda k: "inputs.source_sentence" if k == 0 else f"inputs.sentences[{k - 1}]"
             )
             texts = self.core.texts([source, *sentences], names)
-        self.core.check_ready()
         got = await self.vectors(texts, options, names)
         v = got.vectors
         scores = np.einsum("ij,ij->i", v[0::2], v[1::2]) if pairs is not None else v[1:] @ v[0]
@@ -170,7 +164,8 @@ class Embeddings:
         too_long: str = TOO_LONG_EMBED,
     ) -> Vectors:
         """Each input's vector (texts with the model's prompt, or token ids run as given), through the cache
-        when there is one: a request's call, which its first bad input refuses."""
+        when there is one: a request's call (ready or refused), which its first bad input refuses."""
+        self.core.check_ready()
         given = inputs if isinstance(inputs, GivenIds) else None
         call = self._call(options, too_long, token_ids=given is not None)
         if given is not None:

@@ -24,8 +24,6 @@ from app.telemetry.timings import Timings
 
 
 class Heads:
-    """The head tasks over the shared :class:`~app.tasks.core.Core`."""
-
     def __init__(self, core: Core) -> None:
         self.core = core
         # A tagger's vocabulary, for the words its entities are made of (transformers' decoding).

@@ -44,8 +44,6 @@ def input_prompt(input_type: str | None, prompts: dict[str, str], default: str |
 
 
 class Retrieval:
-    """The retrieval stacks' tasks over the shared core and the embedding and head tasks."""
-
     def __init__(self, core: Core, embeddings: Embeddings, heads: Heads) -> None:
         self.core = core
         self.embeddings = embeddings
@@ -71,9 +69,7 @@ class Retrieval:
             dimensions=dimensions,
         )
         names = listed("texts", texts)
-        checked = self.core.texts(texts, names)
-        self.core.check_ready()
-        got = await self.embeddings.vectors(checked, options, names, TOO_LONG_COHERE)
+        got = await self.embeddings.vectors(self.core.texts(texts, names), options, names, TOO_LONG_COHERE)
         return Answer((got.vectors, int(got.tokens.sum())), got.timings)
 
     @timed

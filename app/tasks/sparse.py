@@ -132,8 +132,6 @@ def check_top_k(top_k: int | None) -> None:
 
 
 class SparseEmbeddings:
-    """The sparse-vector task over the shared :class:`~app.tasks.core.Core`."""
-
     def __init__(self, core: Core) -> None:
         self.core = core
 

@@ -38,9 +38,7 @@ def truncate_pair(
         n1, n2 = n2, n1
 
     def kept(positions: np.ndarray, n: int) -> np.ndarray:
-        if len(positions) <= n:
-            return positions
-        return positions[:n] if direction == "right" else positions[len(positions) - n :]
+        return positions[:n] if direction == "right" else positions[max(len(positions) - n, 0) :]
 
     a, b = kept(first, n1), kept(second, n2)
     last_a = int(np.flatnonzero(types == 0)[-1])
