@@ -39,8 +39,7 @@ class TokenVectors:
 def timed(
     method: Callable[Concatenate[S, P], Coroutine[Any, Any, Answer[T]]],
 ) -> Callable[Concatenate[S, P], Coroutine[Any, Any, Answer[T]]]:
-    """An endpoint whose answer's ``total_ms`` is its own time; its timings are left in
-    :data:`app.telemetry.context.CURRENT_TIMINGS` for the request's span and log line."""
+    """An endpoint timed whole, its timings left in ``CURRENT_TIMINGS`` for the request's span and log."""
 
     @functools.wraps(method)
     async def timed(self: S, *args: P.args, **kwargs: P.kwargs) -> Answer[T]:

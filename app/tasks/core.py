@@ -147,9 +147,8 @@ class Core:
         return cache_keys.space(self.model_digest, {**dict.fromkeys(cache_keys.OPTION_FIELDS), **options})
 
     async def cached(self, keys: list[str], compute: Compute[R], packing: Packing[R, A]) -> A:
-        """The answer for each of ``keys`` (equal keys, equal outputs), through the cache when there is one;
-        without one, repeated keys are computed once. Admission permits are held for every input, cached or
-        not: they bound the cache's in-flight map and the queues behind it."""
+        """The answer for each of ``keys`` (equal keys, equal outputs), through the cache when there is one.
+        Permits are held for every input, cached or not: they bound the cache's in-flight map too."""
         first = dict(zip(reversed(keys), range(len(keys) - 1, -1, -1), strict=True))  # key → its first input
 
         async def run(todo: list[str]) -> R:
@@ -173,7 +172,7 @@ class Core:
         need: Need | list[Need],
         type_ids: list[np.ndarray | None] | None = None,
     ) -> Job:
-        """Run ``sequences`` (with their token types for pairs) as one job, each with ``need`` (or its own)."""
+        """Run ``sequences`` (with token types for pairs) as one job, each with ``need`` (or its own)."""
         job = Job(asyncio.get_running_loop(), len(sequences))
         needs = need if isinstance(need, list) else [need] * len(sequences)
         types = type_ids if type_ids is not None else [None] * len(sequences)

@@ -50,8 +50,7 @@ _Pair = tuple[np.ndarray, np.ndarray]  # vectors [inputs, width] float32 and the
 
 @dataclass
 class Vectors:
-    """The vectors of a call (float32, cut to ``dimensions``) and each one's tokens ([CLS], [SEP] and the
-    prompt included, before truncation); ``problems``: the inputs :meth:`Embeddings.rows` left out."""
+    """A call's vectors (cut to ``dimensions``), their inputs' tokens, and what ``rows`` left out."""
 
     vectors: np.ndarray
     tokens: np.ndarray
@@ -108,19 +107,16 @@ class Embeddings:
     async def openai(
         self, inputs: str | list[str] | list[int] | list[list[int]], dimensions: int | None
     ) -> Answer[tuple[np.ndarray, int]]:
-        """OpenAI's embeddings with the default options: the vectors and their inputs' tokens. ``inputs``
-        are texts, or token ids run as given, as TEI runs them (:mod:`app.tasks.token_ids`)."""
+        """OpenAI's embeddings (of texts, or token ids run as given): the vectors and their tokens."""
         options = replace(self.core.defaults, dimensions=dimensions)
         todo: list[str] | GivenIds
         if (id_inputs := token_id_lists(inputs)) is not None:
             sequences, names = id_inputs
-            todo, problems = given_ids(
-                sequences,
-                self.core.rules(TOO_LONG_OPENAI),
-                names,
+            most, vocab = (
                 self.core.settings.max_inputs_per_request,
                 self.core.model.manifest.config.vocab_size,
             )
+            todo, problems = given_ids(sequences, self.core.rules(TOO_LONG_OPENAI), names, most, vocab)
             if problems:
                 raise problems[min(problems)]
         else:
@@ -218,8 +214,7 @@ class Embeddings:
         return Vectors(self._cut(vectors[at], options), prepared.tokens[at], spent.timings(), problems)
 
     def _call(self, options: EmbedOptions, too_long: str, token_ids: bool) -> _Call:
-        """``options`` resolved against the model, once per distinct options: resolving them costs more
-        than the rest of a one-text request's own work."""
+        """``options`` resolved once per distinct options: it costs more than a one-text request's work."""
         key = (options, too_long, token_ids)
         if (call := self._calls.get(key)) is not None:
             return call

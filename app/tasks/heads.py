@@ -151,14 +151,8 @@ class Heads:
                 raise InternalError("a /predict job came back without its logits")
             return job.vectors[:, 0, :]
 
-        # Keys are each text or pair as JSON; the other options are None.
         space = dict(long_text=long_text, truncation_direction=direction, input="json", output="head_logits")
         head = self.core.model.manifest.head
-        packing = Packing(
-            lambda: self.core.key_space(**space),
-            len(head.labels) if head else None,
-            np.asarray,
-            np.stack,
-            taken,
-        )
+        width = len(head.labels) if head else None
+        packing = Packing(lambda: self.core.key_space(**space), width, np.asarray, np.stack, taken)
         return await self.core.cached(keys, compute, packing), spent.timings()

@@ -39,34 +39,28 @@ _SOURCES = {
 }
 
 
-def tei_model_type(service: Service) -> dict[str, Any]:
-    """TEI's ``model_type`` (what Dify's TEI provider reads to tell an embedder from a reranker): the
-    pooling, or a head's kind with its labels; TEI serves no tagger, so that one is named for what it is."""
-    head = service.model.manifest.head
-    kind = service.model.manifest.kind
-    if head is None or kind == "embedding":
-        return {"embedding": {"pooling": service.defaults.pooling}}
-    return {
-        ("token_classifier" if kind == "tagger" else kind): {
-            "id2label": {str(k): v for k, v in head.labels.items()},
-            "label2id": {v: k for k, v in head.labels.items()},
-        }
-    }
-
-
 def describe(service: Service) -> dict[str, Any]:
     m = service.model.manifest
     s = service.settings
     d = m.defaults
     o = service.defaults
     head = m.head
+    labels = {str(k): v for k, v in head.labels.items()} if head is not None else None
+    # TEI's model_type, which Dify's TEI provider reads to tell an embedder from a reranker (TEI serves no
+    # tagger: that one is named for what it is).
+    model_type: dict[str, Any] = {"embedding": {"pooling": o.pooling}}
+    if head is not None and m.kind != "embedding":
+        label2id = {v: k for k, v in head.labels.items()}
+        model_type = {
+            ("token_classifier" if m.kind == "tagger" else m.kind): {"id2label": labels, "label2id": label2id}
+        }
     return {
         "model_id": service.served_name,
-        "model_type": tei_model_type(service),
+        "model_type": model_type,
         "kind": m.kind,
         "kind_description": KIND_NAMES[m.kind],
         "routes": service.routes(),
-        "labels": {str(k): v for k, v in head.labels.items()} if head is not None else None,
+        "labels": labels,
         # The options a request gets for what it leaves out, and where each came from.
         "defaults": {
             "pooling": o.pooling,

@@ -45,8 +45,7 @@ class Models:
         return service
 
     def pick(self, name: str | None, route: str) -> Service:
-        """The model that answers a request to ``route`` naming ``name`` (None: none), also left in
-        :data:`~app.telemetry.context.CURRENT_MODEL` for the request's metrics, span and log line."""
+        """The model that answers a request to ``route`` naming ``name``, also left in ``CURRENT_MODEL``."""
         service = self.get(name) if name is not None and self.named else self.default(route)
         CURRENT_MODEL.set(service.served_name)
         return service

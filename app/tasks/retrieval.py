@@ -81,9 +81,8 @@ class Retrieval:
         long_text: LongText,
         direction: Direction,
     ) -> Answer[tuple[list[dict[str, object]], int]]:
-        """Jina's and Cohere's rerank: ``/rerank``'s ranks of each document cut to ``max_tokens_per_doc``
-        tokens, and the tokens the pairs ran with (the query's, the document's and [CLS] [SEP] [SEP], at
-        most the model's length). The documents are tokenised once more for the cut and the count."""
+        """Jina's and Cohere's rerank: ``/rerank``'s ranks of the documents cut to ``max_tokens_per_doc``,
+        and the tokens the pairs ran with (tokenised once more for the cut and the count)."""
         self.core.head("/rerank", "reranker")
         if not documents:
             raise EmptyInput("documents is empty: send at least one document to rank")

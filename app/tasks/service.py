@@ -51,12 +51,11 @@ class Service(Core):
 
     @property
     def fault(self) -> str | None:
-        """Why this model cannot serve, for good (None: it can): its warm-up failed, or its inference
-        thread died. ``/health`` answers 503 with it, and the process is replaced."""
+        """Why this model cannot serve, for good (its warm-up failed, or its inference thread died): 503."""
         return self.warmup_fault or self.engine.inference.fault
 
     def warmup_failed(self, exc: Exception) -> InternalError:
-        """Record that the warm-up failed with ``exc``: the error logged (once) under an id ``fault`` names."""
+        """Record that the warm-up failed with ``exc``: logged once, under an error id ``fault`` names."""
         error = exc if isinstance(exc, InternalError) else InternalError(f"{type(exc).__name__}: {exc}")
         log_fault(error, exc)
         self.warmup_fault = f"the warm-up of {self.served_name} failed (error id {error.error_id})"

@@ -100,8 +100,7 @@ def top_rows(vectors: np.ndarray, k: int | None) -> list[SparseVector]:
 
 
 def pack(vector: np.ndarray) -> np.ndarray:
-    """A dense [vocab] vector as the cache keeps it: its non-zero indices (int32, as float32 bytes) then
-    their weights, written in place."""
+    """A dense vector as the cache keeps it: its non-zero indices (int32 bytes as float32), their weights."""
     indices = np.flatnonzero(vector != 0)
     n = len(indices)
     packed = np.empty(2 * n, np.float32)
@@ -184,8 +183,7 @@ class SparseEmbeddings:
         too_long: str,
         top_k: int | None = None,
     ) -> SparseRows:
-        """Each text's sparse vector, or why it is refused, in a request's words: the bulk job's call
-        (as ``Embeddings.rows``). Nothing is cached; one engine call, whatever is wrong."""
+        """Each text's sparse vector, or why it is refused: the bulk job's call (as ``Embeddings.rows``)."""
         rules = self._checked(long_text, direction, top_k, too_long)
         problems = text_problems(texts, self.core.settings.max_input_chars, names.item)
         good = [i for i in range(len(texts)) if i not in problems]

@@ -20,8 +20,7 @@ FOREIGN_IDS = (
 def token_id_lists(
     inputs: str | list[str] | list[int] | list[list[int]],
 ) -> tuple[list[list[int]], Names] | None:
-    """Token-id ``inputs`` (a list of ids, or of such lists) as a list of lists, with their names in
-    errors; None for texts."""
+    """Token-id ``inputs`` (ids, or lists of them) as lists, with their names in errors; None for texts."""
     if not inputs or not isinstance(inputs, list) or isinstance(inputs[0], str):
         return None
     if isinstance(inputs[0], int):
