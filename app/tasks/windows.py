@@ -26,16 +26,10 @@ def truncate_pair(
     first = np.flatnonzero(types == 0)[1:-1]  # a's positions
     second = np.flatnonzero(types == 1)[:-1]  # b's positions
     room = limit - 3
-    n1, n2 = len(first), len(second)
-    swap = n1 > n2
-    if swap:
-        n1, n2 = n2, n1
-    n2 = n1 if n1 > room else max(n1, room - n1)
-    if n1 + n2 > room:
-        n1 = room // 2
-        n2 = n1 + room % 2
-    if swap:
-        n1, n2 = n2, n1
+    # The shorter text keeps all its tokens if it fits in half the room, else half; the longer the rest.
+    short = min(len(first), len(second))
+    n_short = room // 2 if 2 * short >= room else short
+    n1, n2 = (room - n_short, n_short) if len(first) > len(second) else (n_short, room - n_short)
 
     def kept(positions: np.ndarray, n: int) -> np.ndarray:
         return positions[:n] if direction == "right" else positions[max(len(positions) - n, 0) :]
