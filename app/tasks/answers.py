@@ -39,8 +39,7 @@ class TokenVectors:
 def timed(
     method: Callable[Concatenate[S, P], Coroutine[Any, Any, Answer[T]]],
 ) -> Callable[Concatenate[S, P], Coroutine[Any, Any, Answer[T]]]:
-    """An endpoint whose answer's ``total_ms`` is the time from its call to its return; its timings are
-    left in :data:`app.telemetry.context.CURRENT_TIMINGS` for the request's span and log line."""
+    """An endpoint timed whole, its timings left in ``CURRENT_TIMINGS`` for the request's span and log."""
 
     @functools.wraps(method)
     async def timed(self: S, *args: P.args, **kwargs: P.kwargs) -> Answer[T]:
@@ -55,8 +54,7 @@ def timed(
 
 @dataclass
 class Spent:
-    """What a call's engine work took, added up as it runs (cache misses only): its jobs and the
-    milliseconds its texts took to tokenise."""
+    """A call's engine work (cache misses only), added up as it runs."""
 
     jobs: list[Job] = field(default_factory=list)
     tokenization_ms: float = 0.0

@@ -1,11 +1,6 @@
-"""The core every task stands on: the model and its digest, the engine, the cache, the metrics, and the
-steps each task takes the same way (readiness, the per-request limits, tokenising with its time, one job
-to the engine, the routes this model serves) and the one way a task's outputs go through the vector cache
-(:meth:`Core.cached`: each task says what it computes and how its outputs are packed).
-
-Knows nothing of any one task: what an endpoint means lives in its task's module
-(:mod:`app.tasks.embeddings`, :mod:`app.tasks.fill_mask`, :mod:`app.tasks.heads`, :mod:`app.tasks.tokens`).
-"""
+"""The core every task stands on: the model, engine, cache and metrics, and the steps each task takes the
+same way (readiness, the per-request limits, tokenising, one job to the engine, the routes this model
+serves). :meth:`Core.cached` is the one way a task's outputs go through the vector cache."""
 
 from __future__ import annotations
 
@@ -48,7 +43,6 @@ class Packing(Generic[R, A]):
 
 
 def taken(rows: np.ndarray, at: list[int] | None) -> np.ndarray:
-    """:attr:`Packing.take` of outputs that are rows of one array, answered as they are."""
     return rows if at is None else rows[at]
 
 
@@ -57,7 +51,7 @@ def taken(rows: np.ndarray, at: list[int] | None) -> np.ndarray:
 Compute = Callable[[list[str], Callable[[int], int]], Awaitable[R]]
 
 # The routes each kind of model serves beside the embedding routes, which every kind serves (a fine-tuned
-# head's encoder computes vectors too), and the route a kind's POST / answers as.
+# head's encoder computes vectors too).
 HEAD_ROUTES: dict[str, tuple[str, ...]] = {
     "embedding": (),
     "classifier": ("/predict",),
@@ -81,12 +75,7 @@ class Core:
     """What every task shares: one per process, built once the model is loaded."""
 
     def __init__(
-        self,
-        settings: Settings,
-        model: OnnxModel,
-        engine: Engine,
-        cache: VectorCache,
-        metrics: Metrics,
+        self, settings: Settings, model: OnnxModel, engine: Engine, cache: VectorCache, metrics: Metrics
     ) -> None:
         self.settings = settings
         self.model = model
@@ -101,13 +90,10 @@ class Core:
         # Every graph and tokenizer setting of the variant served: part of every cache key.
         self.model_digest = cache_keys.model_digest(m, model.variant)
         self.kind: Kind = m.kind
-        # What a request gets for the options it leaves out: the model's own (its sentence-transformers
-        # settings), or a plain BERT's.
+        # What a request gets for the options it leaves out: the model's own, or a plain BERT's.
         self.defaults: EmbedOptions = model_defaults(m.defaults)
 
     def routes(self) -> list[str]:
-        """The data routes this model serves (the embedding routes, fill-mask with an MLM head, sparse
-        vectors with the sparse graph, and its head's routes)."""
         return [
             *EMBEDDING_ROUTES,
             *(("/fill-mask",) if self.model.has_mlm_head else ()),
@@ -116,12 +102,7 @@ class Core:
         ]
 
     def head(self, route: str, *kinds: str) -> Head:
-        """The model's head, if it is of one of ``kinds``.
-
-        Raises:
-            NotReady: still warming up.
-            Unsupported: it is not (the message names the model's kind and what it serves).
-        """
+        """The model's head, if it is of one of ``kinds``; else Unsupported (NotReady while warming up)."""
         self.check_ready()
         head = self.model.manifest.head
         if self.kind not in kinds or head is None or not self.model.has_head:
@@ -137,7 +118,7 @@ class Core:
             raise NotReady("the model is still warming up")
 
     def texts(self, inputs: str | list[str], names: Names) -> list[str]:
-        """The request's texts as a list, checked against the per-request limits (:func:`texts_of`)."""
+        """The request's texts as a list, checked against the per-request limits."""
         return texts_of(inputs, self.settings.max_inputs_per_request, self.settings.max_input_chars, names)
 
     def rules(
@@ -147,16 +128,9 @@ class Core:
         direction: Direction = "right",
         refuse_empty: bool = True,
     ) -> Rules:
-        """How a route prepares its inputs for this model (:class:`~app.tasks.prepare.Rules`)."""
         info = self.model.manifest.tokenizer
-        return Rules(
-            self.model.tokenizer.max_length,
-            too_long,
-            long_text,
-            direction,
-            (info.cls_id, info.sep_id),
-            refuse_empty,
-        )
+        limit = self.model.tokenizer.max_length
+        return Rules(limit, too_long, long_text, direction, (info.cls_id, info.sep_id), refuse_empty)
 
     async def tokenize(
         self, texts: TextInputs, add_special_tokens: bool = True, offsets: bool = True
@@ -169,19 +143,12 @@ class Core:
         return encodings, ms(seconds)
 
     def key_space(self, **options: object) -> str:
-        """The vector cache's key space of this model's outputs made with ``options`` (the rest of
-        :data:`~app.cache.keys.OPTION_FIELDS` None)."""
+        """The cache's key space of this model's outputs made with ``options`` (the other fields None)."""
         return cache_keys.space(self.model_digest, {**dict.fromkeys(cache_keys.OPTION_FIELDS), **options})
 
     async def cached(self, keys: list[str], compute: Compute[R], packing: Packing[R, A]) -> A:
-        """The answer for each of ``keys`` (one per input; equal keys, equal outputs): under admission
-        permits for every input, cached or not (they bound the in-flight map and the queues behind it);
-        through the cache when there is one (lookup, joining another request's computation of a key,
-        computing what is missing, storing it: :meth:`app.cache.vectors.VectorCache.vectors`); without
-        one, repeated keys computed once, and nothing per input beyond the work itself.
-
-        ``compute``'s errors propagate.
-        """
+        """The answer for each of ``keys`` (equal keys, equal outputs), through the cache when there is one.
+        Permits are held for every input, cached or not: they bound the cache's in-flight map too."""
         first = dict(zip(reversed(keys), range(len(keys) - 1, -1, -1), strict=True))  # key → its first input
 
         async def run(todo: list[str]) -> R:
@@ -205,8 +172,7 @@ class Core:
         need: Need | list[Need],
         type_ids: list[np.ndarray | None] | None = None,
     ) -> Job:
-        """Run ``sequences`` (token ids, with their token types for pairs) as one job, each with ``need``
-        (or its own); the job, with its results."""
+        """Run ``sequences`` (with token types for pairs) as one job, each with ``need`` (or its own)."""
         job = Job(asyncio.get_running_loop(), len(sequences))
         needs = need if isinstance(need, list) else [need] * len(sequences)
         types = type_ids if type_ids is not None else [None] * len(sequences)

@@ -1,10 +1,6 @@
-"""The fine-tuned heads: a sequence classifier's labels (``/predict``), a cross-encoder's ranking
-(``/rerank``), and a token classifier's entities (``/token-classification``), each as its reference
-answers (transformers' pipelines, sentence-transformers' ``CrossEncoder``).
-
-The head runs inside the encoder graph (``head_logits``); :mod:`app.engine.postprocess` turns logits
-into scores, :mod:`app.tasks.entities` token scores into entities.
-"""
+"""The fine-tuned heads, each answered as its reference does (transformers' pipelines, sentence-transformers'
+``CrossEncoder``): a sequence classifier's labels (``/predict``), a cross-encoder's ranking (``/rerank``), a
+token classifier's entities (``/token-classification``). The head runs inside the encoder graph."""
 
 from __future__ import annotations
 
@@ -14,7 +10,6 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import numpy as np
-from tokenizers import Encoding as TokenEncoding
 
 from app.engine.postprocess import head_scores
 from app.engine.work import Need
@@ -29,8 +24,6 @@ from app.telemetry.timings import Timings
 
 
 class Heads:
-    """The head tasks over the shared :class:`~app.tasks.core.Core`."""
-
     def __init__(self, core: Core) -> None:
         self.core = core
         # A tagger's vocabulary, for the words its entities are made of (transformers' decoding).
@@ -40,14 +33,8 @@ class Heads:
     async def predict(
         self, inputs: list[TextInput], raw_scores: bool, long_text: LongText, direction: Direction
     ) -> Answer[list[list[dict[str, Any]]]]:
-        """Per input (a text or a pair), every label with its score, best first: softmax (or sigmoid
-        for one label or multi-label) of the head's logits, or the logits with ``raw_scores``, as
-        transformers' ``pipeline("text-classification", top_k=None)`` answers.
-
-        Raises:
-            Unsupported: the model has no sequence head.
-            ValidationFailed: an input over the model's length without truncation.
-        """
+        """Per input (a text or a pair), every label with its score, best first, as transformers'
+        ``pipeline("text-classification", top_k=None)`` answers (``raw_scores``: the logits)."""
         head = self.core.head("/predict", "classifier", "reranker")
         # A pair's texts are both named as its input, inputs[i]; the count is of inputs, not of texts.
         self.core.texts([x if isinstance(x, str) else x[0] for x in inputs], listed("inputs", inputs))
@@ -75,13 +62,8 @@ class Heads:
         long_text: LongText,
         direction: Direction,
     ) -> Answer[list[dict[str, Any]]]:
-        """Each text's relevance to ``query``, best first (``index`` is its position in ``texts``): the
-        cross-encoder's score of the pair (query, text), as sentence-transformers' ``CrossEncoder.predict``.
-
-        Raises:
-            Unsupported: the model is not a cross-encoder (one label).
-            EmptyInput: no texts, or an empty query or text.
-        """
+        """Each text's relevance to ``query``, best first (``index``: its place in ``texts``), as
+        sentence-transformers' ``CrossEncoder.predict`` scores the pair (query, text)."""
         head = self.core.head("/rerank", "reranker")
         check_some(len(texts), "texts", "text to rank")
         self.core.texts([query], Names("query", lambda _i: "query"))
@@ -106,14 +88,8 @@ class Heads:
         long_text: LongText,
         direction: Direction,
     ) -> Answer[list[Any]]:
-        """The entities of each input, as transformers' ``pipeline("token-classification")`` with
-        ``aggregation_strategy`` answers (:mod:`app.tasks.entities`); a string's answer alone, a list's one
-        answer per input.
-
-        Raises:
-            Unsupported: the model is not a token classifier.
-            ValidationFailed: an input over the model's length without truncation; an unknown strategy.
-        """
+        """The entities of each input, as transformers' ``pipeline("token-classification")`` answers with
+        ``aggregation_strategy``: a string's answer alone, a list's one answer per input."""
         head = self.core.head("/token-classification", "tagger")
         names = listed("inputs", inputs)
         texts = self.core.texts(inputs, names)
@@ -124,57 +100,37 @@ class Heads:
             prepared.refuse()
             kept = [prepared.positions(k) for k in range(len(texts))]
             job = await self.core.run(prepared.ids, Need(head=True))
+
+        def found() -> list[Any]:  # each input's entities from its kept tokens' logits
+            answer = []
+            for text, enc, k, states in zip(texts, encodings, kept, job.token_states, strict=True):
+                if states is None:
+                    raise InternalError("a tagger job came back without its token logits")
+                offsets, special = enc.offsets, enc.special_tokens_mask
+                answer.append(
+                    entities.entities(
+                        text,
+                        [enc.ids[j] for j in k],
+                        [offsets[j] for j in k],
+                        [special[j] for j in k],
+                        head_scores(states[0], "softmax").astype(np.float32),
+                        head.labels,
+                        cast(entities.Vocabulary, self.vocabulary),
+                        strategy,
+                        ignore_labels,
+                    )
+                )
+            return answer
+
         # Off the event loop: up to 64 × 512 tokens aggregated in Python (transformers' pipeline's way).
-        answer = await asyncio.to_thread(
-            self._entities, texts, encodings, kept, job.token_states, head.labels, strategy, ignore_labels
-        )
+        answer = await asyncio.to_thread(found)
         value: list[Any] = answer[0] if isinstance(inputs, str) else answer
         return Answer(value, timings_of([job], tokenization_ms))
 
-    def _entities(
-        self,
-        texts: list[str],
-        encodings: list[TokenEncoding],
-        kept: list[np.ndarray],
-        token_states: list[np.ndarray | None],
-        labels: dict[int, str],
-        strategy: entities.AggregationStrategy,
-        ignore_labels: list[str],
-    ) -> list[Any]:
-        """Each input's entities from its kept tokens' logits (:func:`app.tasks.entities.entities`).
-
-        Raises:
-            InternalError: an input came back without its token logits.
-        """
-        answer = []
-        for text, enc, k, states in zip(texts, encodings, kept, token_states, strict=True):
-            if states is None:
-                raise InternalError("a tagger job came back without its token logits")
-            offsets, special = enc.offsets, enc.special_tokens_mask
-            answer.append(
-                entities.entities(
-                    text,
-                    [enc.ids[j] for j in k],
-                    [offsets[j] for j in k],
-                    [special[j] for j in k],
-                    head_scores(states[0], "softmax").astype(np.float32),
-                    labels,
-                    cast(entities.Vocabulary, self.vocabulary),
-                    strategy,
-                    ignore_labels,
-                )
-            )
-        return answer
-
     async def _logits(
-        self,
-        inputs: list[TextInput],
-        long_text: LongText,
-        direction: Direction,
-        field_name: str = "inputs",
+        self, inputs: list[TextInput], long_text: LongText, direction: Direction, field_name: str = "inputs"
     ) -> tuple[np.ndarray, Timings]:
-        """The head's logits [inputs, labels] of texts and pairs (checked by the caller against the
-        per-request limits), through the cache when there is one; ``field_name`` names them in errors."""
+        """The head's logits [inputs, labels] of texts and pairs, through the cache when there is one."""
         # Each input's cache key is its JSON: a text's a JSON string, a pair's a JSON array, never the same.
         keys = [json.dumps(x, ensure_ascii=False) for x in inputs]
         item = dict(zip(keys, inputs, strict=True))
@@ -195,14 +151,8 @@ class Heads:
                 raise InternalError("a /predict job came back without its logits")
             return job.vectors[:, 0, :]
 
-        # Keys are each text or pair as JSON; the other options are None.
         space = dict(long_text=long_text, truncation_direction=direction, input="json", output="head_logits")
         head = self.core.model.manifest.head
-        packing = Packing(
-            lambda: self.core.key_space(**space),
-            len(head.labels) if head else None,
-            np.asarray,
-            np.stack,
-            taken,
-        )
+        width = len(head.labels) if head else None
+        packing = Packing(lambda: self.core.key_space(**space), width, np.asarray, np.stack, taken)
         return await self.core.cached(keys, compute, packing), spent.timings()

@@ -1,6 +1,5 @@
-"""What ``GET /info`` shows of a service: each model by its served name (never a path), variant and
-provider, limits, batching settings with the fitted batch cost model and the queue-delay budget, and the
-engine's and cache's counters; which model answers each route by default."""
+"""What ``GET /info`` shows of each model (by its served name, never a path) and which model answers each
+route by default."""
 
 from __future__ import annotations
 
@@ -40,68 +39,50 @@ _SOURCES = {
 }
 
 
-def defaults(service: Service) -> dict[str, Any]:
-    """The options a request gets for what it leaves out, and where each came from."""
-    d = service.model.manifest.defaults
-    o = service.defaults
-    return {
-        "pooling": o.pooling,
-        "normalize": o.normalize,
-        "long_text": o.long_text,
-        "max_input_length": service.model.tokenizer.max_length,
-        "prompt_name": o.prompt_name,
-        "prompts": d.prompts,
-        "include_prompt": d.include_prompt,
-        "do_lower_case": d.do_lower_case,
-        "dense": [{"in": x.in_features, "out": x.out_features, "activation": x.activation} for x in d.dense],
-        "dimensions": service.embeddings.width,
-        # Whether a request's dimensions may cut the vectors (else only the width above is taken), and to
-        # which widths (None: any of 1..dimensions).
-        "matryoshka": d.matryoshka,
-        "matryoshka_dimensions": d.matryoshka_dimensions,
-        "modules": d.modules,
-        "source": d.source,
-        "sources": _SOURCES[d.source],
-    }
-
-
-# TEI's name for each kind in /info's ``model_type`` (what Dify's TEI provider reads to tell an embedder from
-# a reranker); TEI serves no tagger, so that one is named for what it is.
-_TEI_TYPES = {
-    "embedding": "embedding",
-    "classifier": "classifier",
-    "reranker": "reranker",
-    "tagger": "token_classifier",
-}
-
-
-def tei_model_type(service: Service) -> dict[str, Any]:
-    """TEI's ``model_type``: ``{"embedding": {"pooling": ...}}``, or a head's kind with its labels as
-    ``id2label`` and ``label2id``."""
-    head = service.model.manifest.head
-    kind = _TEI_TYPES[service.model.manifest.kind]
-    if head is None or kind == "embedding":
-        return {"embedding": {"pooling": service.defaults.pooling}}
-    return {
-        kind: {
-            "id2label": {str(k): v for k, v in head.labels.items()},
-            "label2id": {v: k for k, v in head.labels.items()},
-        }
-    }
-
-
 def describe(service: Service) -> dict[str, Any]:
     m = service.model.manifest
     s = service.settings
+    d = m.defaults
+    o = service.defaults
     head = m.head
+    labels = {str(k): v for k, v in head.labels.items()} if head is not None else None
+    # TEI's model_type, which Dify's TEI provider reads to tell an embedder from a reranker (TEI serves no
+    # tagger: that one is named for what it is).
+    model_type: dict[str, Any] = {"embedding": {"pooling": o.pooling}}
+    if head is not None and m.kind != "embedding":
+        label2id = {v: k for k, v in head.labels.items()}
+        model_type = {
+            ("token_classifier" if m.kind == "tagger" else m.kind): {"id2label": labels, "label2id": label2id}
+        }
     return {
         "model_id": service.served_name,
-        "model_type": tei_model_type(service),
+        "model_type": model_type,
         "kind": m.kind,
         "kind_description": KIND_NAMES[m.kind],
         "routes": service.routes(),
-        "labels": {str(k): v for k, v in head.labels.items()} if head is not None else None,
-        "defaults": defaults(service),
+        "labels": labels,
+        # The options a request gets for what it leaves out, and where each came from.
+        "defaults": {
+            "pooling": o.pooling,
+            "normalize": o.normalize,
+            "long_text": o.long_text,
+            "max_input_length": service.model.tokenizer.max_length,
+            "prompt_name": o.prompt_name,
+            "prompts": d.prompts,
+            "include_prompt": d.include_prompt,
+            "do_lower_case": d.do_lower_case,
+            "dense": [
+                {"in": x.in_features, "out": x.out_features, "activation": x.activation} for x in d.dense
+            ],
+            "dimensions": service.embeddings.width,
+            # Whether a request's dimensions may cut the vectors (else only the width above is taken), and to
+            # which widths (None: any of 1..dimensions).
+            "matryoshka": d.matryoshka,
+            "matryoshka_dimensions": d.matryoshka_dimensions,
+            "modules": d.modules,
+            "source": d.source,
+            "sources": _SOURCES[d.source],
+        },
         "revision": m.source.revision,
         "weights": m.source.weights,
         "variant": service.model.variant,
@@ -145,8 +126,7 @@ def describe(service: Service) -> dict[str, Any]:
 
 
 def describe_all(models: Models) -> dict[str, Any]:
-    """The default model's description (:func:`describe`), each model's under ``models`` in order, and
-    the model each data route answers with when a request names none."""
+    """The default model's description, each model's under ``models``, and each route's default model."""
     default = models.services[0]
     routes = dict.fromkeys(r for service in models.services for r in service.routes())
     return {

@@ -1,9 +1,5 @@
-"""Per-request layer arithmetic on pooled vectors and token rows, in numpy.
-
-:func:`combine_layers` applies a :class:`~app.tasks.options.LayerMix` (concat, mean, weighted, difference: the same
-arithmetic for pooled vectors and for token rows); a long input's windows are averaged weighted by their
-tokens; vectors and rows are normalised; fill-mask takes the top k of a probability row.
-"""
+"""Per-request arithmetic on pooled vectors and token rows, in numpy: layers combined, a long input's
+windows averaged by their tokens, rows normalised, fill-mask's top k."""
 
 from __future__ import annotations
 
@@ -14,14 +10,7 @@ from app.tasks.options import LayerMix
 
 
 def combine_layers(stack: np.ndarray, mix: LayerMix) -> np.ndarray:
-    """Combine the first axis (layers) of ``stack``: [layers, …, hidden] → […, width].
-
-    concat: the layers side by side in the requested order (width = layers × hidden); mean; weighted:
-    the weighted sum with ``mix.weights``; difference: the first layer minus the second.
-
-    Raises:
-        InternalError: a mix that validation should not have let through.
-    """
+    """Combine the first axis (layers) of ``stack``: [layers, …, hidden] → […, width]."""
     if len(stack) == 1 and mix.how in ("concat", "mean"):
         return stack[0]  # one layer (a default /embed): the same numbers, without a copy (x / 1 is x)
     if mix.how == "concat":
@@ -38,23 +27,18 @@ def combine_layers(stack: np.ndarray, mix: LayerMix) -> np.ndarray:
 
 
 def row_norms(rows: np.ndarray) -> np.ndarray:
-    """[tokens, width] float rows → [tokens]: each row's L2 norm.
-
-    ``np.linalg.norm(rows, axis=-1)``'s own arithmetic for real floats (the same bytes) without its checks
-    and dispatch, which cost more than the sums at one vector (1 × 1 /embed, ``python -m loadtest.answer_path``).
-    """
+    """Each row's L2 norm: ``np.linalg.norm(rows, axis=-1)``'s bytes without its checks and dispatch,
+    which cost more than the sums at one vector (``python -m loadtest.answer_path``)."""
     return np.sqrt(np.add.reduce(rows * rows, axis=-1))
 
 
 def normalize_rows(rows: np.ndarray) -> np.ndarray:
-    """Each row of [tokens, width] scaled to unit length (a zero row stays zero)."""
     norms = row_norms(rows)
     norms[~(norms > 0)] = 1  # what np.where(norms > 0, norms, 1) gives, in place
     return rows / norms[:, None]
 
 
 def top_k(probs: np.ndarray, k: int) -> tuple[list[int], list[float]]:
-    """The ``k`` most probable ids of one [vocab] row, most probable first."""
     k = min(k, probs.shape[-1])
     idx = np.argpartition(-probs, k - 1)[:k]
     idx = idx[np.argsort(-probs[idx], kind="stable")]
@@ -68,13 +52,8 @@ Windows = tuple[np.ndarray, np.ndarray]
 def input_vectors(
     count: int, pooled: np.ndarray, mix: LayerMix, normalized: bool, windows: Windows | None = None
 ) -> np.ndarray:
-    """[count, width]: one vector per input from the pooled vectors of its sequences.
-
-    ``pooled`` is [sequences, layers, hidden], one sequence per input in order unless ``windows`` says
-    which input each belongs to and how many tokens it carries. An input's window vectors are combined
-    by ``mix`` and averaged weighted by tokens, then normalised if asked; all in whole-array operations,
-    whatever the number of inputs.
-    """
+    """[count, width] from ``pooled`` [sequences, layers, hidden]: one sequence per input, or its windows
+    (``windows``), averaged by their tokens; whole-array operations, whatever the number of inputs."""
     combined = combine_layers(pooled.transpose(1, 0, 2), mix)  # [sequences, width]
     if windows is not None:
         owners, tokens = windows
@@ -86,8 +65,7 @@ def input_vectors(
 
 
 def first_components(vectors: np.ndarray, dimensions: int, normalized: bool) -> np.ndarray:
-    """[n, width] → [n, dimensions]: each vector's first ``dimensions`` components (Matryoshka), scaled to
-    unit length again if ``normalized``. Cutting a unit vector and normalising gives what cutting the raw
-    vector and normalising does, so a cache of normalised vectors serves every ``dimensions``."""
+    """Each vector's first ``dimensions`` components (Matryoshka), normalised again if ``normalized``: as
+    from the raw vector, so a cache of normalised vectors serves every ``dimensions``."""
     cut = vectors[:, :dimensions]
     return normalize_rows(cut) if normalized else np.ascontiguousarray(cut)  # contiguous for the writers

@@ -1,14 +1,6 @@
-"""The models one service serves, by name, and which of them answers a request.
-
-A service of one model (``ZHEMBED_MODEL``) answers every request with it, whatever the request's
-``model`` says: OpenAI's clients send names of their own (``text-embedding-3-small``), and TEI never
-checked. A service of several (``ZHEMBED_MODELS``, :mod:`app.settings.models`) reads the ``model`` a
-request names (the field on every data route, gRPC's metadata ``model``): one it does not serve is a 404
-(:class:`~app.errors.UnknownModel`) that lists those it does. A request that names none gets the route's
-default: the first model, in the order they were given, that serves the route, where the embedding
-routes prefer an embedding model (a reranker's or a tagger's encoder computes vectors too, but not
-ones meant for search); a route that no model serves goes to the first, which says why it cannot.
-"""
+"""The models one service serves, by name, and which of them answers a request (docs/models.md says how a
+request names one, and which a request that names none gets). A service of one model answers every request
+with it, whatever the request's ``model`` says: OpenAI's clients send names of their own."""
 
 from __future__ import annotations
 
@@ -27,7 +19,7 @@ class Models:
     """The services of one process's models, the first the default one."""
 
     def __init__(self, services: Sequence[Service], named: bool) -> None:
-        """``named``: the models were given names (``ZHEMBED_MODELS``): a request's ``model`` must be one."""
+        # named: the models were given names (ZHEMBED_MODELS): a request's model must be one.
         if not services:
             raise ValueError("a service serves at least one model")
         self.services = list(services)
@@ -45,11 +37,7 @@ class Models:
         return all(service.ready for service in self.services)
 
     def get(self, name: str) -> Service:
-        """The model served as ``name``.
-
-        Raises:
-            UnknownModel: none is; the message lists the names served.
-        """
+        """The model served as ``name``; else UnknownModel, which lists the names served."""
         service = self.by_name.get(name)
         if service is None:
             served = ", ".join(repr(n) for n in self.names)
@@ -57,18 +45,13 @@ class Models:
         return service
 
     def pick(self, name: str | None, route: str) -> Service:
-        """The model that answers a request to ``route`` naming ``name`` (None: none); it is also left in
-        :data:`~app.telemetry.context.CURRENT_MODEL` for the request's metrics, span and log line.
-
-        Raises:
-            UnknownModel: of several named models, ``name`` is none of them.
-        """
+        """The model that answers a request to ``route`` naming ``name``, also left in ``CURRENT_MODEL``."""
         service = self.get(name) if name is not None and self.named else self.default(route)
         CURRENT_MODEL.set(service.served_name)
         return service
 
     def default(self, route: str) -> Service:
-        """The model a request to ``route`` that names none gets (see the module)."""
+        """The model a request to ``route`` that names none gets."""
         route = ALIASES.get(route, route)
         service = self._defaults.get(route)
         if service is None:

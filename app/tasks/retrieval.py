@@ -1,11 +1,6 @@
-"""What the retrieval stacks' APIs ask beyond TEI's routes: Cohere's embed (vectors with the tokens they
-took, its ``input_type`` as the model's prompts), Jina's and Cohere's rerank (documents cut to
-``max_tokens_per_doc``, the tokens the pairs took), and TEI's ``/decode`` (token ids back to text).
-
-Each stands on the tasks TEI's routes use, so the numbers are theirs: Cohere's vectors are
-:meth:`~app.tasks.embeddings.Embeddings.vectors`' (what ``/embed`` gives), the rerank scores are
-:meth:`~app.tasks.heads.Heads.rerank`'s (what ``/rerank`` gives for the same pairs).
-"""
+"""What the retrieval stacks' APIs ask beyond TEI's routes: Cohere's embed (``input_type`` as the model's
+prompts), Jina's and Cohere's rerank (``max_tokens_per_doc``), and TEI's ``/decode``. Each stands on the
+tasks TEI's routes use, so its vectors and scores are ``/embed``'s and ``/rerank``'s."""
 
 from __future__ import annotations
 
@@ -36,12 +31,7 @@ TOO_LONG_COHERE = "send truncate END to keep its start, or START to keep its end
 
 
 def input_prompt(input_type: str | None, prompts: dict[str, str], default: str | None) -> str | None:
-    """The prompt name Cohere's ``input_type`` embeds with: the first of :data:`INPUT_PROMPTS`' names the
-    model has, else none; no ``input_type``: the model's default prompt.
-
-    Raises:
-        ValidationFailed: ``image`` (this service embeds text only), or an unknown input type.
-    """
+    """The prompt name Cohere's ``input_type`` embeds with (none given: the model's default prompt)."""
     if input_type is None:
         return default
     names = INPUT_PROMPTS.get(input_type)
@@ -54,8 +44,6 @@ def input_prompt(input_type: str | None, prompts: dict[str, str], default: str |
 
 
 class Retrieval:
-    """The tasks of the retrieval stacks' APIs over the shared core and the embedding and head tasks."""
-
     def __init__(self, core: Core, embeddings: Embeddings, heads: Heads) -> None:
         self.core = core
         self.embeddings = embeddings
@@ -70,14 +58,7 @@ class Retrieval:
         direction: Direction,
         dimensions: int | None,
     ) -> Answer[tuple[np.ndarray, int]]:
-        """Cohere's embed: each text's float32 vector (as ``/embed`` makes it, with the input type's
-        prompt) and the tokens of all of them ([CLS], [SEP] and the prompt included, before truncation).
-
-        Raises:
-            ValidationFailed: an unsupported input type; a text over the model's length with long_text
-                "error"; over the per-request limits; a ``dimensions`` the model cannot give.
-            EmptyInput: no texts, or an empty one.
-        """
+        """Cohere's embed: each text's vector (with the input type's prompt) and the tokens of them all."""
         defaults = self.core.defaults
         prompt = input_prompt(input_type, self.core.model.manifest.defaults.prompts, defaults.prompt_name)
         options: EmbedOptions = replace(
@@ -88,9 +69,7 @@ class Retrieval:
             dimensions=dimensions,
         )
         names = listed("texts", texts)
-        checked = self.core.texts(texts, names)
-        self.core.check_ready()
-        got = await self.embeddings.vectors(checked, options, names, TOO_LONG_COHERE)
+        got = await self.embeddings.vectors(self.core.texts(texts, names), options, names, TOO_LONG_COHERE)
         return Answer((got.vectors, int(got.tokens.sum())), got.timings)
 
     @timed
@@ -102,27 +81,16 @@ class Retrieval:
         long_text: LongText,
         direction: Direction,
     ) -> Answer[tuple[list[dict[str, object]], int]]:
-        """Jina's and Cohere's rerank: ``/rerank``'s ranks (index, score), best first, of each document
-        cut to its first ``max_tokens_per_doc`` tokens; and the tokens the pairs ran with.
-
-        The documents are tokenised once more for the cut and the count (on the tokenisation thread);
-        a pair's tokens are the query's, the document's and [CLS] [SEP] [SEP], at most the model's length.
-
-        Raises:
-            Unsupported: the model is not a cross-encoder.
-            EmptyInput: no documents, or an empty query or document.
-            ValidationFailed: over the per-request limits; a pair over the model's length with long_text
-                "error".
-        """
+        """Jina's and Cohere's rerank: ``/rerank``'s ranks of the documents cut to ``max_tokens_per_doc``,
+        and the tokens the pairs ran with (tokenised once more for the cut and the count)."""
         self.core.head("/rerank", "reranker")
         if not documents:
             raise EmptyInput("documents is empty: send at least one document to rank")
         self.core.texts([query], Names("query", lambda _i: "query"))
         self.core.texts(documents, listed("documents", documents))
-        cut = max_tokens_per_doc is not None
         with self.core.engine.admit(len(documents)):
             encodings, tokenization_ms = await self.core.tokenize(
-                [query, *documents], add_special_tokens=False, offsets=cut
+                [query, *documents], add_special_tokens=False, offsets=max_tokens_per_doc is not None
             )
         kept = list(documents)
         lengths = [len(e.ids) for e in encodings[1:]]
@@ -140,16 +108,8 @@ class Retrieval:
 
     @timed
     async def decode(self, id_lists: list[list[int]], skip_special_tokens: bool) -> Answer[list[str]]:
-        """TEI's decode: each list of token ids as text, on a worker thread (a long list decodes for
-        milliseconds, which the event loop must not wait for).
-
-        Bounded as ``/tokenize`` is: at most ``max_inputs_per_request`` lists, each of at most
-        ``max_input_chars`` + 2 ids (the most a text ``/tokenize`` takes gives, [CLS] and [SEP] included).
-
-        Raises:
-            EmptyInput: no lists.
-            ValidationFailed: too many lists, a list too long, an id outside the vocabulary.
-        """
+        """TEI's decode: each list of token ids as text, on a worker thread (a long list takes milliseconds).
+        Bounded as ``/tokenize`` is: at most ``max_input_chars`` + 2 ids a list ([CLS] and [SEP])."""
         self.core.check_ready()
         settings = self.core.settings
         names = Names("ids", lambda i: f"ids[{i}]")

@@ -1,13 +1,6 @@
-"""The service: every task over one shared core, and the warm-up.
-
-``Service`` is the :class:`~app.tasks.core.Core` (the model, engine, cache, metrics, readiness and the
-shared steps) with a room per task: ``embeddings`` (``/embed``, ``/``, ``/v1/embeddings``,
-``/similarity``), ``fill_mask``, ``heads`` (``/predict``, ``/rerank``, ``/token-classification``),
-``tokens`` (``/tokenize``, ``/embed_all``), ``sparse`` (``/embed_sparse``) and ``retrieval`` (Cohere's
-and Jina's rerank and embed, ``/decode``). It knows nothing of HTTP
-or gRPC: the tasks raise the typed errors of :mod:`app.errors` and return arrays and plain data with
-their timings; wire encodings and header names belong to :mod:`app.api`.
-"""
+"""The service: the shared :class:`~app.tasks.core.Core` with a room per task (``embeddings``, ``fill_mask``,
+``heads``, ``tokens``, ``sparse``, ``retrieval``), and the warm-up. It knows nothing of HTTP or gRPC: the
+tasks raise :mod:`app.errors`' typed errors and return arrays and plain data with their timings."""
 
 from __future__ import annotations
 
@@ -45,12 +38,7 @@ class Service(Core):
     """The shared core and its tasks: one per process."""
 
     def __init__(
-        self,
-        settings: Settings,
-        model: OnnxModel,
-        engine: Engine,
-        cache: VectorCache,
-        metrics: Metrics,
+        self, settings: Settings, model: OnnxModel, engine: Engine, cache: VectorCache, metrics: Metrics
     ) -> None:
         super().__init__(settings, model, engine, cache, metrics)
         self.embeddings = Embeddings(self)
@@ -63,22 +51,18 @@ class Service(Core):
 
     @property
     def fault(self) -> str | None:
-        """Why this model cannot serve, for good (None: it can): its warm-up failed, or its inference
-        thread died. ``/health`` answers 503 with it, and the process stops to be replaced
-        (:mod:`app.serving.server`)."""
+        """Why this model cannot serve, for good (its warm-up failed, or its inference thread died): 503."""
         return self.warmup_fault or self.engine.inference.fault
 
     def warmup_failed(self, exc: Exception) -> InternalError:
-        """Record that the warm-up failed with ``exc``: logged (once) under an error id, which ``fault``
-        names. Returns the error logged."""
+        """Record that the warm-up failed with ``exc``: logged once, under an error id ``fault`` names."""
         error = exc if isinstance(exc, InternalError) else InternalError(f"{type(exc).__name__}: {exc}")
         log_fault(error, exc)
         self.warmup_fault = f"the warm-up of {self.served_name} failed (error id {error.error_id})"
         return error
 
     async def warmup(self) -> None:
-        """Embed and fill a few inputs of typical shapes so the first real request pays no set-up (the app
-        marks the service ready once this is done: :mod:`app.serving.factory`)."""
+        """Run inputs of typical shapes, and the largest batches, so the first real request pays no set-up."""
         texts = list(_WARMUP_TEXTS)
         # No more at once than the server admits (a warm-up refused with 429 would never mark it ready).
         room = self.settings.max_concurrent_inputs
@@ -111,5 +95,4 @@ class Service(Core):
 
 
 def fault_of(services: Iterable[Service]) -> str | None:
-    """Why one of ``services`` cannot serve (the first that cannot; None: each can)."""
     return next((fault for service in services if (fault := service.fault) is not None), None)

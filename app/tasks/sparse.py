@@ -1,10 +1,7 @@
 """Sparse vectors (SPLADE, ``POST /embed_sparse``, TEI's ``EmbedSparse``): per input a weight for each
-vocabulary entry the model's masked-LM head finds in it, the zero weights left out.
-
-The export's sparse graph computes them (export/graphs.py): the engine runs it on the sequences' last
-hidden states in the same batch as the encoder, so a [batch, seq, vocab] tensor never leaves ONNX
-Runtime. The cache keeps each vector as its non-zero entries (int32 indices, float32 weights), a few
-hundred bytes rather than the vocabulary's 84 KB; ``top_k`` is applied after it.
+vocabulary entry the model's masked-LM head finds in it, the zero weights left out. The export's sparse
+graph runs in the encoder's batch, so a [batch, seq, vocab] tensor never leaves ONNX Runtime; the cache
+keeps each vector's non-zero entries (a few hundred bytes, not the vocabulary's 84 KB), ``top_k`` after it.
 """
 
 from __future__ import annotations
@@ -20,7 +17,7 @@ from app.errors import ServiceError, Unsupported, ValidationFailed
 from app.tasks.answers import Answer, Spent, timed
 from app.tasks.core import Core, Packing
 from app.tasks.options import Direction, LongText, Names, listed
-from app.tasks.prepare import TOO_LONG_TRUNCATE, from_encodings, text_problems
+from app.tasks.prepare import TOO_LONG_TRUNCATE, Name, Prepared, Rules, from_encodings, text_problems
 
 # The k largest of many weights (_sampled_largest): one weight in SAMPLE_STRIDE is sampled, and the
 # sample's weight ranked SAMPLE_SIGMAS standard deviations (and SAMPLE_MARGIN) past the e of the k largest
@@ -35,25 +32,21 @@ SAMPLE_MARGIN = 2
 
 @dataclass(frozen=True)
 class SparseVector:
-    """One input's sparse vector: its non-zero weights' vocabulary ``indices`` (ascending, int32) and
-    ``values`` (float32, > 0)."""
+    """One input's non-zero weights: their vocabulary ``indices`` (ascending, int32) and ``values``."""
 
     indices: np.ndarray
     values: np.ndarray
 
     @staticmethod
     def of(vector: np.ndarray) -> SparseVector:
-        """The non-zero entries of a dense [vocab] float32 vector: their positions through a boolean mask,
-        their weights gathered by position (on a row of ~20,000 non-zeros a quarter of the time of a
-        gather through the mask)."""
+        """The non-zero entries of a dense [vocab] vector (gathered by position: on ~20,000 non-zeros a
+        quarter of the time of a gather through the mask)."""
         indices = np.flatnonzero(vector != 0)
         return SparseVector(indices.astype(np.int32), vector.take(indices))
 
     @staticmethod
     def largest(vector: np.ndarray, k: int | None) -> SparseVector:
-        """``SparseVector.of(vector).top(k)`` (the same entries, ties to the lower index) without picking
-        every non-zero of the dense [vocab] float32 ``vector``: see :func:`_sampled_largest` (else it
-        falls back on :meth:`of` and :meth:`top`)."""
+        """``SparseVector.of(vector).top(k)`` without picking every non-zero of the dense ``vector``."""
         kept = None if k is None else _sampled_largest(vector, k)
         if kept is None:
             return SparseVector.of(vector).top(k)
@@ -70,8 +63,7 @@ class SparseVector:
 
 
 def _largest(values: np.ndarray, k: int) -> np.ndarray:
-    """The positions of the ``k`` largest of ``values`` (k at most their number), ascending; of weights
-    equal to the k-th largest, the lower positions."""
+    """The positions of the ``k`` largest ``values``, ascending; of ties with the k-th, the lower ones."""
     n = len(values)
     kth = np.partition(values, n - k)[n - k]  # the k-th largest weight: O(n), not a sort
     kept = np.flatnonzero(values >= kth)
@@ -83,9 +75,8 @@ def _largest(values: np.ndarray, k: int) -> np.ndarray:
 
 
 def _sampled_largest(values: np.ndarray, k: int) -> np.ndarray | None:
-    """:func:`_largest`'s positions, ranking only the weights at or above a cut sampled from ``values``
-    (see SAMPLE_STRIDE); None where the cut is not above 0 (weights of 0 are no answer's) or leaves
-    fewer than ``k``."""
+    """:func:`_largest`'s positions, ranking only the weights at or above a sampled cut; None where the
+    cut is not above 0 (weights of 0 are no answer's) or leaves fewer than ``k``."""
     sample = values[::SAMPLE_STRIDE]
     m = len(sample)
     e = k * m / len(values)
@@ -102,16 +93,14 @@ def _sampled_largest(values: np.ndarray, k: int) -> np.ndarray | None:
 
 
 def top_rows(vectors: np.ndarray, k: int | None) -> list[SparseVector]:
-    """Each dense row of ``vectors`` [n, vocab] as ``SparseVector.of(row).top(k)`` (see
-    :meth:`SparseVector.largest`)."""
+    """Each dense row of ``vectors`` [n, vocab] as ``SparseVector.of(row).top(k)``."""
     if k is None:
         return [SparseVector.of(v) for v in vectors]
     return [SparseVector.largest(v, k) for v in vectors]
 
 
 def pack(vector: np.ndarray) -> np.ndarray:
-    """A dense [vocab] float32 vector as the cache keeps it: its non-zero indices (int32, as float32 bytes)
-    then their weights, one float32 array of twice their number, written in place."""
+    """A dense vector as the cache keeps it: its non-zero indices (int32 bytes as float32), their weights."""
     indices = np.flatnonzero(vector != 0)
     n = len(indices)
     packed = np.empty(2 * n, np.float32)
@@ -121,23 +110,20 @@ def pack(vector: np.ndarray) -> np.ndarray:
 
 
 def unpack(packed: np.ndarray) -> SparseVector:
-    """:func:`pack`'s array back as a :class:`SparseVector`."""
     half = len(packed) // 2
     return SparseVector(packed[:half].view(np.int32), packed[half:])
 
 
 @dataclass(frozen=True)
 class SparseRows:
-    """The bulk job's sparse answer for a call's texts: the vectors of the good ones (in text order), their
-    tokens ([CLS] and [SEP] included, before any truncation), and each other text's problem by index."""
+    """The bulk job's answer: the good texts' vectors, their tokens, and each other text's problem."""
 
     vectors: list[SparseVector]
-    tokens: np.ndarray  # int64 [len(vectors)]
+    tokens: np.ndarray  # int64 [len(vectors)], [CLS] and [SEP] included, before any truncation
     problems: dict[int, ServiceError]
 
 
 def check_top_k(top_k: int | None) -> None:
-    """Raises ValidationFailed for a ``top_k`` under 1."""
     if top_k is not None and top_k < 1:
         raise ValidationFailed(
             f"top_k must be at least 1 (or left out for every non-zero weight), not {top_k}"
@@ -145,8 +131,6 @@ def check_top_k(top_k: int | None) -> None:
 
 
 class SparseEmbeddings:
-    """The sparse-vector task over the shared :class:`~app.tasks.core.Core`."""
-
     def __init__(self, core: Core) -> None:
         self.core = core
 
@@ -161,11 +145,34 @@ class SparseEmbeddings:
             )
 
     def check_long_text(self, long_text: LongText) -> None:
-        """Raises ValidationFailed for "chunk": a sparse vector is one sequence's, not a mean of windows."""
+        # A sparse vector is one sequence's, not a mean of windows.
         if long_text == "chunk":
             raise ValidationFailed(
                 "sparse vectors are not averaged over windows: send truncate: true or shorten the text"
             )
+
+    def _checked(self, long_text: LongText, direction: Direction, top_k: int | None, too_long: str) -> Rules:
+        """The checks of a call (the same, in the same order, for a request and the bulk job); its rules."""
+        self.check()
+        self.check_long_text(long_text)
+        check_top_k(top_k)
+        return self.core.rules(too_long, long_text, direction)
+
+    async def _dense(
+        self, texts: list[str], rules: Rules, name: Name, spent: Spent, refuse: bool
+    ) -> tuple[Prepared, np.ndarray | None]:
+        """How ``texts`` were prepared, and the dense vectors [good texts, vocab] (None: none is good)."""
+        encodings, took = await self.core.tokenize(texts, offsets=False)
+        spent.tokenization_ms += took
+        prepared = from_encodings(encodings, rules, name)
+        if refuse:
+            prepared.refuse()
+        if not prepared.ids:
+            return prepared, None
+        job = await self.core.run(prepared.ids, Need(sparse=True))
+        spent.jobs.append(job)
+        assert job.vectors is not None
+        return prepared, job.vectors[:, 0]
 
     async def rows(
         self,
@@ -176,32 +183,22 @@ class SparseEmbeddings:
         too_long: str,
         top_k: int | None = None,
     ) -> SparseRows:
-        """Each text's sparse vector, or why it is refused: the bulk job's call. Nothing is cached; a text
-        a request would be refused for is left out and its problem kept, in the words a request gets,
-        while the others run: one engine call, whatever is wrong (as ``Embeddings.rows``).
-
-        Raises:
-            NotReady, Unsupported, ValidationFailed: see :meth:`check`, :meth:`check_long_text`,
-                :func:`check_top_k`.
-        """
-        self.check()
-        self.check_long_text(long_text)
-        check_top_k(top_k)
+        """Each text's sparse vector, or why it is refused: the bulk job's call (as ``Embeddings.rows``)."""
+        rules = self._checked(long_text, direction, top_k, too_long)
         problems = text_problems(texts, self.core.settings.max_input_chars, names.item)
         good = [i for i in range(len(texts)) if i not in problems]
         if not good:
             return SparseRows([], np.empty(0, np.int64), problems)
-        rules = self.core.rules(too_long, long_text, direction)
         with self.core.engine.admit(len(good)):
-            encodings, _ = await self.core.tokenize([texts[i] for i in good], offsets=False)
-            prepared = from_encodings(encodings, rules, lambda k: names.item(good[k]))
-            problems.update((good[k], problem) for k, problem in prepared.problems.items())
-            if not prepared.ids:
-                return SparseRows([], np.empty(0, np.int64), problems)
-            job = await self.core.run(prepared.ids, Need(sparse=True))
-        assert job.vectors is not None
-        vectors = top_rows(job.vectors[:, 0], top_k)
-        return SparseRows(vectors, prepared.tokens.astype(np.int64), dict(sorted(problems.items())))
+            prepared, dense = await self._dense(
+                [texts[i] for i in good], rules, lambda k: names.item(good[k]), Spent(), refuse=False
+            )
+        problems.update((good[k], problem) for k, problem in prepared.problems.items())
+        if dense is None:
+            return SparseRows([], np.empty(0, np.int64), problems)
+        return SparseRows(
+            top_rows(dense, top_k), prepared.tokens.astype(np.int64), dict(sorted(problems.items()))
+        )
 
     @timed
     async def embed_sparse(
@@ -211,31 +208,16 @@ class SparseEmbeddings:
         direction: Direction = "right",
         top_k: int | None = None,
     ) -> Answer[list[SparseVector]]:
-        """Each input's sparse vector, in input order (``top_k``: only its largest weights).
-
-        Raises:
-            NotReady, Unsupported: see :meth:`check`.
-            EmptyInput, ValidationFailed: no inputs, an empty one, one over the model's length (without
-                ``long_text`` "truncate"), too many, a ``top_k`` under 1.
-        """
-        self.check()
-        check_top_k(top_k)
-        self.check_long_text(long_text)
+        """Each input's sparse vector, in input order (``top_k``: only its largest weights)."""
+        rules = self._checked(long_text, direction, top_k, TOO_LONG_TRUNCATE)
         names = listed("inputs", inputs)
         texts = self.core.texts(inputs, names)
-        rules = self.core.rules(TOO_LONG_TRUNCATE, long_text, direction)
         spent = Spent()
 
-        async def dense(todo: list[str], first: Callable[[int], int]) -> np.ndarray:
-            """The dense vectors [len(todo), vocab] of distinct texts."""
-            encodings, took = await self.core.tokenize(todo, offsets=False)
-            spent.tokenization_ms += took
-            prepared = from_encodings(encodings, rules, lambda i: names.item(first(i)))
-            prepared.refuse()
-            job = await self.core.run(prepared.ids, Need(sparse=True))
-            spent.jobs.append(job)
-            assert job.vectors is not None
-            return job.vectors[:, 0]
+        async def compute(todo: list[str], first: Callable[[int], int]) -> np.ndarray:
+            _, dense = await self._dense(todo, rules, lambda i: names.item(first(i)), spent, refuse=True)
+            assert dense is not None  # refused unless every input is good
+            return dense
 
         def take(rows: np.ndarray, at: list[int] | None) -> list[SparseVector]:
             # No cache: top_k straight from the dense rows, none of them packed.
@@ -256,5 +238,5 @@ class SparseEmbeddings:
             lambda stored: [unpack(p).top(top_k) for p in stored],
             take,
         )
-        vectors = await self.core.cached(texts, dense, packing)
+        vectors = await self.core.cached(texts, compute, packing)
         return Answer(vectors, spent.timings())

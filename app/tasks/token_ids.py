@@ -1,9 +1,5 @@
-"""Token-id inputs (OpenAI's API and TEI accept them): their forms, and the check against the vocabulary
-(the rest of their checks are every input's: :func:`app.tasks.prepare.given_ids`).
-
-They run as given, as text-embeddings-inference runs them: [CLS] and [SEP] are the sender's to include,
-as ``POST /tokenize`` writes them.
-"""
+"""Token-id inputs (OpenAI's API and TEI accept them): their forms and the check against the vocabulary.
+They run as given, as TEI runs them: [CLS] and [SEP] are the sender's to include."""
 
 from __future__ import annotations
 
@@ -24,8 +20,7 @@ FOREIGN_IDS = (
 def token_id_lists(
     inputs: str | list[str] | list[int] | list[list[int]],
 ) -> tuple[list[list[int]], Names] | None:
-    """Token-id ``inputs`` (one list of ids, or a list of such lists) as a list of lists, with the names
-    errors give them (``input``, ``input[2]``); None for texts."""
+    """Token-id ``inputs`` (ids, or lists of them) as lists, with their names in errors; None for texts."""
     if not inputs or not isinstance(inputs, list) or isinstance(inputs[0], str):
         return None
     if isinstance(inputs[0], int):
@@ -36,8 +31,7 @@ def token_id_lists(
 def out_of_vocabulary(
     seq: list[int], vocab_size: int, name: Callable[[int], str], i: int
 ) -> ValidationFailed | None:
-    """The refusal of token-id input ``i`` (called ``name(i)``) for its first id outside 0..``vocab_size``
-    - 1; None when every id is a token of this model."""
+    """The refusal of token-id input ``i`` for its first id outside the vocabulary; None if there is none."""
     try:
         ids = np.asarray(seq, dtype=np.int64)
         bad = np.flatnonzero((ids < 0) | (ids >= vocab_size))

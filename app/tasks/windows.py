@@ -1,5 +1,5 @@
-"""Long inputs: the windows a tokenised input runs as — itself, its truncation, or its chunks — and how a
-pair is cut. Which inputs are cut, and which refused, is :mod:`app.tasks.prepare`'s to decide."""
+"""Long inputs: the windows a tokenised input runs as (itself, its truncation, or its chunks) and how a
+pair is cut; :mod:`app.tasks.prepare` decides which are cut."""
 
 from __future__ import annotations
 
@@ -9,9 +9,8 @@ from app.tasks.options import Direction, LongText
 
 
 def truncated_positions(length: int, limit: int, direction: Direction, keep: int = 1) -> np.ndarray:
-    """Positions a sequence of ``length`` tokens keeps when truncated to ``limit``: its first ``keep``
-    ([CLS], and a prompt's tokens after it), the first (right) or last (left) of the rest of its body,
-    as many as fit, and [SEP]. A prompt is kept whichever end is cut: ``[CLS] prompt … tail [SEP]``."""
+    """Positions kept truncating ``length`` tokens to ``limit``: the first ``keep`` ([CLS] and a prompt),
+    the first (right) or last (left) of the rest, and [SEP]: ``[CLS] prompt … tail [SEP]``."""
     body = limit - 1 - keep
     start = keep if direction == "right" else length - 1 - body
     return np.concatenate([np.arange(keep), np.arange(start, start + body), [length - 1]])
@@ -20,30 +19,20 @@ def truncated_positions(length: int, limit: int, direction: Direction, keep: int
 def truncate_pair(
     ids: np.ndarray, types: np.ndarray, limit: int, direction: Direction
 ) -> tuple[np.ndarray, np.ndarray]:
-    """A pair ``[CLS] a [SEP] b [SEP]`` (``types`` 0 for [CLS] a [SEP], 1 for b [SEP]) cut to ``limit``
-    tokens the way Hugging Face tokenizers' ``longest_first`` does: the longer text loses tokens until
-    both fit, and when both are over half the room each keeps half (the second the odd one).
-    """
+    """A pair ``[CLS] a [SEP] b [SEP]`` cut to ``limit`` as tokenizers' ``longest_first`` cuts it: the
+    longer text loses tokens until both fit; both over half the room keep half each (b the odd one)."""
     if len(ids) <= limit:
         return ids, types
     first = np.flatnonzero(types == 0)[1:-1]  # a's positions
     second = np.flatnonzero(types == 1)[:-1]  # b's positions
     room = limit - 3
-    n1, n2 = len(first), len(second)
-    swap = n1 > n2
-    if swap:
-        n1, n2 = n2, n1
-    n2 = n1 if n1 > room else max(n1, room - n1)
-    if n1 + n2 > room:
-        n1 = room // 2
-        n2 = n1 + room % 2
-    if swap:
-        n1, n2 = n2, n1
+    # The shorter text keeps all its tokens if it fits in half the room, else half; the longer the rest.
+    short = min(len(first), len(second))
+    n_short = room // 2 if 2 * short >= room else short
+    n1, n2 = (room - n_short, n_short) if len(first) > len(second) else (n_short, room - n_short)
 
     def kept(positions: np.ndarray, n: int) -> np.ndarray:
-        if len(positions) <= n:
-            return positions
-        return positions[:n] if direction == "right" else positions[len(positions) - n :]
+        return positions[:n] if direction == "right" else positions[max(len(positions) - n, 0) :]
 
     a, b = kept(first, n1), kept(second, n2)
     last_a = int(np.flatnonzero(types == 0)[-1])
@@ -54,14 +43,8 @@ def truncate_pair(
 def windows(
     ids: np.ndarray, limit: int, long_text: LongText, direction: Direction, cls_id: int, sep_id: int
 ) -> list[np.ndarray]:
-    """The sequences of at most ``limit`` tokens that ``ids`` ([CLS] … [SEP]) runs as.
-
-    Short enough: itself. Longer: its truncation (``truncate``), or its body cut into windows of
-    ``limit - 2`` tokens, each with its own [CLS] and [SEP] (``chunk``).
-
-    Raises:
-        ValueError: ``long_text`` "error" with ``ids`` over ``limit`` (the caller checks first).
-    """
+    """The sequences of at most ``limit`` tokens ``ids`` ([CLS] … [SEP]) runs as: itself, its truncation,
+    or (``chunk``) its body cut into windows of ``limit - 2`` tokens, each with its own [CLS] and [SEP]."""
     if len(ids) <= limit:
         return [ids]
     if long_text == "truncate":
