@@ -108,8 +108,9 @@ class Retrieval:
 
     @timed
     async def decode(self, id_lists: list[list[int]], skip_special_tokens: bool) -> Answer[list[str]]:
-        """TEI's decode: each list of token ids as text, on a worker thread (a long list takes milliseconds).
-        Bounded as ``/tokenize`` is: at most ``max_input_chars`` + 2 ids a list ([CLS] and [SEP])."""
+        """TEI's decode: each list of token ids as text, on a worker thread (a long list takes milliseconds),
+        with a permit per list, as ``/tokenize`` takes one per text. Bounded as ``/tokenize`` is: at most
+        ``max_input_chars`` + 2 ids a list ([CLS] and [SEP]), ``max_tokenize_tokens`` in all."""
         self.core.check_ready()
         settings = self.core.settings
         names = Names("ids", lambda i: f"ids[{i}]")
@@ -126,8 +127,14 @@ class Retrieval:
                 )
             if (problem := out_of_vocabulary(ids, vocab, names.item, i)) is not None:
                 raise problem
+        if (total := sum(map(len, id_lists))) > settings.max_tokenize_tokens:
+            raise ValidationFailed(
+                f"{total} ids in one request; the limit is {settings.max_tokenize_tokens} "
+                "(ZHEMBED_MAX_TOKENIZE_TOKENS, as /tokenize answers at most): decode them in several requests"
+            )
         tokenizer = self.core.model.tokenizer
-        texts = await asyncio.to_thread(
-            lambda: [tokenizer.decode(ids, skip_special_tokens=skip_special_tokens) for ids in id_lists]
-        )
+        with self.core.engine.admit(len(id_lists)):
+            texts = await asyncio.to_thread(
+                lambda: [tokenizer.decode(ids, skip_special_tokens=skip_special_tokens) for ids in id_lists]
+            )
         return Answer(texts)

@@ -11,7 +11,7 @@ import pytest
 
 from app.cache.vectors import VectorCache
 from app.engine.engine import Engine
-from app.errors import EmptyInput, NotReady, ValidationFailed
+from app.errors import EmptyInput, NotReady, Overloaded, ValidationFailed
 from app.settings import Settings
 from app.tasks.options import EmbedAllOptions, EmbedOptions
 from app.tasks.service import Service
@@ -121,3 +121,24 @@ def test_the_warm_up_runs_the_largest_batches_the_limits_allow(
         engine.stop()
     assert (4, 64) in shapes and (1, longest) in shapes
     assert all(size * length * length <= 4 * 64 * 64 for size, length in shapes if size > 1)
+
+
+def test_decode_takes_a_permit_per_list_before_any_work(service: Service) -> None:
+    admission = service.engine.admission
+    held = admission.try_acquire(admission.limit - 1)
+    try:
+        with pytest.raises(Overloaded):
+            asyncio.run(service.retrieval.decode([[101], [102]], True))
+        assert asyncio.run(service.retrieval.decode([[101, 872, 102]], True)).value == ["你"]
+    finally:
+        held.release()
+    assert admission.in_use == 0
+
+
+def test_decode_takes_no_more_ids_in_all_than_tokenize_answers(service: Service) -> None:
+    settings = service.settings.model_copy(update={"max_tokenize_tokens": 5})
+    small = Service(settings, service.model, service.engine, service.cache, service.metrics)
+    small.ready = True
+    assert asyncio.run(small.retrieval.decode([[101, 872], [872, 102, 102]], True)).value == ["你", "你"]
+    with pytest.raises(ValidationFailed, match="6 ids in one request; the limit is 5"):
+        asyncio.run(small.retrieval.decode([[101, 872, 102], [872, 102, 102]], True))
