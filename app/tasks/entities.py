@@ -1,19 +1,7 @@
-"""Named entities from one input's per-token class probabilities, in the terms and shapes of transformers'
-``TokenClassificationPipeline`` (4.57) with a fast tokenizer and offsets: the same tokens, words, groups,
-offsets and scores, the pipeline's quirks included. No torch and no transformers: numpy and tokenizers.
-
-The quirks kept (they decide which tokens form a word and how a group's word reads):
-
-- A token is a subword when its text differs in length from the characters its offsets cover (``##ing`` is
-  5 against 3). So a word-initial token whose characters the normalizer changed in length (a removed
-  zero-width space inside it) counts as a subword too.
-- An [UNK] token takes the text it covers as its word (``😀``, not ``[UNK]``) and is never a subword.
-- A group's word is the tokenizer's decoder on its tokens (or, for "first"/"average"/"max", on its words),
-  so with WordPiece Chinese characters come back space-separated: ``王 小 明``.
-- Grouping reads B-/I- off each label (a label without one continues like I-), but a group is named by
-  the first label's text after its first "-" (``S-ORG`` -> ``ORG``); ``ignore_labels`` filters after
-  grouping, so an ignored label still splits groups.
-"""
+"""Named entities from one input's per-token class probabilities, as transformers'
+``TokenClassificationPipeline`` (4.57, fast tokenizer, offsets) gives them: the same tokens, words, groups,
+offsets and scores, in numpy and tokenizers alone. The pipeline's quirks are kept, each marked "Quirk:"
+where it is (they decide which tokens form a word and how a group's word reads)."""
 
 from __future__ import annotations
 
@@ -97,13 +85,8 @@ def entities(
 ) -> list[dict[str, Any]]:
     """The pipeline's answer for one input: its tokens with ``strategy="none"``, else its entity groups.
 
-    ``ids``, ``offsets`` and ``special`` are the input's Encoding (ids, character offsets, special tokens
-    mask), ``probs`` [len(ids), labels] the softmax of its token logits.
-
-    Raises:
-        ValidationFailed: ``strategy`` is not one of the five.
-        ValueError: the lengths of ``ids``, ``offsets``, ``special`` and ``probs`` differ; an id is not in
-            the vocabulary.
+    ``ids``, ``offsets`` and ``special`` are the input's Encoding's, ``probs`` [len(ids), labels] the
+    softmax of its token logits.
     """
     if strategy not in STRATEGIES:
         raise ValidationFailed(
@@ -154,11 +137,13 @@ def _tokens(
             raise ValueError(f"token id {token_id} is not in the vocabulary")
         start, end = int(offsets[index][0]), int(offsets[index][1])
         covered = text[start:end]
+        # Quirk: a subword is a token whose text differs in length from what it covers (``##ing``: 5 to 3),
+        # so is a word-initial token whose characters the normalizer changed in length.
         if vocab.continuing_subword_prefix:
             is_subword = len(word) != len(covered)
         else:
             is_subword = start > 0 and " " not in text[start - 1 : start + 1]
-        if int(token_id) == vocab.unk_token_id:
+        if int(token_id) == vocab.unk_token_id:  # Quirk: its word is what it covers (``😀``), not a subword
             word = covered
             is_subword = False
         tokens.append(_Token(word, probs[index], start, end, index, is_subword))
@@ -187,6 +172,7 @@ def _word(
     tokens: list[_Token], strategy: AggregationStrategy, id2label: Mapping[int, str], vocab: Vocabulary
 ) -> _Tagged:
     """The pipeline's ``aggregate_word``: one label for a word's tokens."""
+    # Quirk: a word (and a group) reads as the decoder writes its tokens: with WordPiece, ``王 小 明``.
     word = vocab.tokens_to_string([t.word for t in tokens])
     start, end = tokens[0].start, tokens[-1].end
     if strategy == "first":
@@ -209,8 +195,11 @@ def _tag_parts(label: str) -> tuple[str, str]:
 
 
 def _groups(tagged: list[_Tagged], vocab: Vocabulary, ignored: set[str]) -> list[dict[str, Any]]:
-    """The pipeline's ``group_entities``: adjacent tokens (or words) of one type, each B- starting anew;
-    the groups whose name is in ``ignored`` are left out (after grouping, so they still split groups)."""
+    """The pipeline's ``group_entities``: adjacent tokens (or words) of one type, each B- starting anew.
+
+    Quirk: a group is named by its first label past the first "-" (``S-ORG``: ``ORG``), and ``ignored``
+    names are left out after grouping, so they still split groups.
+    """
     groups: list[list[_Tagged]] = []
     for t in tagged:
         if groups:
@@ -220,13 +209,8 @@ def _groups(tagged: list[_Tagged], vocab: Vocabulary, ignored: set[str]) -> list
                 groups[-1].append(t)
                 continue
         groups.append([t])
-    named = ((_group_name(group), group) for group in groups)
+    named = ((group[0].entity.split("-", 1)[-1], group) for group in groups)
     return [_group(name, group, vocab) for name, group in named if name not in ignored]
-
-
-def _group_name(group: list[_Tagged]) -> str:
-    """The pipeline's name of a group: the first label's text past its first "-"."""
-    return group[0].entity.split("-", 1)[-1]
 
 
 def _group(name: str, group: list[_Tagged], vocab: Vocabulary) -> dict[str, Any]:

@@ -1,14 +1,10 @@
-"""Fill-mask's ``sequence`` texts: each candidate's whole input decoded with the candidate in its [MASK]'s
-place, exactly as ``tokenizer.decode`` writes it, without decoding the whole input once per candidate.
+"""Fill-mask's ``sequence`` texts: each candidate's input decoded exactly as ``tokenizer.decode`` writes
+it, without decoding the whole input per candidate (128 masks × 50 candidates took seconds).
 
-A request may hold 128 masks × 50 candidates: 6,400 decodes of up to 512 tokens each took seconds. A
-WordPiece decoder (every BERT's) writes each token apart: the first kept token as it is, every other
-one as its piece (``##`` dropped, else a space before it), the pieces joined. So an input's text with
-one token replaced is the pieces before it, the candidate's piece and the pieces after it, each side
-joined once per mask. The clean-up after decoding (:meth:`app.model.tokenizer.TextTokenizer.clean`)
-reads across pieces, but never across a character outside :data:`app.model.tokenizer.CLEANUP_CHARS`:
-only the few characters between the nearest such character on either side of the candidate are cleaned
-per candidate. Any other decoder decodes each candidate whole (:class:`WholeDecodes`).
+A WordPiece decoder writes each token apart, so a text with one token replaced is the pieces before it,
+the candidate's and those after it, each side joined once per mask. The clean-up after decoding never
+reads across a character outside ``CLEANUP_CHARS``: only the few characters around the candidate are
+cleaned per candidate. Any other decoder decodes each candidate whole (:class:`WholeDecodes`).
 """
 
 from __future__ import annotations
@@ -25,13 +21,8 @@ _ANCHOR = "a"
 
 
 class MaskTexts:
-    """The decoded texts of one tokenizer's inputs with one token replaced, for one request.
-
-    Args:
-        tokenizer: the model's.
-        skip_special: drop special tokens, as ``decode(..., skip_special_tokens=True)`` (one [MASK]: the
-            pipeline's choice); else they are written.
-    """
+    """The decoded texts of one tokenizer's inputs with one token replaced, for one request;
+    ``skip_special`` as ``decode``'s ``skip_special_tokens`` (the pipeline's choice for one [MASK])."""
 
     def __init__(self, tokenizer: TextTokenizer, skip_special: bool) -> None:
         backend = tokenizer.backend
@@ -49,13 +40,10 @@ class MaskTexts:
         decoder = tokenizer.backend.decoder
         return isinstance(decoder, decoders.WordPiece) and decoder.decode([_ANCHOR]) == _ANCHOR
 
-    def _kept(self, token: int) -> bool:
-        """Whether ``decode`` writes ``token`` at all (an id outside the vocabulary, or a special token
-        when they are skipped, is dropped)."""
+    def _kept(self, token: int) -> bool:  # decode drops an id outside the vocabulary, and skipped specials
         return not (self._skip and token in self._special) and self._token(token) is not None
 
     def _piece(self, token: int, first: bool) -> str:
-        """``token`` as the decoder writes it first (``first``) or after another token."""
         cache = self._first if first else self._later
         piece = cache.get(token)
         if piece is None:
@@ -99,8 +87,7 @@ class MaskTexts:
 
 
 def _split_head(text: str) -> tuple[str, str]:
-    """``text`` cut after its last character outside :data:`CLEANUP_CHARS` (all of it after the cut
-    when there is none)."""
+    """``text`` cut after its last character outside :data:`CLEANUP_CHARS`."""
     for i in range(len(text) - 1, -1, -1):
         if text[i] not in CLEANUP_CHARS:
             return text[: i + 1], text[i + 1 :]
@@ -108,8 +95,7 @@ def _split_head(text: str) -> tuple[str, str]:
 
 
 def _split_tail(text: str) -> tuple[str, str]:
-    """``text`` cut after its first character outside :data:`CLEANUP_CHARS` (all of it before the cut
-    when there is none)."""
+    """``text`` cut after its first character outside :data:`CLEANUP_CHARS`."""
     for i, char in enumerate(text):
         if char not in CLEANUP_CHARS:
             return text[: i + 1], text[i + 1 :]
@@ -117,8 +103,7 @@ def _split_tail(text: str) -> tuple[str, str]:
 
 
 class WholeDecodes:
-    """:class:`MaskTexts`' answers by decoding each candidate's whole input: for a decoder that does not
-    write tokens apart."""
+    """:class:`MaskTexts`' answers by decoding each candidate's whole input."""
 
     def __init__(self, tokenizer: TextTokenizer, skip_special: bool) -> None:
         self._tokenizer = tokenizer
@@ -135,6 +120,4 @@ class WholeDecodes:
 
 def mask_texts(tokenizer: TextTokenizer, skip_special: bool) -> MaskTexts | WholeDecodes:
     """What writes one request's filled texts for ``tokenizer``: pieces where its decoder allows."""
-    if MaskTexts.fits(tokenizer):
-        return MaskTexts(tokenizer, skip_special)
-    return WholeDecodes(tokenizer, skip_special)
+    return (MaskTexts if MaskTexts.fits(tokenizer) else WholeDecodes)(tokenizer, skip_special)

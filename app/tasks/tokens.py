@@ -1,6 +1,5 @@
-"""The per-token tasks: each input's tokens with their ids, text and character offsets (``/tokenize``,
-TEI's ``Tokenize``), and the vector of each token (``/embed_all``): which rows come back of the positions
-that run (:mod:`app.tasks.prepare`), how they are combined and described."""
+"""The per-token tasks: each input's tokens with ids, text and character offsets (``/tokenize``, TEI's
+``Tokenize``), and the vector of each token (``/embed_all``)."""
 
 from __future__ import annotations
 
@@ -22,18 +21,12 @@ from app.telemetry.timings import Timings
 
 
 class Tokens:
-    """The per-token tasks over the shared :class:`~app.tasks.core.Core`."""
-
     def __init__(self, core: Core) -> None:
         self.core = core
 
     @timed
     async def tokenize(self, inputs: str | list[str], add_special_tokens: bool) -> Answer[list[Any]]:
-        """Tokens with ids, text and character offsets, per input.
-
-        Raises:
-            ValidationFailed: more tokens in all than ``max_tokenize_tokens``.
-        """
+        """Tokens with ids, text and character offsets, per input."""
         self.core.check_ready()
         texts = self.core.texts(inputs, listed("inputs", inputs))
         with self.core.engine.admit(len(texts)):
@@ -47,22 +40,18 @@ class Tokens:
     async def embed_all(
         self, inputs: str | list[str], options: EmbedAllOptions
     ) -> Answer[list[TokenVectors]]:
-        """/embed_all: per input, the vector of each of its tokens, in order; never a padding position.
+        """/embed_all: per input, the vector of each of its tokens, in order (and tokens and norms if asked).
 
-        A token's vector is its layers' states combined by ``layer_combine``, then (``normalize``)
-        scaled to unit length; ``norms`` are taken before that. Spans index the original text in
-        characters (code points, like Python's ``str``). Not cached: one input's token matrix weighs as
-        much as a hundred sentence vectors in the byte-bounded cache and is rarely asked for twice.
-
-        Returns:
-            Per input its token vectors, and the tokens and norms if asked for.
-
-        Raises:
-            ValidationFailed: long_text "chunk"; an input over the model's length with long_text
-                "error"; more tokens than ``max_embed_all_tokens``; layers or weights that do not fit.
+        Not cached: one input's token matrix weighs as much as a hundred sentence vectors in the
+        byte-bounded cache and is rarely asked for twice.
         """
         self.core.check_ready()
-        check_long_text(options)
+        if options.long_text == "chunk":
+            raise ValidationFailed(
+                "long_text 'chunk' is not available on /embed_all: a token's vector depends on the whole "
+                "sequence around it, so windows embedded apart would not give the text's token vectors; "
+                "send long_text 'truncate' (or truncate: true), or split the text yourself"
+            )
         names = listed("inputs", inputs)
         texts = self.core.texts(inputs, names)
         resolved = resolve_embed_all(options, self.core.model.num_layers)
@@ -86,26 +75,8 @@ class Tokens:
         return Answer(answer, timings_of([job], tokenization_ms))
 
 
-def check_long_text(options: EmbedAllOptions) -> None:
-    """Refuse long_text "chunk": token vectors cannot be had from windows embedded apart.
-
-    Raises:
-        ValidationFailed: long_text "chunk".
-    """
-    if options.long_text == "chunk":
-        raise ValidationFailed(
-            "long_text 'chunk' is not available on /embed_all: a token's vector depends on the whole "
-            "sequence around it, so windows embedded apart would not give the text's token vectors; "
-            "send long_text 'truncate' (or truncate: true), or split the text yourself"
-        )
-
-
 def check_tokenize_bound(encodings: list[TokenEncoding], limit: int) -> None:
-    """Refuse a /tokenize answer of more than ``limit`` (``max_tokenize_tokens``) tokens in all.
-
-    Raises:
-        ValidationFailed: over the bound.
-    """
+    """Refuse a /tokenize answer of more than ``limit`` (``max_tokenize_tokens``) tokens in all."""
     tokens = sum(len(e) for e in encodings)
     if tokens > limit:
         raise ValidationFailed(
@@ -115,7 +86,6 @@ def check_tokenize_bound(encodings: list[TokenEncoding], limit: int) -> None:
 
 
 def token_table(encodings: list[TokenEncoding]) -> list[list[dict[str, object]]]:
-    """/tokenize's answer: per input, each token's id, text, whether special, and character span."""
     return [described(enc, range(len(enc))) for enc in encodings]
 
 
@@ -138,12 +108,7 @@ def described(enc: TokenEncoding, positions: Iterable[int]) -> list[dict[str, ob
 def check_token_bound(tokens: int, layers: int, limit: int) -> None:
     """Refuse an /embed_all request over ``limit`` (``max_embed_all_tokens``) token vectors, before inference.
 
-    Each token returned is held once per layer asked for (the engine returns every layer's rows, which
-    ``layer_combine`` then mixes): a mean of twelve layers holds twelve vectors a token, as concat does,
-    so ``tokens`` count ``layers`` times, whatever the mix.
-
-    Raises:
-        ValidationFailed: over the bound.
+    Each token counts once per layer, whatever the mix: the engine returns every layer's rows to mix.
     """
     total = tokens * layers
     if total > limit:
@@ -171,12 +136,7 @@ def token_vectors(
     mix: LayerMix,
     options: EmbedAllOptions,
 ) -> TokenVectors:
-    """One input's answer on /embed_all: its ``rows`` of ``states`` [layers, tokens, hidden] combined,
-    and described if asked.
-
-    Raises:
-        InternalError: the sequence came back without its token states.
-    """
+    """One input's answer on /embed_all: its ``rows`` of ``states`` [layers, tokens, hidden] combined."""
     if states is None:
         raise InternalError("an /embed_all sequence came back without its token states")
     vectors = layers.combine_layers(states[:, rows], mix)
