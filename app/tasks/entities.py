@@ -60,18 +60,6 @@ class _Token:
     is_subword: bool
 
 
-@dataclass
-class _Tagged:
-    """A token ("none", "simple") or a word ("first", "average", "max") with its label."""
-
-    entity: str
-    score: np.floating[Any]
-    word: str
-    start: int
-    end: int
-    index: int | None = None
-
-
 def entities(
     text: str,
     ids: Sequence[int],
@@ -97,38 +85,7 @@ def entities(
             f"{len(ids)} ids, {len(offsets)} offsets and {len(special)} special flags "
             f"for probabilities of shape {probs.shape}"
         )
-    tokens = _tokens(text, ids, offsets, special, probs, vocab)
-    if strategy in ("none", "simple"):
-        tagged = [_tag(t.scores, id2label, t.word, t.start, t.end, t.index) for t in tokens]
-    else:
-        tagged = [_word(group, strategy, id2label, vocab) for group in _words(tokens)]
-    ignored = set(ignore_labels)
-    if strategy == "none":
-        return [
-            {
-                "entity": t.entity,
-                "score": float(t.score),
-                "index": t.index,
-                "word": t.word,
-                "start": t.start,
-                "end": t.end,
-            }
-            for t in tagged
-            if t.entity not in ignored
-        ]
-    return _groups(tagged, vocab, ignored)
-
-
-def _tokens(
-    text: str,
-    ids: Sequence[int],
-    offsets: Sequence[tuple[int, int]],
-    special: Sequence[int],
-    probs: np.ndarray,
-    vocab: Vocabulary,
-) -> list[_Token]:
-    """The pipeline's ``gather_pre_entities``: the non-special tokens with their words and subword flags."""
-    tokens: list[_Token] = []
+    tokens: list[_Token] = []  # the pipeline's gather_pre_entities
     for index, token_id in enumerate(ids):
         if special[index]:
             continue
@@ -147,80 +104,84 @@ def _tokens(
             word = covered
             is_subword = False
         tokens.append(_Token(word, probs[index], start, end, index, is_subword))
-    return tokens
+    if strategy in ("none", "simple"):
+        tagged = [_tag(t.scores, id2label, t.word, t.start, t.end, t.index) for t in tokens]
+    else:
+        words: list[list[_Token]] = []  # the pipeline's aggregate_words: a token and the subwords after it
+        for token in tokens:
+            if words and token.is_subword:
+                words[-1].append(token)
+            else:
+                words.append([token])
+        tagged = [_word(group, strategy, id2label, vocab) for group in words]
+    ignored = set(ignore_labels)
+    if strategy == "none":
+        return [{**t, "score": float(t["score"])} for t in tagged if t["entity"] not in ignored]
+    return _groups(tagged, vocab, ignored)
 
 
 def _tag(
     scores: np.ndarray, id2label: Mapping[int, str], word: str, start: int, end: int, index: int | None = None
-) -> _Tagged:
+) -> dict[str, Any]:
+    """A token ("none", "simple") or a word (the other strategies) with its best label."""
     best = int(scores.argmax())
-    return _Tagged(id2label[best], scores[best], word, start, end, index)
-
-
-def _words(tokens: list[_Token]) -> list[list[_Token]]:
-    """The pipeline's ``aggregate_words``: a word is a token and the subwords that follow it."""
-    words: list[list[_Token]] = []
-    for token in tokens:
-        if words and token.is_subword:
-            words[-1].append(token)
-        else:
-            words.append([token])
-    return words
+    return {
+        "entity": id2label[best],
+        "score": scores[best],
+        "index": index,
+        "word": word,
+        "start": start,
+        "end": end,
+    }
 
 
 def _word(
     tokens: list[_Token], strategy: AggregationStrategy, id2label: Mapping[int, str], vocab: Vocabulary
-) -> _Tagged:
+) -> dict[str, Any]:
     """The pipeline's ``aggregate_word``: one label for a word's tokens."""
     # Quirk: a word (and a group) reads as the decoder writes its tokens: with WordPiece, ``王 小 明``.
     word = vocab.tokens_to_string([t.word for t in tokens])
-    start, end = tokens[0].start, tokens[-1].end
-    if strategy == "first":
-        return _tag(tokens[0].scores, id2label, word, start, end)
-    if strategy == "max":
-        # max() keeps the first of equal maxima, as the pipeline's does.
-        return _tag(max(tokens, key=lambda t: t.scores.max()).scores, id2label, word, start, end)
-    if len(tokens) == 1:  # (the mean of one row is that row: each Chinese character is a word)
-        return _tag(tokens[0].scores, id2label, word, start, end)
-    return _tag(np.nanmean(np.stack([t.scores for t in tokens]), axis=0), id2label, word, start, end)
+    if strategy == "max":  # max() keeps the first of equal maxima, as the pipeline's does
+        scores = max(tokens, key=lambda t: t.scores.max()).scores
+    elif strategy == "first" or len(tokens) == 1:  # the mean of one row is that row (a Chinese character)
+        scores = tokens[0].scores
+    else:
+        scores = np.nanmean(np.stack([t.scores for t in tokens]), axis=0)
+    return _tag(scores, id2label, word, tokens[0].start, tokens[-1].end)
 
 
 def _tag_parts(label: str) -> tuple[str, str]:
     """The pipeline's ``get_tag``: ("B" or "I", the type); a label without B-/I- continues like I-."""
-    if label.startswith("B-"):
-        return "B", label[2:]
-    if label.startswith("I-"):
-        return "I", label[2:]
+    if label.startswith(("B-", "I-")):
+        return label[0], label[2:]
     return "I", label
 
 
-def _groups(tagged: list[_Tagged], vocab: Vocabulary, ignored: set[str]) -> list[dict[str, Any]]:
+def _groups(tagged: list[dict[str, Any]], vocab: Vocabulary, ignored: set[str]) -> list[dict[str, Any]]:
     """The pipeline's ``group_entities``: adjacent tokens (or words) of one type, each B- starting anew.
 
     Quirk: a group is named by its first label past the first "-" (``S-ORG``: ``ORG``), and ``ignored``
     names are left out after grouping, so they still split groups.
     """
-    groups: list[list[_Tagged]] = []
+    groups: list[list[dict[str, Any]]] = []
     for t in tagged:
-        if groups:
-            bi, tag = _tag_parts(t.entity)
-            _, last_tag = _tag_parts(groups[-1][-1].entity)
-            if tag == last_tag and bi != "B":
-                groups[-1].append(t)
-                continue
-        groups.append([t])
-    named = ((group[0].entity.split("-", 1)[-1], group) for group in groups)
+        bi, tag = _tag_parts(t["entity"])
+        if groups and bi != "B" and tag == _tag_parts(groups[-1][-1]["entity"])[1]:
+            groups[-1].append(t)
+        else:
+            groups.append([t])
+    named = ((group[0]["entity"].split("-", 1)[-1], group) for group in groups)
     return [_group(name, group, vocab) for name, group in named if name not in ignored]
 
 
-def _group(name: str, group: list[_Tagged], vocab: Vocabulary) -> dict[str, Any]:
+def _group(name: str, group: list[dict[str, Any]], vocab: Vocabulary) -> dict[str, Any]:
     """The pipeline's ``group_sub_entities``."""
     # The mean of one score is that score (numpy's float32 mean of one value gives it back unchanged).
-    score = group[0].score if len(group) == 1 else np.mean(np.nanmean([t.score for t in group]))
+    score = group[0]["score"] if len(group) == 1 else np.mean(np.nanmean([t["score"] for t in group]))
     return {
         "entity_group": name,
         "score": float(score),
-        "word": vocab.tokens_to_string([t.word for t in group]),
-        "start": group[0].start,
-        "end": group[-1].end,
+        "word": vocab.tokens_to_string([t["word"] for t in group]),
+        "start": group[0]["start"],
+        "end": group[-1]["end"],
     }

@@ -18,6 +18,7 @@ from app.model.tokenizer import CLEANUP_CHARS, TextTokenizer
 
 # A token the decoder writes as itself at the start: decode([ANCHOR, t]) is ANCHOR, then t's piece.
 _ANCHOR = "a"
+_CLEANUP = "".join(CLEANUP_CHARS)  # str.strip's set of characters
 
 
 class MaskTexts:
@@ -58,9 +59,8 @@ class MaskTexts:
 
     def filled(self, ids: Sequence[int], position: int, tokens: Sequence[int]) -> list[str]:
         """``decode(ids)`` with ``ids[position]`` replaced by each of ``tokens``, in their order."""
-        written = [(p, t) for p, t in enumerate(ids) if p != position and self._kept(t)]
-        before = [t for p, t in written if p < position]
-        after = [t for p, t in written if p > position]
+        before = [t for t in ids[:position] if self._kept(t)]
+        after = [t for t in ids[position + 1 :] if self._kept(t)]
         head = "".join(self._piece(t, i == 0) for i, t in enumerate(before))
         tail = "".join(self._piece(t, False) for t in after)
         # A dropped candidate leaves the first token after it first, when none is before it.
@@ -73,10 +73,12 @@ class MaskTexts:
         # Cleaned once per mask: the head up to its last character no clean-up reads, the tails from
         # their first; cleaned per candidate: the few characters between, around the candidate.
         clean = self._tokenizer.clean
-        head_done, head_open = _split_head(head)
-        head_done = clean(head_done)
-        ends = {kept: _split_tail(rest) for kept, rest in ((True, tail), (False, tail_alone))}
-        ends = {kept: (inside, clean(outside)) for kept, (inside, outside) in ends.items()}
+        cut = len(head.rstrip(_CLEANUP))
+        head_done, head_open = clean(head[:cut]), head[cut:]
+        ends: dict[bool, tuple[str, str]] = {}
+        for kept, rest in ((True, tail), (False, tail_alone)):
+            cut = len(rest) - len(rest.lstrip(_CLEANUP)) + 1
+            ends[kept] = rest[:cut], clean(rest[cut:])
         out = []
         for token in tokens:
             kept = self._kept(token)
@@ -84,22 +86,6 @@ class MaskTexts:
             middle = head_open + (self._piece(token, first) if kept else "") + inside
             out.append(head_done + clean(middle) + tail_done)
         return out
-
-
-def _split_head(text: str) -> tuple[str, str]:
-    """``text`` cut after its last character outside :data:`CLEANUP_CHARS`."""
-    for i in range(len(text) - 1, -1, -1):
-        if text[i] not in CLEANUP_CHARS:
-            return text[: i + 1], text[i + 1 :]
-    return "", text
-
-
-def _split_tail(text: str) -> tuple[str, str]:
-    """``text`` cut after its first character outside :data:`CLEANUP_CHARS`."""
-    for i, char in enumerate(text):
-        if char not in CLEANUP_CHARS:
-            return text[: i + 1], text[i + 1 :]
-    return text, ""
 
 
 class WholeDecodes:
