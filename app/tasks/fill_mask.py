@@ -57,16 +57,11 @@ def predictions(
 ) -> list[list[Candidate]]:
     """For each masked position of ``ids`` (one [vocab] row of ``probs`` each), the ``top_k`` fills.
 
-    With ``targets`` (token ids) only those compete, each scored by its probability over the whole
-    vocabulary, as the pipeline's ``probs[..., target_ids]``. ``writers``: the filled-text writers a
-    request's inputs share, by ``skip_special``, built on first need.
+    ``targets`` (token ids) alone compete, each scored by its probability over the whole vocabulary, as
+    the pipeline's ``probs[..., target_ids]``. ``writers``: a request's text writers, by ``skip_special``.
     """
-    # Like the HF pipeline: with several masks the others stay visible.
-    skip_special = len(positions) == 1
-    writers = {} if writers is None else writers
-    texts = writers.get(skip_special)
-    if texts is None:
-        texts = writers[skip_special] = mask_texts(tokenizer, skip_special)
+    skip_special = len(positions) == 1  # like the HF pipeline: with several masks the others stay visible
+    texts = (writers or {}).get(skip_special) or mask_texts(tokenizer, skip_special)
     listed = ids.tolist()
     token_strs: dict[int, str] = {}
     out = []
@@ -97,7 +92,8 @@ def answers(
 ) -> list[list[list[Candidate]]]:
     """Per input (its ids, mask positions and their probability rows), per [MASK], its candidates."""
     out = []
-    writers: dict[bool, MaskTexts | WholeDecodes] = {}  # built once a request, not once an input
+    # Built once a request, not once an input.
+    writers = {skip: mask_texts(tokenizer, skip) for skip in {len(where) == 1 for where in positions}}
     for ids, where, rows in zip(sequences, positions, probs, strict=True):
         if rows is None:
             raise InternalError("a fill-mask sequence came back without its mask probabilities")

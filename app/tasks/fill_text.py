@@ -1,11 +1,8 @@
-"""Fill-mask's ``sequence`` texts: each candidate's input decoded exactly as ``tokenizer.decode`` writes
-it, without decoding the whole input per candidate (128 masks × 50 candidates took seconds).
-
-A WordPiece decoder writes each token apart, so a text with one token replaced is the pieces before it,
-the candidate's and those after it, each side joined once per mask. The clean-up after decoding never
-reads across a character outside ``CLEANUP_CHARS``: only the few characters around the candidate are
-cleaned per candidate. Any other decoder decodes each candidate whole (:class:`WholeDecodes`).
-"""
+"""Fill-mask's ``sequence`` texts, as ``tokenizer.decode`` writes them, without decoding the whole input
+per candidate (128 masks × 50 took seconds). A WordPiece decoder writes each token apart: a text with one
+token replaced is the pieces before it, the candidate's and those after, each side joined once per mask;
+clean-up never reads across a character outside ``CLEANUP_CHARS``, so only the few characters around the
+candidate are cleaned per candidate. Other decoders decode each candidate whole (:class:`WholeDecodes`)."""
 
 from __future__ import annotations
 

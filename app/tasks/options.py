@@ -106,10 +106,7 @@ class Resolved:
 
 
 def resolve_layers(layers: tuple[int, ...] | None, num_layers: int) -> tuple[int, ...]:
-    """Requested layers (1-based or negative from the end; None = the last) as 1-based layers.
-
-    A layer named twice is refused: it would be computed and held twice for nothing.
-    """
+    """Requested layers (1-based or negative from the end; None = the last) as 1-based layers, each once."""
     n = num_layers
     if layers is None:
         return (n,)
@@ -174,10 +171,9 @@ def layer_mix(how: LayerCombine, layers: int, weights: tuple[float, ...] | None)
             "in the order of layers"
         )
     for i, w in enumerate(weights):
-        if not math.isfinite(w):
-            raise ValidationFailed(f"layer_weights[{i}] is {w}: weights must be finite numbers ≥ 0")
-        if w < 0:
-            raise ValidationFailed(f"layer_weights[{i}] is {w}: weights must be ≥ 0")
+        if not (math.isfinite(w) and w >= 0):
+            must = "≥ 0" if math.isfinite(w) else "finite numbers ≥ 0"
+            raise ValidationFailed(f"layer_weights[{i}] is {w}: weights must be {must}")
     peak = max(weights)
     if peak == 0:
         raise ValidationFailed(
@@ -218,11 +214,8 @@ def matryoshka_of(defaults: Defaults) -> Matryoshka:
 
 
 def check_dimensions(dimensions: int | None, width: int, matryoshka: Matryoshka) -> None:
-    """The ``dimensions`` option of every embedding route and call, for vectors ``width`` wide.
-
-    A Matryoshka model takes 1..``width`` (one of its listed widths, if it lists them, as vLLM requires);
-    any other model only its ``width``, which cuts nothing: its leading components carry no more meaning.
-    """
+    """The ``dimensions`` option of every embedding route and call, for vectors ``width`` wide: a model
+    not trained for shorter vectors takes only ``width`` (its leading components carry no more meaning)."""
     if dimensions is None or dimensions == width:
         return
     if not matryoshka.trained:

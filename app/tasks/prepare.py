@@ -50,19 +50,14 @@ class Rules:
 @dataclass
 class Prepared:
     """A request's inputs as the sequences to run, in input order: each good input's own, its truncation,
-    or its windows.
-
-    ``inputs``: the request's indices of the good inputs; ``owners`` (None: one sequence each) the good
-    input of each sequence, ``window_tokens`` how many of its tokens are the text's; ``lengths``: every
-    input's tokens before any cut (0 for one refused before it had any).
-    """
+    or its windows."""
 
     ids: list[np.ndarray]
-    inputs: np.ndarray
-    lengths: np.ndarray
+    inputs: np.ndarray  # the request's indices of the good inputs
+    lengths: np.ndarray  # every input's tokens before any cut (0 for one refused before it had any)
     types: list[np.ndarray | None] | None = None  # token types, for pairs
-    owners: np.ndarray | None = None
-    window_tokens: np.ndarray | None = None
+    owners: np.ndarray | None = None  # the good input of each sequence; None: one sequence each
+    window_tokens: np.ndarray | None = None  # how many of each sequence's tokens are the text's
     problems: dict[int, ServiceError] = field(default_factory=dict)
     cuts: dict[int, np.ndarray] = field(default_factory=dict)  # good input → positions kept (truncated texts)
 
@@ -83,11 +78,8 @@ class Prepared:
         return cut if cut is not None else np.arange(self.lengths[self.inputs[k]])
 
     def refuse(self) -> None:
-        """Raise the first input's problem, if any.
-
-        It leaves ``problems``, and this frame drops it: its traceback holds this frame, so a preparation
-        still holding it would be a cycle, kept (with the job) until a full collection.
-        """
+        """Raise the first input's problem, if any. It leaves ``problems`` and this frame: its traceback
+        holds this frame, so a preparation still holding it would be a cycle kept until a full collection."""
         if not self.problems:
             return
         problem = self.problems.pop(min(self.problems))
@@ -143,9 +135,8 @@ def texts_of(
     texts = [inputs] if isinstance(inputs, str) else list(inputs)
     names = names or listed("inputs", inputs)
     check_count(len(texts), max_inputs, names)
-    for i, text in enumerate(texts):
-        if (problem := text_problem(text, max_chars, names.item, i)) is not None:
-            raise problem
+    for problem in text_problems(texts, max_chars, names.item).values():
+        raise problem
     return texts
 
 
@@ -165,8 +156,7 @@ def from_encodings(
 
 @dataclass(frozen=True)
 class GivenIds:
-    """Token-id inputs, checked, each run as given ([CLS] and [SEP] are the sender's to include);
-    ``keys`` write each out for the vector cache (its own key space)."""
+    """Token-id inputs, checked, each run as given; ``keys`` write each out for the vector cache."""
 
     ids: list[np.ndarray]
     keys: list[str]
@@ -175,8 +165,7 @@ class GivenIds:
 def given_ids(
     sequences: list[list[int]], rules: Rules, names: Names, max_inputs: int, vocab_size: int
 ) -> tuple[GivenIds, dict[int, ServiceError]]:
-    """The good token-id inputs, and why each other is refused (empty, too long, an id out of the
-    vocabulary), by index."""
+    """The good token-id inputs, and why each other is refused, by index."""
     check_count(len(sequences), max_inputs, names)
     ids: list[np.ndarray] = []
     keys: list[str] = []

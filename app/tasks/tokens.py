@@ -40,11 +40,8 @@ class Tokens:
     async def embed_all(
         self, inputs: str | list[str], options: EmbedAllOptions
     ) -> Answer[list[TokenVectors]]:
-        """/embed_all: per input, the vector of each of its tokens, in order (and tokens and norms if asked).
-
-        Not cached: one input's token matrix weighs as much as a hundred sentence vectors in the
-        byte-bounded cache and is rarely asked for twice.
-        """
+        """/embed_all: per input, the vector of each of its tokens (and tokens and norms if asked). Not
+        cached: a token matrix weighs a hundred sentence vectors and is rarely asked for twice."""
         self.core.check_ready()
         if options.long_text == "chunk":
             raise ValidationFailed(
@@ -62,8 +59,8 @@ class Tokens:
             prepared.refuse()
             kept = [prepared.positions(k) for k in range(len(texts))]
             rows = [returned_rows(e, k, options.special_tokens) for e, k in zip(encodings, kept, strict=True)]
-            held = len(resolved.layers)  # each layer's rows are computed and held, whatever the mix
-            check_token_bound(sum(len(r) for r in rows), held, self.core.settings.max_embed_all_tokens)
+            tokens = sum(len(r) for r in rows)
+            check_token_bound(tokens, len(resolved.layers), self.core.settings.max_embed_all_tokens)
             job = await self.core.run(prepared.ids, Need(layers=resolved.layers, tokens=True))
         # Off the event loop: layers combined over up to max_embed_all_tokens rows, tens of milliseconds.
         answer = await asyncio.to_thread(
@@ -106,10 +103,8 @@ def described(enc: TokenEncoding, positions: Iterable[int]) -> list[dict[str, ob
 
 
 def check_token_bound(tokens: int, layers: int, limit: int) -> None:
-    """Refuse an /embed_all request over ``limit`` (``max_embed_all_tokens``) token vectors, before inference.
-
-    Each token counts once per layer, whatever the mix: the engine returns every layer's rows to mix.
-    """
+    """Refuse an /embed_all request over ``limit`` (``max_embed_all_tokens``) token vectors, before
+    inference; each token counts once per layer, whatever the mix (every layer's rows are held)."""
     total = tokens * layers
     if total > limit:
         how = f" ({tokens} tokens × {layers} layers held)" if layers > 1 else ""
