@@ -33,16 +33,11 @@ class Vocabulary:
 
 def vocabulary(tokenizer: Tokenizer) -> Vocabulary:
     """The :class:`Vocabulary` of a tokenizer loaded from a tokenizer.json, as the pipeline reads it."""
-    model = tokenizer.model
-    decoder = tokenizer.decoder
+    model, decoder = tokenizer.model, tokenizer.decoder
     unk = getattr(model, "unk_token", None)
-
-    def tokens_to_string(tokens: list[str]) -> str:
-        return decoder.decode(tokens) if decoder is not None else " ".join(tokens)
-
     return Vocabulary(
         id_to_token=tokenizer.id_to_token,
-        tokens_to_string=tokens_to_string,
+        tokens_to_string=decoder.decode if decoder is not None else " ".join,
         continuing_subword_prefix=getattr(model, "continuing_subword_prefix", None) or None,
         unk_token_id=tokenizer.token_to_id(unk) if unk else None,
     )
@@ -113,7 +108,17 @@ def entities(
                 words[-1].append(token)
             else:
                 words.append([token])
-        tagged = [_word(group, strategy, id2label, vocab) for group in words]
+        tagged = []
+        for group in words:  # the pipeline's aggregate_word: one label for a word's tokens
+            if strategy == "max":  # max() keeps the first of equal maxima, as the pipeline's does
+                scores = max(group, key=lambda t: t.scores.max()).scores
+            elif strategy == "first" or len(group) == 1:  # the mean of one row is that row
+                scores = group[0].scores
+            else:
+                scores = np.nanmean(np.stack([t.scores for t in group]), axis=0)
+            # Quirk: a word (and a group) reads as the decoder writes its tokens (WordPiece: ``王 小 明``).
+            word = vocab.tokens_to_string([t.word for t in group])
+            tagged.append(_tag(scores, id2label, word, group[0].start, group[-1].end))
     ignored = set(ignore_labels)
     if strategy == "none":
         return [{**t, "score": float(t["score"])} for t in tagged if t["entity"] not in ignored]
@@ -133,21 +138,6 @@ def _tag(
         "start": start,
         "end": end,
     }
-
-
-def _word(
-    tokens: list[_Token], strategy: AggregationStrategy, id2label: Mapping[int, str], vocab: Vocabulary
-) -> dict[str, Any]:
-    """The pipeline's ``aggregate_word``: one label for a word's tokens."""
-    # Quirk: a word (and a group) reads as the decoder writes its tokens: with WordPiece, ``王 小 明``.
-    word = vocab.tokens_to_string([t.word for t in tokens])
-    if strategy == "max":  # max() keeps the first of equal maxima, as the pipeline's does
-        scores = max(tokens, key=lambda t: t.scores.max()).scores
-    elif strategy == "first" or len(tokens) == 1:  # the mean of one row is that row (a Chinese character)
-        scores = tokens[0].scores
-    else:
-        scores = np.nanmean(np.stack([t.scores for t in tokens]), axis=0)
-    return _tag(scores, id2label, word, tokens[0].start, tokens[-1].end)
 
 
 def _tag_parts(label: str) -> tuple[str, str]:

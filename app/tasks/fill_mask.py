@@ -33,8 +33,8 @@ def masked(prepared: Prepared, mask_id: int, names: Names) -> tuple[list[np.ndar
     for i in range(len(prepared.lengths)):
         if i in prepared.problems:
             raise prepared.problems[i]
-        ids = prepared.ids[i]  # every input before it is good: none was left out
-        where = tuple(int(p) for p in np.flatnonzero(ids == mask_id))
+        # Every input before it is good: none was left out.
+        where = tuple(np.flatnonzero(prepared.ids[i] == mask_id).tolist())
         if not where:
             raise ValidationFailed(f"{names.item(i)} has no [MASK] token")
         masks += len(where)

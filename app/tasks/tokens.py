@@ -138,7 +138,5 @@ def token_vectors(
     norms = layers.row_norms(vectors) if options.norms else None
     if options.normalize:
         vectors = layers.normalize_rows(vectors)
-    answer = TokenVectors(vectors, norms=norms)
-    if options.return_tokens:
-        answer.tokens = described(enc, kept[rows].tolist())
-    return answer
+    tokens = described(enc, kept[rows].tolist()) if options.return_tokens else None
+    return TokenVectors(vectors, tokens, norms)
