@@ -1,7 +1,6 @@
 """Named entities from one input's per-token class probabilities, as transformers'
-``TokenClassificationPipeline`` (4.57, fast tokenizer, offsets) gives them: the same tokens, words, groups,
-offsets and scores, in numpy and tokenizers alone. The pipeline's quirks are kept, each marked "Quirk:"
-where it is (they decide which tokens form a word and how a group's word reads)."""
+``TokenClassificationPipeline`` (4.57, fast tokenizer, offsets) gives them, in numpy and tokenizers alone.
+Its quirks are kept, each marked "Quirk:" (they decide which tokens form a word and how a word reads)."""
 
 from __future__ import annotations
 

@@ -22,8 +22,7 @@ from app.tasks.prepare import TOO_LONG_MASKS, Prepared, from_encodings
 # its request is answered; this keeps one request near 10 MB (and its answer near 6,400 candidates).
 MAX_MASKS_PER_REQUEST = 128
 
-# One candidate: {"score", "token", "token_str", "sequence"}.
-Candidate = dict[str, Any]
+Candidate = dict[str, Any]  # {"score", "token", "token_str", "sequence"}
 
 
 def masked(prepared: Prepared, mask_id: int, names: Names) -> tuple[list[np.ndarray], list[tuple[int, ...]]]:
@@ -90,9 +89,8 @@ def answers(
     top_k: int,
     targets: np.ndarray | None,
 ) -> list[list[list[Candidate]]]:
-    """Per input (its ids, mask positions and their probability rows), per [MASK], its candidates."""
+    """Per input (ids, mask positions, probability rows), per [MASK], its candidates; writers built once."""
     out = []
-    # Built once a request, not once an input.
     writers = {skip: mask_texts(tokenizer, skip) for skip in {len(where) == 1 for where in positions}}
     for ids, where, rows in zip(sequences, positions, probs, strict=True):
         if rows is None:
@@ -152,7 +150,6 @@ class FillMask:
             # Fill-mask runs an input without tokens to refuse it for having no [MASK].
             rules = self.core.rules(TOO_LONG_MASKS, refuse_empty=False)
             sequences, positions = masked(from_encodings(encodings, rules, names.item), mask_id, names)
-            needs = [Need(mask_positions=p) for p in positions]
             candidates = None
             if targets is not None:
                 known, unknown = split_targets(self.core.model.tokenizer, targets)
@@ -164,7 +161,7 @@ class FillMask:
                     tokenization_ms += target_ms
                     tokenized = [e.ids for e in parts]
                 candidates = target_ids(known, tokenized)
-            job = await self.core.run(sequences, needs)
+            job = await self.core.run(sequences, [Need(mask_positions=p) for p in positions])
         # Off the event loop: 128 masks × top_k 50 are 6,400 candidates, tens of milliseconds of Python.
         answer = await asyncio.to_thread(
             answers, self.core.model.tokenizer, sequences, positions, job.mask_probs, top_k, candidates

@@ -1,14 +1,12 @@
 """Fill-mask's ``sequence`` texts, as ``tokenizer.decode`` writes them, without decoding the whole input
-per candidate (128 masks × 50 took seconds). A WordPiece decoder writes each token apart: a text with one
-token replaced is the pieces before it, the candidate's and those after, each side joined once per mask;
-clean-up never reads across a character outside ``CLEANUP_CHARS``, so only the few characters around the
-candidate are cleaned per candidate. Other decoders decode each candidate whole (:class:`WholeDecodes`)."""
+per candidate (128 masks × 50 took seconds). A WordPiece decoder writes each token apart, so each side of
+the candidate is joined once per mask, and clean-up (never across a character outside ``CLEANUP_CHARS``)
+runs per candidate only around it. Other decoders decode each candidate whole (:class:`WholeDecodes`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 from tokenizers import decoders
 
 from app.model.tokenizer import CLEANUP_CHARS, TextTokenizer
@@ -46,12 +44,8 @@ class MaskTexts:
         piece = cache.get(token)
         if piece is None:
             text = self._token(token) or ""
-            piece = (
-                self._decoder.decode([text])
-                if first
-                else self._decoder.decode([_ANCHOR, text])[len(_ANCHOR) :]
-            )
-            cache[token] = piece
+            written = self._decoder.decode([text] if first else [_ANCHOR, text])
+            piece = cache[token] = written if first else written[len(_ANCHOR) :]
         return piece
 
     def filled(self, ids: Sequence[int], position: int, tokens: Sequence[int]) -> list[str]:
@@ -93,12 +87,8 @@ class WholeDecodes:
         self._skip = skip_special
 
     def filled(self, ids: Sequence[int], position: int, tokens: Sequence[int]) -> list[str]:
-        filled = np.asarray(ids).copy()
-        out = []
-        for token in tokens:
-            filled[position] = token
-            out.append(self._tokenizer.decode(filled.tolist(), skip_special_tokens=self._skip))
-        return out
+        head, tail = ids[:position], ids[position + 1 :]
+        return [self._tokenizer.decode([*head, t, *tail], skip_special_tokens=self._skip) for t in tokens]
 
 
 def mask_texts(tokenizer: TextTokenizer, skip_special: bool) -> MaskTexts | WholeDecodes:

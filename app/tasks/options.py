@@ -40,8 +40,7 @@ class EmbedOptions:
     truncation_direction: Direction = "right"
     normalize: bool = True
     prompt_name: str | None = None  # one of the model's prompts, put before each text
-    # Matryoshka: keep the first ``dimensions`` components of each vector (then normalise); None = all.
-    # Applied after the cache, which keeps whole vectors.
+    # Matryoshka: keep the first ``dimensions`` components (then normalise), after the cache; None = all.
     dimensions: int | None = None
 
 
@@ -186,8 +185,7 @@ def layer_mix(how: LayerCombine, layers: int, weights: tuple[float, ...] | None)
 
 @dataclass(frozen=True)
 class Names:
-    """How error messages name a request's texts as the client wrote them: ``item(i)`` (``inputs[2]``,
-    ``pairs[1][0]``) the i-th of the service's flat list, ``field`` the whole."""
+    """How error messages name a request's texts: ``field`` the whole, ``item(i)`` one (``inputs[2]``)."""
 
     field: str
     item: Callable[[int], str]

@@ -1,7 +1,6 @@
-"""Preparing a request: its texts checked, their token ids (tokenised or given) made into the sequences the
-engine runs, and a problem per input it refuses. A problem is kept per input, not raised at the first: a
-route raises the first (:meth:`Prepared.refuse`), the bulk job records each and embeds the rest. The order
-of the checks: docs/models.md, "How a request's options are prepared"."""
+"""Preparing a request: its texts checked, their token ids made into the sequences the engine runs, and a
+problem kept per input refused: a route raises the first (:meth:`Prepared.refuse`), the bulk job records
+each and embeds the rest (docs/models.md, "How a request's options are prepared")."""
 
 from __future__ import annotations
 
@@ -40,8 +39,7 @@ class Rules:
     long_text: LongText = "error"
     direction: Direction = "right"
     specials: tuple[int, int] = (0, 0)  # the [CLS] and [SEP] each window of long_text "chunk" has
-    # Refuse an input the tokenizer leaves nothing of (the head routes run it, as transformers' pipelines
-    # do; fill-mask refuses it for having no [MASK]).
+    # Refuse an input of [CLS] [SEP] alone (the head routes run it, as transformers' pipelines do).
     refuse_empty: bool = True
     # The positions at the start truncation keeps: [CLS] and the prompt's tokens (under limit - 1).
     keep: int = 1
@@ -99,7 +97,6 @@ def check_some(count: int, field: str, one: str = "input") -> None:
 
 
 def check_count(count: int, max_inputs: int, names: Names) -> None:
-    """A request's number of inputs (texts or token-id lists): at least one, at most ``max_inputs``."""
     check_some(count, names.field)
     if count > max_inputs:
         raise ValidationFailed(

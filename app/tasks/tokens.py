@@ -119,8 +119,7 @@ def returned_rows(enc: TokenEncoding, kept: np.ndarray, special_tokens: bool) ->
     """Of the ``kept`` positions, the rows that are returned (without [CLS]/[SEP] unless asked for)."""
     if special_tokens:
         return np.arange(len(kept))
-    special = np.asarray(enc.special_tokens_mask, dtype=bool)[kept]
-    return np.flatnonzero(~special)
+    return np.flatnonzero(~np.asarray(enc.special_tokens_mask, dtype=bool)[kept])
 
 
 def token_vectors(
