@@ -132,8 +132,9 @@ def texts_of(
     texts = [inputs] if isinstance(inputs, str) else list(inputs)
     names = names or listed("inputs", inputs)
     check_count(len(texts), max_inputs, names)
-    for problem in text_problems(texts, max_chars, names.item).values():
-        raise problem
+    for i, text in enumerate(texts):
+        if (problem := text_problem(text, max_chars, names.item, i)) is not None:
+            raise problem
     return texts
 
 
