@@ -39,7 +39,7 @@ class Rules:
     long_text: LongText = "error"
     direction: Direction = "right"
     specials: tuple[int, int] = (0, 0)  # the [CLS] and [SEP] each window of long_text "chunk" has
-    # Refuse an input of [CLS] [SEP] alone (the head routes run it, as transformers' pipelines do).
+    # Refuse an input of [CLS] [SEP] alone (the head routes run it instead, as transformers' pipelines do).
     refuse_empty: bool = True
     # The positions at the start truncation keeps: [CLS] and the prompt's tokens (under limit - 1).
     keep: int = 1
@@ -76,8 +76,8 @@ class Prepared:
         return cut if cut is not None else np.arange(self.lengths[self.inputs[k]])
 
     def refuse(self) -> None:
-        """Raise the first input's problem, if any. It leaves ``problems`` and this frame: its traceback
-        holds this frame, so a preparation still holding it would be a cycle kept until a full collection."""
+        """Raise the first input's problem, if any, popped and dropped here: its traceback holds this frame,
+        so a preparation still holding it would be a cycle, kept until a full collection."""
         if not self.problems:
             return
         problem = self.problems.pop(min(self.problems))
