@@ -1,19 +1,6 @@
-"""Named entities from one input's per-token class probabilities, in the terms and shapes of transformers'
-``TokenClassificationPipeline`` (4.57) with a fast tokenizer and offsets: the same tokens, words, groups,
-offsets and scores, the pipeline's quirks included. No torch and no transformers: numpy and tokenizers.
-
-The quirks kept (they decide which tokens form a word and how a group's word reads):
-
-- A token is a subword when its text differs in length from the characters its offsets cover (``##ing`` is
-  5 against 3). So a word-initial token whose characters the normalizer changed in length (a removed
-  zero-width space inside it) counts as a subword too.
-- An [UNK] token takes the text it covers as its word (``😀``, not ``[UNK]``) and is never a subword.
-- A group's word is the tokenizer's decoder on its tokens (or, for "first"/"average"/"max", on its words),
-  so with WordPiece Chinese characters come back space-separated: ``王 小 明``.
-- Grouping reads B-/I- off each label (a label without one continues like I-), but a group is named by
-  the first label's text after its first "-" (``S-ORG`` -> ``ORG``); ``ignore_labels`` filters after
-  grouping, so an ignored label still splits groups.
-"""
+"""Named entities from one input's per-token class probabilities, as transformers'
+``TokenClassificationPipeline`` (4.57, fast tokenizer, offsets) gives them, in numpy and tokenizers alone.
+Its quirks are kept, each marked "Quirk:" (they decide which tokens form a word and how a word reads)."""
 
 from __future__ import annotations
 
@@ -45,16 +32,11 @@ class Vocabulary:
 
 def vocabulary(tokenizer: Tokenizer) -> Vocabulary:
     """The :class:`Vocabulary` of a tokenizer loaded from a tokenizer.json, as the pipeline reads it."""
-    model = tokenizer.model
-    decoder = tokenizer.decoder
+    model, decoder = tokenizer.model, tokenizer.decoder
     unk = getattr(model, "unk_token", None)
-
-    def tokens_to_string(tokens: list[str]) -> str:
-        return decoder.decode(tokens) if decoder is not None else " ".join(tokens)
-
     return Vocabulary(
         id_to_token=tokenizer.id_to_token,
-        tokens_to_string=tokens_to_string,
+        tokens_to_string=decoder.decode if decoder is not None else " ".join,
         continuing_subword_prefix=getattr(model, "continuing_subword_prefix", None) or None,
         unk_token_id=tokenizer.token_to_id(unk) if unk else None,
     )
@@ -72,18 +54,6 @@ class _Token:
     is_subword: bool
 
 
-@dataclass
-class _Tagged:
-    """A token ("none", "simple") or a word ("first", "average", "max") with its label."""
-
-    entity: str
-    score: np.floating[Any]
-    word: str
-    start: int
-    end: int
-    index: int | None = None
-
-
 def entities(
     text: str,
     ids: Sequence[int],
@@ -97,13 +67,8 @@ def entities(
 ) -> list[dict[str, Any]]:
     """The pipeline's answer for one input: its tokens with ``strategy="none"``, else its entity groups.
 
-    ``ids``, ``offsets`` and ``special`` are the input's Encoding (ids, character offsets, special tokens
-    mask), ``probs`` [len(ids), labels] the softmax of its token logits.
-
-    Raises:
-        ValidationFailed: ``strategy`` is not one of the five.
-        ValueError: the lengths of ``ids``, ``offsets``, ``special`` and ``probs`` differ; an id is not in
-            the vocabulary.
+    ``ids``, ``offsets`` and ``special`` are the input's Encoding's, ``probs`` [len(ids), labels] the
+    softmax of its token logits.
     """
     if strategy not in STRATEGIES:
         raise ValidationFailed(
@@ -114,38 +79,7 @@ def entities(
             f"{len(ids)} ids, {len(offsets)} offsets and {len(special)} special flags "
             f"for probabilities of shape {probs.shape}"
         )
-    tokens = _tokens(text, ids, offsets, special, probs, vocab)
-    if strategy in ("none", "simple"):
-        tagged = [_tag(t.scores, id2label, t.word, t.start, t.end, t.index) for t in tokens]
-    else:
-        tagged = [_word(group, strategy, id2label, vocab) for group in _words(tokens)]
-    ignored = set(ignore_labels)
-    if strategy == "none":
-        return [
-            {
-                "entity": t.entity,
-                "score": float(t.score),
-                "index": t.index,
-                "word": t.word,
-                "start": t.start,
-                "end": t.end,
-            }
-            for t in tagged
-            if t.entity not in ignored
-        ]
-    return _groups(tagged, vocab, ignored)
-
-
-def _tokens(
-    text: str,
-    ids: Sequence[int],
-    offsets: Sequence[tuple[int, int]],
-    special: Sequence[int],
-    probs: np.ndarray,
-    vocab: Vocabulary,
-) -> list[_Token]:
-    """The pipeline's ``gather_pre_entities``: the non-special tokens with their words and subword flags."""
-    tokens: list[_Token] = []
+    tokens: list[_Token] = []  # the pipeline's gather_pre_entities
     for index, token_id in enumerate(ids):
         if special[index]:
             continue
@@ -154,89 +88,89 @@ def _tokens(
             raise ValueError(f"token id {token_id} is not in the vocabulary")
         start, end = int(offsets[index][0]), int(offsets[index][1])
         covered = text[start:end]
+        # Quirk: a subword is a token whose text differs in length from what it covers (``##ing``: 5 to 3),
+        # so is a word-initial token whose characters the normalizer changed in length.
         if vocab.continuing_subword_prefix:
             is_subword = len(word) != len(covered)
         else:
             is_subword = start > 0 and " " not in text[start - 1 : start + 1]
-        if int(token_id) == vocab.unk_token_id:
+        if int(token_id) == vocab.unk_token_id:  # Quirk: its word is what it covers (``😀``), not a subword
             word = covered
             is_subword = False
         tokens.append(_Token(word, probs[index], start, end, index, is_subword))
-    return tokens
+    if strategy in ("none", "simple"):
+        tagged = [_tag(t.scores, id2label, t.word, t.start, t.end, t.index) for t in tokens]
+    else:
+        words: list[list[_Token]] = []  # the pipeline's aggregate_words: a token and the subwords after it
+        for token in tokens:
+            if words and token.is_subword:
+                words[-1].append(token)
+            else:
+                words.append([token])
+        tagged = []
+        for group in words:  # the pipeline's aggregate_word: one label for a word's tokens
+            if strategy == "max":  # max() keeps the first of equal maxima, as the pipeline's does
+                scores = max(group, key=lambda t: t.scores.max()).scores
+            elif strategy == "first" or len(group) == 1:  # the mean of one row is that row
+                scores = group[0].scores
+            else:
+                scores = np.nanmean(np.stack([t.scores for t in group]), axis=0)
+            # Quirk: a word (and a group) reads as the decoder writes its tokens (WordPiece: ``王 小 明``).
+            word = vocab.tokens_to_string([t.word for t in group])
+            tagged.append(_tag(scores, id2label, word, group[0].start, group[-1].end))
+    ignored = set(ignore_labels)
+    if strategy == "none":
+        return [{**t, "score": float(t["score"])} for t in tagged if t["entity"] not in ignored]
+    return _groups(tagged, vocab, ignored)
 
 
 def _tag(
     scores: np.ndarray, id2label: Mapping[int, str], word: str, start: int, end: int, index: int | None = None
-) -> _Tagged:
+) -> dict[str, Any]:
+    """A token ("none", "simple") or a word (the other strategies) with its best label."""
     best = int(scores.argmax())
-    return _Tagged(id2label[best], scores[best], word, start, end, index)
-
-
-def _words(tokens: list[_Token]) -> list[list[_Token]]:
-    """The pipeline's ``aggregate_words``: a word is a token and the subwords that follow it."""
-    words: list[list[_Token]] = []
-    for token in tokens:
-        if words and token.is_subword:
-            words[-1].append(token)
-        else:
-            words.append([token])
-    return words
-
-
-def _word(
-    tokens: list[_Token], strategy: AggregationStrategy, id2label: Mapping[int, str], vocab: Vocabulary
-) -> _Tagged:
-    """The pipeline's ``aggregate_word``: one label for a word's tokens."""
-    word = vocab.tokens_to_string([t.word for t in tokens])
-    start, end = tokens[0].start, tokens[-1].end
-    if strategy == "first":
-        return _tag(tokens[0].scores, id2label, word, start, end)
-    if strategy == "max":
-        # max() keeps the first of equal maxima, as the pipeline's does.
-        return _tag(max(tokens, key=lambda t: t.scores.max()).scores, id2label, word, start, end)
-    if len(tokens) == 1:  # (the mean of one row is that row: each Chinese character is a word)
-        return _tag(tokens[0].scores, id2label, word, start, end)
-    return _tag(np.nanmean(np.stack([t.scores for t in tokens]), axis=0), id2label, word, start, end)
+    return {
+        "entity": id2label[best],
+        "score": scores[best],
+        "index": index,
+        "word": word,
+        "start": start,
+        "end": end,
+    }
 
 
 def _tag_parts(label: str) -> tuple[str, str]:
     """The pipeline's ``get_tag``: ("B" or "I", the type); a label without B-/I- continues like I-."""
-    if label.startswith("B-"):
-        return "B", label[2:]
-    if label.startswith("I-"):
-        return "I", label[2:]
+    if label.startswith(("B-", "I-")):
+        return label[0], label[2:]
     return "I", label
 
 
-def _groups(tagged: list[_Tagged], vocab: Vocabulary, ignored: set[str]) -> list[dict[str, Any]]:
-    """The pipeline's ``group_entities``: adjacent tokens (or words) of one type, each B- starting anew;
-    the groups whose name is in ``ignored`` are left out (after grouping, so they still split groups)."""
-    groups: list[list[_Tagged]] = []
+def _groups(tagged: list[dict[str, Any]], vocab: Vocabulary, ignored: set[str]) -> list[dict[str, Any]]:
+    """The pipeline's ``group_entities``: adjacent tokens (or words) of one type, each B- starting anew.
+
+    Quirk: a group is named by its first label past the first "-" (``S-ORG``: ``ORG``), and ``ignored``
+    names are left out after grouping, so they still split groups.
+    """
+    groups: list[list[dict[str, Any]]] = []
     for t in tagged:
-        if groups:
-            bi, tag = _tag_parts(t.entity)
-            _, last_tag = _tag_parts(groups[-1][-1].entity)
-            if tag == last_tag and bi != "B":
-                groups[-1].append(t)
-                continue
-        groups.append([t])
-    named = ((_group_name(group), group) for group in groups)
+        bi, tag = _tag_parts(t["entity"])
+        if groups and bi != "B" and tag == _tag_parts(groups[-1][-1]["entity"])[1]:
+            groups[-1].append(t)
+        else:
+            groups.append([t])
+    named = ((group[0]["entity"].split("-", 1)[-1], group) for group in groups)
     return [_group(name, group, vocab) for name, group in named if name not in ignored]
 
 
-def _group_name(group: list[_Tagged]) -> str:
-    """The pipeline's name of a group: the first label's text past its first "-"."""
-    return group[0].entity.split("-", 1)[-1]
-
-
-def _group(name: str, group: list[_Tagged], vocab: Vocabulary) -> dict[str, Any]:
+def _group(name: str, group: list[dict[str, Any]], vocab: Vocabulary) -> dict[str, Any]:
     """The pipeline's ``group_sub_entities``."""
     # The mean of one score is that score (numpy's float32 mean of one value gives it back unchanged).
-    score = group[0].score if len(group) == 1 else np.mean(np.nanmean([t.score for t in group]))
+    score = group[0]["score"] if len(group) == 1 else np.mean(np.nanmean([t["score"] for t in group]))
     return {
         "entity_group": name,
         "score": float(score),
-        "word": vocab.tokens_to_string([t.word for t in group]),
-        "start": group[0].start,
-        "end": group[-1].end,
+        "word": vocab.tokens_to_string([t["word"] for t in group]),
+        "start": group[0]["start"],
+        "end": group[-1]["end"],
     }

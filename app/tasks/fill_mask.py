@@ -1,4 +1,4 @@
-"""Fill-mask: the top k tokens for each [MASK] (``/fill-mask``), optionally among given targets, in the
+"""Fill-mask (``/fill-mask``): the top k tokens for each [MASK], optionally among given targets, in the
 terms and shapes of transformers' ``FillMaskPipeline``."""
 
 from __future__ import annotations
@@ -22,24 +22,18 @@ from app.tasks.prepare import TOO_LONG_MASKS, Prepared, from_encodings
 # its request is answered; this keeps one request near 10 MB (and its answer near 6,400 candidates).
 MAX_MASKS_PER_REQUEST = 128
 
-# One candidate: {"score", "token", "token_str", "sequence"}.
-Candidate = dict[str, Any]
+Candidate = dict[str, Any]  # {"score", "token", "token_str", "sequence"}
 
 
 def masked(prepared: Prepared, mask_id: int, names: Names) -> tuple[list[np.ndarray], list[tuple[int, ...]]]:
-    """Each input's token ids and the positions of its [MASK] tokens, checked in input order.
-
-    Raises:
-        ValidationFailed: an input over the model's length (fill-mask cannot truncate: ``prepared``'s
-            problem) or without [MASK]; more than :data:`MAX_MASKS_PER_REQUEST` masks in all.
-    """
+    """Each input's token ids and the positions of its [MASK] tokens, checked in input order."""
     positions: list[tuple[int, ...]] = []
     masks = 0
     for i in range(len(prepared.lengths)):
         if i in prepared.problems:
             raise prepared.problems[i]
-        ids = prepared.ids[i]  # every input before it is good: none was left out
-        where = tuple(int(p) for p in np.flatnonzero(ids == mask_id))
+        # Every input before it is good: none was left out.
+        where = tuple(np.flatnonzero(prepared.ids[i] == mask_id).tolist())
         if not where:
             raise ValidationFailed(f"{names.item(i)} has no [MASK] token")
         masks += len(where)
@@ -49,19 +43,6 @@ def masked(prepared: Prepared, mask_id: int, names: Names) -> tuple[list[np.ndar
             )
         positions.append(where)
     return prepared.ids, positions
-
-
-def check_targets(targets: list[str] | None, max_chars: int) -> None:
-    """Targets that are not tokens are tokenised like inputs, so they are bounded like inputs.
-
-    Raises:
-        ValidationFailed: a target over ``max_chars`` characters.
-    """
-    for i, target in enumerate(targets or ()):
-        if len(target) > max_chars:
-            raise ValidationFailed(
-                f"parameters.targets[{i}] has {len(target)} characters; the limit is {max_chars}"
-            )
 
 
 def predictions(
@@ -75,17 +56,11 @@ def predictions(
 ) -> list[list[Candidate]]:
     """For each masked position of ``ids`` (one [vocab] row of ``probs`` each), the ``top_k`` fills.
 
-    With ``targets`` (token ids, as :func:`target_ids` gives them) only those compete, each scored by
-    its probability over the whole vocabulary, as the pipeline's ``probs[..., target_ids]``; ``top_k``
-    is then capped at their number. ``writers``: the filled-text writers a request's inputs share, by
-    ``skip_special`` (built here, and kept there, the first time one is needed).
+    ``targets`` (token ids) alone compete, each scored by its probability over the whole vocabulary, as
+    the pipeline's ``probs[..., target_ids]``. ``writers``: a request's text writers, by ``skip_special``.
     """
-    # Like the HF pipeline: with several masks the others stay visible.
-    skip_special = len(positions) == 1
-    writers = {} if writers is None else writers
-    texts = writers.get(skip_special)
-    if texts is None:
-        texts = writers[skip_special] = mask_texts(tokenizer, skip_special)
+    skip_special = len(positions) == 1  # like the HF pipeline: with several masks the others stay visible
+    texts = (writers or {}).get(skip_special) or mask_texts(tokenizer, skip_special)
     listed = ids.tolist()
     token_strs: dict[int, str] = {}
     out = []
@@ -114,13 +89,9 @@ def answers(
     top_k: int,
     targets: np.ndarray | None,
 ) -> list[list[list[Candidate]]]:
-    """Per input (its ids, mask positions and their probability rows), per [MASK], its candidates.
-
-    Raises:
-        InternalError: an input came back without its probabilities.
-    """
+    """Per input (ids, mask positions, probability rows), per [MASK], its candidates; writers built once."""
     out = []
-    writers: dict[bool, MaskTexts | WholeDecodes] = {}  # built once a request, not once an input
+    writers = {skip: mask_texts(tokenizer, skip) for skip in {len(where) == 1 for where in positions}}
     for ids, where, rows in zip(sequences, positions, probs, strict=True):
         if rows is None:
             raise InternalError("a fill-mask sequence came back without its mask probabilities")
@@ -129,38 +100,21 @@ def answers(
 
 
 def shaped(answers: list[list[list[Candidate]]], one_text: bool) -> list[Any]:
-    """The pipeline's shapes for ``answers`` (per input, per [MASK], its candidates).
-
-    One input's answer is its candidates for one [MASK], or one list of candidates per mask for several.
-    ``one_text`` (the request sent a string): that answer alone; a list of inputs: one answer per input.
-    Unlike the pipeline, a list of ONE input still answers a list of one answer, so that a client that
-    sends lists always reads lists back.
-    """
+    """The pipeline's shapes: per input, its one [MASK]'s candidates or a list per mask; a string's
+    answer alone. Unlike the pipeline, a list of ONE input answers a list, so lists always read lists."""
     per_input = [masks[0] if len(masks) == 1 else masks for masks in answers]
     return per_input[0] if one_text else per_input
 
 
 def split_targets(tokenizer: TextTokenizer, targets: list[str]) -> tuple[list[int], list[str]]:
     """The ids of the ``targets`` that are vocabulary tokens, and the others, still to be tokenised."""
-    known: list[int] = []
-    unknown: list[str] = []
-    for target in targets:
-        token = tokenizer.token_to_id(target)
-        if token is None:
-            unknown.append(target)
-        else:
-            known.append(token)
-    return known, unknown
+    ids = [tokenizer.token_to_id(target) for target in targets]
+    return [i for i in ids if i is not None], [t for t, i in zip(targets, ids, strict=True) if i is None]
 
 
 def target_ids(known: list[int], tokenized: list[list[int]]) -> np.ndarray:
-    """The pipeline's ``get_target_ids``: the vocabulary ids ``known``, and of each other target (its
-    ids ``tokenized`` without special tokens) the first token, a target without tokens being ignored.
-    Distinct and sorted (the pipeline's ``set`` leaves the order to hashing; only ties could tell).
-
-    Raises:
-        ValidationFailed: no target is left.
-    """
+    """The pipeline's ``get_target_ids``: the ``known`` ids and each other target's first token (none:
+    ignored). Sorted: the pipeline's ``set`` leaves the order to hashing; only ties could tell."""
     ids = known + [t[0] for t in tokenized if t]
     if not ids:
         raise ValidationFailed(
@@ -171,8 +125,6 @@ def target_ids(known: list[int], tokenized: list[list[int]]) -> np.ndarray:
 
 
 class FillMask:
-    """The fill-mask task over the shared :class:`~app.tasks.core.Core`."""
-
     def __init__(self, core: Core) -> None:
         self.core = core
 
@@ -180,52 +132,38 @@ class FillMask:
     async def fill(
         self, inputs: str | list[str], top_k: int, targets: list[str] | None = None
     ) -> Answer[list[Any]]:
-        """The ``top_k`` predictions for each [MASK], in the shapes of transformers' fill-mask pipeline
-        (:func:`shaped`: a string's answer alone, a list's one answer per input).
-
-        ``targets``, as the pipeline's: only these tokens compete (a target that is not a vocabulary
-        token stands for its first token), scored by their probability over the whole vocabulary.
-
-        Raises:
-            Unsupported: the model has no masked-LM head.
-            EmptyInput: no inputs, or an empty one.
-            ValidationFailed: an input without [MASK] or over the model's length; more than
-                ``MAX_MASKS_PER_REQUEST`` masks; a target over ``max_input_chars``; no target left.
-        """
+        """The ``top_k`` predictions for each [MASK] (among ``targets``, as the pipeline's, if given)."""
         self.core.check_ready()
         if not self.core.model.has_mlm_head:
             raise Unsupported("this model has no masked-LM head, so it cannot fill masks")
         names = listed("inputs", inputs)
         texts = self.core.texts(inputs, names)
-        check_targets(targets, self.core.settings.max_input_chars)
+        max_chars = self.core.settings.max_input_chars
+        for i, target in enumerate(targets or ()):  # tokenised like inputs, so bounded like them
+            if len(target) > max_chars:
+                raise ValidationFailed(
+                    f"parameters.targets[{i}] has {len(target)} characters; the limit is {max_chars}"
+                )
         mask_id = self.core.model.manifest.tokenizer.mask_id
         with self.core.engine.admit(len(texts)):
             encodings, tokenization_ms = await self.core.tokenize(texts, offsets=False)
             # Fill-mask runs an input without tokens to refuse it for having no [MASK].
             rules = self.core.rules(TOO_LONG_MASKS, refuse_empty=False)
             sequences, positions = masked(from_encodings(encodings, rules, names.item), mask_id, names)
-            needs = [Need(mask_positions=p) for p in positions]
             candidates = None
             if targets is not None:
-                candidates, target_ms = await self._target_ids(targets)
-                tokenization_ms += target_ms
-            job = await self.core.run(sequences, needs)
+                known, unknown = split_targets(self.core.model.tokenizer, targets)
+                tokenized: list[list[int]] = []
+                if unknown:  # the targets that are not vocabulary tokens
+                    parts, target_ms = await self.core.tokenize(
+                        unknown, add_special_tokens=False, offsets=False
+                    )
+                    tokenization_ms += target_ms
+                    tokenized = [e.ids for e in parts]
+                candidates = target_ids(known, tokenized)
+            job = await self.core.run(sequences, [Need(mask_positions=p) for p in positions])
         # Off the event loop: 128 masks × top_k 50 are 6,400 candidates, tens of milliseconds of Python.
         answer = await asyncio.to_thread(
             answers, self.core.model.tokenizer, sequences, positions, job.mask_probs, top_k, candidates
         )
         return Answer(shaped(answer, one_text=isinstance(inputs, str)), timings_of([job], tokenization_ms))
-
-    async def _target_ids(self, targets: list[str]) -> tuple[np.ndarray, float]:
-        """The token ids fill-mask ``targets`` stand for (:func:`target_ids`), and the
-        milliseconds spent tokenising those that are not vocabulary tokens (none when all are).
-        """
-        known, unknown = split_targets(self.core.model.tokenizer, targets)
-        tokenized: list[list[int]] = []
-        tokenization_ms = 0.0
-        if unknown:
-            encodings, tokenization_ms = await self.core.tokenize(
-                unknown, add_special_tokens=False, offsets=False
-            )
-            tokenized = [e.ids for e in encodings]
-        return target_ids(known, tokenized), tokenization_ms

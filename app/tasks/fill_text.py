@@ -1,37 +1,24 @@
-"""Fill-mask's ``sequence`` texts: each candidate's whole input decoded with the candidate in its [MASK]'s
-place, exactly as ``tokenizer.decode`` writes it, without decoding the whole input once per candidate.
-
-A request may hold 128 masks × 50 candidates: 6,400 decodes of up to 512 tokens each took seconds. A
-WordPiece decoder (every BERT's) writes each token apart: the first kept token as it is, every other
-one as its piece (``##`` dropped, else a space before it), the pieces joined. So an input's text with
-one token replaced is the pieces before it, the candidate's piece and the pieces after it, each side
-joined once per mask. The clean-up after decoding (:meth:`app.model.tokenizer.TextTokenizer.clean`)
-reads across pieces, but never across a character outside :data:`app.model.tokenizer.CLEANUP_CHARS`:
-only the few characters between the nearest such character on either side of the candidate are cleaned
-per candidate. Any other decoder decodes each candidate whole (:class:`WholeDecodes`).
-"""
+"""Fill-mask's ``sequence`` texts, as ``tokenizer.decode`` writes them, without decoding the whole input
+per candidate (128 masks × 50 took seconds). A WordPiece decoder writes each token apart, so each side of
+the candidate is joined once per mask, and clean-up (never across a character outside ``CLEANUP_CHARS``)
+runs per candidate only around it. Other decoders decode each candidate whole (:class:`WholeDecodes`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 from tokenizers import decoders
 
 from app.model.tokenizer import CLEANUP_CHARS, TextTokenizer
 
 # A token the decoder writes as itself at the start: decode([ANCHOR, t]) is ANCHOR, then t's piece.
 _ANCHOR = "a"
+_CLEANUP = "".join(CLEANUP_CHARS)  # str.strip's set of characters
 
 
 class MaskTexts:
-    """The decoded texts of one tokenizer's inputs with one token replaced, for one request.
-
-    Args:
-        tokenizer: the model's.
-        skip_special: drop special tokens, as ``decode(..., skip_special_tokens=True)`` (one [MASK]: the
-            pipeline's choice); else they are written.
-    """
+    """The decoded texts of one tokenizer's inputs with one token replaced, for one request;
+    ``skip_special`` as ``decode``'s ``skip_special_tokens`` (the pipeline's choice for one [MASK])."""
 
     def __init__(self, tokenizer: TextTokenizer, skip_special: bool) -> None:
         backend = tokenizer.backend
@@ -49,30 +36,22 @@ class MaskTexts:
         decoder = tokenizer.backend.decoder
         return isinstance(decoder, decoders.WordPiece) and decoder.decode([_ANCHOR]) == _ANCHOR
 
-    def _kept(self, token: int) -> bool:
-        """Whether ``decode`` writes ``token`` at all (an id outside the vocabulary, or a special token
-        when they are skipped, is dropped)."""
+    def _kept(self, token: int) -> bool:  # decode drops an id outside the vocabulary, and skipped specials
         return not (self._skip and token in self._special) and self._token(token) is not None
 
     def _piece(self, token: int, first: bool) -> str:
-        """``token`` as the decoder writes it first (``first``) or after another token."""
         cache = self._first if first else self._later
         piece = cache.get(token)
         if piece is None:
             text = self._token(token) or ""
-            piece = (
-                self._decoder.decode([text])
-                if first
-                else self._decoder.decode([_ANCHOR, text])[len(_ANCHOR) :]
-            )
-            cache[token] = piece
+            written = self._decoder.decode([text] if first else [_ANCHOR, text])
+            piece = cache[token] = written if first else written[len(_ANCHOR) :]
         return piece
 
     def filled(self, ids: Sequence[int], position: int, tokens: Sequence[int]) -> list[str]:
         """``decode(ids)`` with ``ids[position]`` replaced by each of ``tokens``, in their order."""
-        written = [(p, t) for p, t in enumerate(ids) if p != position and self._kept(t)]
-        before = [t for p, t in written if p < position]
-        after = [t for p, t in written if p > position]
+        before = [t for t in ids[:position] if self._kept(t)]
+        after = [t for t in ids[position + 1 :] if self._kept(t)]
         head = "".join(self._piece(t, i == 0) for i, t in enumerate(before))
         tail = "".join(self._piece(t, False) for t in after)
         # A dropped candidate leaves the first token after it first, when none is before it.
@@ -85,10 +64,12 @@ class MaskTexts:
         # Cleaned once per mask: the head up to its last character no clean-up reads, the tails from
         # their first; cleaned per candidate: the few characters between, around the candidate.
         clean = self._tokenizer.clean
-        head_done, head_open = _split_head(head)
-        head_done = clean(head_done)
-        ends = {kept: _split_tail(rest) for kept, rest in ((True, tail), (False, tail_alone))}
-        ends = {kept: (inside, clean(outside)) for kept, (inside, outside) in ends.items()}
+        cut = len(head.rstrip(_CLEANUP))
+        head_done, head_open = clean(head[:cut]), head[cut:]
+        ends: dict[bool, tuple[str, str]] = {}
+        for kept, rest in ((True, tail), (False, tail_alone)):
+            cut = len(rest) - len(rest.lstrip(_CLEANUP)) + 1
+            ends[kept] = rest[:cut], clean(rest[cut:])
         out = []
         for token in tokens:
             kept = self._kept(token)
@@ -98,43 +79,18 @@ class MaskTexts:
         return out
 
 
-def _split_head(text: str) -> tuple[str, str]:
-    """``text`` cut after its last character outside :data:`CLEANUP_CHARS` (all of it after the cut
-    when there is none)."""
-    for i in range(len(text) - 1, -1, -1):
-        if text[i] not in CLEANUP_CHARS:
-            return text[: i + 1], text[i + 1 :]
-    return "", text
-
-
-def _split_tail(text: str) -> tuple[str, str]:
-    """``text`` cut after its first character outside :data:`CLEANUP_CHARS` (all of it before the cut
-    when there is none)."""
-    for i, char in enumerate(text):
-        if char not in CLEANUP_CHARS:
-            return text[: i + 1], text[i + 1 :]
-    return text, ""
-
-
 class WholeDecodes:
-    """:class:`MaskTexts`' answers by decoding each candidate's whole input: for a decoder that does not
-    write tokens apart."""
+    """:class:`MaskTexts`' answers by decoding each candidate's whole input."""
 
     def __init__(self, tokenizer: TextTokenizer, skip_special: bool) -> None:
         self._tokenizer = tokenizer
         self._skip = skip_special
 
     def filled(self, ids: Sequence[int], position: int, tokens: Sequence[int]) -> list[str]:
-        filled = np.asarray(ids).copy()
-        out = []
-        for token in tokens:
-            filled[position] = token
-            out.append(self._tokenizer.decode(filled.tolist(), skip_special_tokens=self._skip))
-        return out
+        head, tail = ids[:position], ids[position + 1 :]
+        return [self._tokenizer.decode([*head, t, *tail], skip_special_tokens=self._skip) for t in tokens]
 
 
 def mask_texts(tokenizer: TextTokenizer, skip_special: bool) -> MaskTexts | WholeDecodes:
     """What writes one request's filled texts for ``tokenizer``: pieces where its decoder allows."""
-    if MaskTexts.fits(tokenizer):
-        return MaskTexts(tokenizer, skip_special)
-    return WholeDecodes(tokenizer, skip_special)
+    return (MaskTexts if MaskTexts.fits(tokenizer) else WholeDecodes)(tokenizer, skip_special)

@@ -1,10 +1,6 @@
-"""Request options: each vocabulary declared once, the option objects, and their validation.
-
-The API schemas reuse these ``Literal`` types for their fields, the service receives the frozen option
-objects, and the checks that need the model (how many layers it has, whether it has a pooler) live
-here too, so the meaning of an option is in one module. The pooling vocabulary is the exception: it is
-declared beside its functions in :mod:`app.engine.pooling`, so a new mode is one module's change.
-"""
+"""Request options: each vocabulary declared once, the frozen option objects, and their checks against the
+model. The API schemas reuse these ``Literal`` types; pooling's is declared beside its functions in
+:mod:`app.engine.pooling`, so a new mode is one module's change."""
 
 from __future__ import annotations
 
@@ -34,11 +30,7 @@ OpenAIEncoding = Literal["float", "base64", "binary", "ubinary"]
 
 @dataclass(frozen=True)
 class EmbedOptions:
-    """What /embed, /similarity and the OpenAI route compute for each input.
-
-    These defaults are a plain BERT's; a model's own (:func:`model_defaults`) replace them for every
-    option a request leaves out.
-    """
+    """What /embed, /similarity and the OpenAI route compute; a model's own defaults replace these."""
 
     pooling: Pooling = "mean"
     layers: tuple[int, ...] | None = None  # as requested: 1-based, negatives from the end; None = last
@@ -48,14 +40,12 @@ class EmbedOptions:
     truncation_direction: Direction = "right"
     normalize: bool = True
     prompt_name: str | None = None  # one of the model's prompts, put before each text
-    # Matryoshka: keep the first ``dimensions`` components of each vector (then normalise); None = all.
-    # Checked by :func:`check_dimensions`; applied after the cache, which keeps whole vectors.
+    # Matryoshka: keep the first ``dimensions`` components (then normalise), after the cache; None = all.
     dimensions: int | None = None
 
 
 def model_defaults(defaults: Defaults) -> EmbedOptions:
-    """The options a request gets for what it leaves out: the manifest's ``defaults`` (a
-    sentence-transformers folder's pooling, normalisation, truncation and default prompt)."""
+    """The options a request gets for what it leaves out: the manifest's ``defaults``."""
     return EmbedOptions(
         pooling=defaults.pooling,  # type: ignore[arg-type]
         long_text=defaults.long_text,
@@ -65,31 +55,17 @@ def model_defaults(defaults: Defaults) -> EmbedOptions:
 
 
 def prompt_text(name: str | None, prompts: dict[str, str]) -> str | None:
-    """The text of the model's prompt ``name`` (None: no prompt).
-
-    Raises:
-        ValidationFailed: the model has no prompt of that name.
-    """
+    """The text of the model's prompt ``name`` (None: no prompt); ValidationFailed for an unknown name."""
     if name is None:
         return None
     if name not in prompts:
-        if not prompts:
-            raise ValidationFailed(
-                f"prompt_name {name!r} is not one of this model's prompts: it defines none, so leave prompt_name out"
-            )
-        raise ValidationFailed(
-            f"prompt_name {name!r} is not one of this model's prompts: {', '.join(map(repr, prompts))}"
-        )
+        known = ", ".join(map(repr, prompts)) or "it defines none, so leave prompt_name out"
+        raise ValidationFailed(f"prompt_name {name!r} is not one of this model's prompts: {known}")
     return prompts[name]
 
 
 def check_prompt_fits(name: str, tokens: int, limit: int) -> None:
-    """A prompt of ``tokens`` tokens with [CLS] (kept whichever end truncation cuts) leaves room in the
-    model's ``limit`` for [SEP] and at least one token of the text.
-
-    Raises:
-        ValidationFailed: it does not: every text with it would be the prompt alone, or less.
-    """
+    """Refuse a prompt (``tokens`` with [CLS]) leaving no room in ``limit`` for [SEP] and a text token."""
     if tokens + 2 > limit:
         raise ValidationFailed(
             f"prompt_name {name!r}: its prompt takes {tokens - 1} tokens, and with [CLS] and [SEP] no token of "
@@ -114,10 +90,7 @@ class EmbedAllOptions:
 
 @dataclass(frozen=True)
 class LayerMix:
-    """How an item's layers combine into one vector (per token, for /embed_all).
-
-    ``weights`` (``weighted`` only) are one per layer, in the order of the layers, and sum to 1.
-    """
+    """How an item's layers combine; ``weights`` (``weighted`` only): one per layer, summing to 1."""
 
     how: LayerCombine = "concat"
     weights: tuple[float, ...] | None = None
@@ -132,14 +105,7 @@ class Resolved:
 
 
 def resolve_layers(layers: tuple[int, ...] | None, num_layers: int) -> tuple[int, ...]:
-    """Requested layers (1-based or negative from the end; None = the last) as 1-based layers.
-
-    Every route that takes ``layers`` resolves them here, so each refuses the same requests alike.
-
-    Raises:
-        ValidationFailed: empty, more than the model has, a layer out of range, or a layer named twice (``[4, 4]``, or ``-1`` and
-            its 1-based number): it would be computed and held twice for nothing a single one lacks.
-    """
+    """Requested layers (1-based or negative from the end; None = the last) as 1-based layers, each once."""
     n = num_layers
     if layers is None:
         return (n,)
@@ -153,11 +119,11 @@ def resolve_layers(layers: tuple[int, ...] | None, num_layers: int) -> tuple[int
             raise ValidationFailed(f"layer {layer} is out of range: use 1..{n} or -{n}..-1")
         resolved.append(layer if layer > 0 else n + 1 + layer)
     if len(set(resolved)) < len(resolved):
-        named: dict[int, list[int]] = {}
-        for sent, layer in zip(layers, resolved, strict=True):
-            named.setdefault(layer, []).append(sent)
+        sent = list(zip(layers, resolved, strict=True))
         twice = "; ".join(
-            f"layer {layer} as {', '.join(map(str, sent))}" for layer, sent in named.items() if len(sent) > 1
+            f"layer {layer} as {', '.join(str(s) for s, r in sent if r == layer)}"
+            for layer in dict.fromkeys(resolved)
+            if resolved.count(layer) > 1
         )
         raise ValidationFailed(
             f"layers {list(layers)} name the same layer more than once ({twice}): send each layer once"
@@ -166,36 +132,23 @@ def resolve_layers(layers: tuple[int, ...] | None, num_layers: int) -> tuple[int
 
 
 def resolve_embed(options: EmbedOptions, num_layers: int, has_pooler: bool) -> Resolved:
-    """The layers and layer mix of an /embed-like request.
-
-    Raises:
-        Unsupported: pooling "pooler" on a model without a pooler.
-        ValidationFailed: layers or weights that do not fit the model or each other.
-    """
+    """The layers and layer mix of an /embed-like request; pooling "pooler" reads the last layer only."""
     if options.pooling == POOLER:
         if not has_pooler:
             raise Unsupported("this model has no pooler; use pooling cls or mean")
         if options.layers not in (None, (num_layers,), (-1,)):
             raise ValidationFailed("pooling 'pooler' reads the last layer only; leave out layers")
-        layers: tuple[int, ...] = (num_layers,)
-    else:
-        layers = resolve_layers(options.layers, num_layers)
-    return Resolved(layers, layer_mix(options.layer_combine, len(layers), options.layer_weights))
+    return resolve_embed_all(options, num_layers)
 
 
-def resolve_embed_all(options: EmbedAllOptions, num_layers: int) -> Resolved:
-    """The layers and layer mix of an /embed_all request (see :func:`resolve_embed`)."""
+def resolve_embed_all(options: EmbedOptions | EmbedAllOptions, num_layers: int) -> Resolved:
+    """The layers and layer mix of an /embed_all (or /embed) request."""
     layers = resolve_layers(options.layers, num_layers)
     return Resolved(layers, layer_mix(options.layer_combine, len(layers), options.layer_weights))
 
 
 def layer_mix(how: LayerCombine, layers: int, weights: tuple[float, ...] | None) -> LayerMix:
-    """Check that ``how`` and ``weights`` fit ``layers`` layers; normalise the weights to sum 1.
-
-    Raises:
-        ValidationFailed: weights given without ``weighted`` or missing with it, not one per layer,
-            negative, not finite or all zero; ``difference`` with other than two layers.
-    """
+    """Check that ``how`` and ``weights`` fit ``layers`` layers; normalise the weights to sum 1."""
     if how != "weighted":
         if weights is not None:
             raise ValidationFailed(
@@ -217,10 +170,9 @@ def layer_mix(how: LayerCombine, layers: int, weights: tuple[float, ...] | None)
             "in the order of layers"
         )
     for i, w in enumerate(weights):
-        if not math.isfinite(w):
-            raise ValidationFailed(f"layer_weights[{i}] is {w}: weights must be finite numbers ≥ 0")
-        if w < 0:
-            raise ValidationFailed(f"layer_weights[{i}] is {w}: weights must be ≥ 0")
+        if not (math.isfinite(w) and w >= 0):
+            must = "≥ 0" if math.isfinite(w) else "finite numbers ≥ 0"
+            raise ValidationFailed(f"layer_weights[{i}] is {w}: weights must be {must}")
     peak = max(weights)
     if peak == 0:
         raise ValidationFailed(
@@ -233,11 +185,7 @@ def layer_mix(how: LayerCombine, layers: int, weights: tuple[float, ...] | None)
 
 @dataclass(frozen=True)
 class Names:
-    """How error messages name a request's texts, in the client's own terms.
-
-    The service works on a flat list of texts; ``item(i)`` names the i-th as the request wrote it
-    (``inputs``, ``inputs[2]``, ``inputs.sentences[0]``, ``pairs[1][0]``) and ``field`` the whole.
-    """
+    """How error messages name a request's texts: ``field`` the whole, ``item(i)`` one (``inputs[2]``)."""
 
     field: str
     item: Callable[[int], str]
@@ -252,50 +200,29 @@ def listed(field: str, inputs: object) -> Names:
 
 @dataclass(frozen=True)
 class Matryoshka:
-    """Whether a model was trained for shorter vectors (Matryoshka representation learning), read as vLLM
-    reads it from config.json: ``matryoshka_dimensions`` (the widths it was trained for) or
-    ``is_matryoshka`` (any width). The export records it in the manifest (``defaults.matryoshka``)."""
+    """Whether a model was trained for shorter vectors, from the manifest's ``defaults.matryoshka``."""
 
     trained: bool = False
     dimensions: tuple[int, ...] | None = None  # the widths it was trained for; None: any up to its own
 
 
 def matryoshka_of(defaults: Defaults) -> Matryoshka:
-    """What the manifest says of the model's training for shorter vectors."""
     listed = defaults.matryoshka_dimensions
     return Matryoshka(defaults.matryoshka, tuple(listed) if listed is not None else None)
 
 
-# What the refusal tells a client whose model is not Matryoshka-trained, and its operator.
-_NOT_MATRYOSHKA = (
-    "this model was not trained for shorter ones (Matryoshka), so a cut vector would lose meaning, not just "
-    "detail: leave dimensions out, or send {width}. A checkpoint trained for shorter vectors says so in its "
-    "config.json (matryoshka_dimensions or is_matryoshka), or at export: python -m export "
-    "--matryoshka-dimensions"
-)
-
-
 def check_dimensions(dimensions: int | None, width: int, matryoshka: Matryoshka) -> None:
-    """The ``dimensions`` option of every embedding route and call (OpenAI's and TEI's name): the first
-    ``dimensions`` components of each vector.
-
-    A model trained for shorter vectors takes 1..``width``, and one of the widths it lists if it lists
-    them (as vLLM requires; its own ``width``, the whole vector, always). Any other model takes only its
-    ``width`` (nothing is cut: accepted, where vLLM refuses any ``dimensions``, because clients send the
-    width they expect); vLLM and OpenAI refuse the rest alike, since such a model's leading components
-    carry no more of the meaning than any others.
-
-    ``width`` is that of the vectors the request makes (several layers side by side are wider).
-
-    Raises:
-        ValidationFailed: a ``dimensions`` the model cannot give, saying why and what to send.
-    """
+    """The ``dimensions`` option of every embedding route and call, for vectors ``width`` wide: a model
+    not trained for shorter vectors takes only ``width`` (its leading components carry no more meaning)."""
     if dimensions is None or dimensions == width:
         return
     if not matryoshka.trained:
         raise ValidationFailed(
-            f"dimensions {dimensions} is not supported: the vectors have {width} dimensions, and "
-            + _NOT_MATRYOSHKA.format(width=width)
+            f"dimensions {dimensions} is not supported: the vectors have {width} dimensions, and this model "
+            "was not trained for shorter ones (Matryoshka), so a cut vector would lose meaning, not just "
+            f"detail: leave dimensions out, or send {width}. A checkpoint trained for shorter vectors says "
+            "so in its config.json (matryoshka_dimensions or is_matryoshka), or at export: python -m export "
+            "--matryoshka-dimensions"
         )
     if not 1 <= dimensions <= width:
         raise ValidationFailed(
@@ -310,10 +237,8 @@ def check_dimensions(dimensions: int | None, width: int, matryoshka: Matryoshka)
 
 
 def vector_key(options: EmbedOptions, resolved: Resolved, token_ids: bool) -> dict[str, object]:
-    """Everything besides the text that changes a vector, for the vector cache's key space: pooling, layers
-    and the rest; and whether the "texts" are token ids written out (their own key space: ids "101,102"
-    are not the text "101,102"). Not ``dimensions``: the cache keeps whole vectors, cut after it
-    (normalising a cut of a normalised vector gives what normalising the cut of the raw one does)."""
+    """Everything besides the text that changes a cached vector. Token ids written out have their own key
+    space ("101,102" is not that text). Not ``dimensions``: the cache keeps whole vectors, cut after it."""
     return {
         "pooling": options.pooling,
         "layers": list(resolved.layers),  # resolved: -1 and L are the same vector

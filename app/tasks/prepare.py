@@ -1,20 +1,6 @@
-"""Preparing a request: its inputs in, the sequences the engine runs out, and a problem per input it refuses.
-
-Every route and the bulk job prepare their inputs here, in one order:
-
-1. the texts as sent (:func:`texts_of` for a request, :func:`text_problems` per text): none empty, only
-   whitespace, or over ``max_input_chars``;
-2. their token ids, from the tokenizer's encodings (:func:`from_encodings`) or given by the sender
-   (:func:`given_ids`, checked against the vocabulary);
-3. each input's length (:func:`prepare`): one with no tokens is refused where the route refuses it, one
-   over the model's length is refused (``long_text`` "error"), truncated, or cut into windows
-   (:mod:`app.tasks.windows`); a pair is cut as Hugging Face cuts it.
-
-A problem is an input's own :class:`~app.errors.ServiceError` (its message names it as the request did),
-kept per input rather than raised at the first: a route raises the first (:meth:`Prepared.refuse`,
-the message it has always had), the bulk job records every one and embeds the rest, in one pass.
-Checks run on whole arrays of lengths; a message is written only for an input that has a problem.
-"""
+"""Preparing a request: its texts checked, their token ids made into the sequences the engine runs, and a
+problem kept per input refused: a route raises the first (:meth:`Prepared.refuse`), the bulk job records
+each and embeds the rest (docs/models.md, "How a request's options are prepared")."""
 
 from __future__ import annotations
 
@@ -46,49 +32,35 @@ Name = Callable[[int], str]
 
 @dataclass(frozen=True)
 class Rules:
-    """How a route prepares its inputs' token ids.
+    """How a route prepares its inputs' token ids."""
 
-    ``limit``: the model's length, [CLS] and [SEP] included; ``too_long``: what the refusal of a longer
-    input tells the sender to do; ``long_text`` and ``direction``: what happens to it instead;
-    ``specials``: the [CLS] and [SEP] ids each window of ``long_text`` "chunk" starts and ends with;
-    ``refuse_empty``: an input the tokenizer leaves nothing of ([CLS] [SEP] only) is refused (the head
-    routes run it, as transformers' pipelines do, and fill-mask refuses it for having no [MASK]).
-    ``keep``: the positions at the start that truncation keeps, [CLS] and the prompt's tokens after it
-    (the prompt stays when ``direction`` "left" cuts the text's start); under ``limit - 1``.
-    """
-
-    limit: int
-    too_long: str
+    limit: int  # the model's length, [CLS] and [SEP] included
+    too_long: str  # what the refusal of a longer input tells the sender to do
     long_text: LongText = "error"
     direction: Direction = "right"
-    specials: tuple[int, int] = (0, 0)
+    specials: tuple[int, int] = (0, 0)  # the [CLS] and [SEP] each window of long_text "chunk" has
+    # Refuse an input of [CLS] [SEP] alone (the head routes run it instead, as transformers' pipelines do).
     refuse_empty: bool = True
+    # The positions at the start truncation keeps: [CLS] and the prompt's tokens (under limit - 1).
     keep: int = 1
 
 
 @dataclass
 class Prepared:
-    """A request's inputs as the sequences to run.
-
-    ``ids`` (and ``types``, for pairs) are the sequences, in input order: each good input's own, its
-    truncation, or its windows. ``inputs`` are the request's indices of the good inputs; ``owners``
-    (None: one sequence per good input) which of them each sequence belongs to, and ``window_tokens``
-    how many of its tokens are the text's. ``lengths`` are every input's tokens before any cut, [CLS]
-    and [SEP] included (0 for one refused before it had any); ``problems`` why each bad input is refused.
-    """
+    """A request's inputs as the sequences to run, in input order: each good input's own, its truncation,
+    or its windows."""
 
     ids: list[np.ndarray]
-    inputs: np.ndarray
-    lengths: np.ndarray
-    types: list[np.ndarray | None] | None = None
-    owners: np.ndarray | None = None
-    window_tokens: np.ndarray | None = None
+    inputs: np.ndarray  # the request's indices of the good inputs
+    lengths: np.ndarray  # every input's tokens before any cut (0 for one refused before it had any)
+    types: list[np.ndarray | None] | None = None  # token types, for pairs
+    owners: np.ndarray | None = None  # the good input of each sequence; None: one sequence each
+    window_tokens: np.ndarray | None = None  # how many of each sequence's tokens are the text's
     problems: dict[int, ServiceError] = field(default_factory=dict)
     cuts: dict[int, np.ndarray] = field(default_factory=dict)  # good input → positions kept (truncated texts)
 
     @property
     def windows(self) -> Windows | None:
-        """Which good input each sequence belongs to and the tokens it carries (None: one each)."""
         if self.owners is None or self.window_tokens is None:
             return None
         return self.owners, self.window_tokens
@@ -104,15 +76,8 @@ class Prepared:
         return cut if cut is not None else np.arange(self.lengths[self.inputs[k]])
 
     def refuse(self) -> None:
-        """Raise the first input's problem, if any input has one: how a request is refused.
-
-        The problem leaves ``problems`` as it is raised, and this frame lets go of it: its traceback holds
-        this frame, which holds the preparation, and the frames of the plan and the job above it; a
-        preparation still holding it would be a cycle, kept (with the job) until a full collection.
-
-        Raises:
-            EmptyInput, ValidationFailed: the first bad input's, in input order.
-        """
+        """Raise the first input's problem, if any, popped and dropped here: its traceback holds this frame,
+        so a preparation still holding it would be a cycle, kept until a full collection."""
         if not self.problems:
             return
         problem = self.problems.pop(min(self.problems))
@@ -123,30 +88,15 @@ class Prepared:
 
 
 def too_long(name: str, tokens: int, limit: int, remedy: str) -> ValidationFailed:
-    """The refusal of the input called ``name`` of ``tokens`` tokens, over the model's ``limit``, saying
-    what to do (``remedy``)."""
     return ValidationFailed(f"{name} has {tokens} tokens, over the model's limit of {limit}; {remedy}")
 
 
-def no_tokens(name: str) -> EmptyInput:
-    """The refusal of an input the tokenizer leaves nothing of (only control or zero-width characters):
-    the same as for "" and whitespace."""
-    return EmptyInput(f"{name} has no tokens: its characters are all ones the tokenizer drops")
-
-
 def check_some(count: int, field: str, one: str = "input") -> None:
-    """A request's list ``field`` holds ``count`` items: EmptyInput when none, asking for at least ``one``."""
     if not count:
         raise EmptyInput(f"{field} is empty: send at least one {one}")
 
 
 def check_count(count: int, max_inputs: int, names: Names) -> None:
-    """A request's number of inputs (texts or token-id lists): at least one, at most ``max_inputs``.
-
-    Raises:
-        EmptyInput: none.
-        ValidationFailed: more than ``max_inputs``.
-    """
     check_some(count, names.field)
     if count > max_inputs:
         raise ValidationFailed(
@@ -156,8 +106,7 @@ def check_count(count: int, max_inputs: int, names: Names) -> None:
 
 
 def text_problem(text: str, max_chars: int, name: Name, i: int) -> ServiceError | None:
-    """Why text ``i`` (called ``name(i)``) cannot be tokenised: over ``max_chars`` characters, empty, or
-    only whitespace; None if it can."""
+    """Why text ``i`` cannot be tokenised (over ``max_chars``, empty, only whitespace); None if it can."""
     if len(text) > max_chars:
         return ValidationFailed(
             f"{name(i)} has {len(text)} characters; the limit is {max_chars} per input "
@@ -173,19 +122,13 @@ def text_problem(text: str, max_chars: int, name: Name, i: int) -> ServiceError 
 
 
 def text_problems(texts: list[str], max_chars: int, name: Name) -> dict[int, ServiceError]:
-    """The problem of each text that cannot be tokenised (:func:`text_problem`), by index."""
     return {i: p for i, text in enumerate(texts) if (p := text_problem(text, max_chars, name, i)) is not None}
 
 
 def texts_of(
     inputs: str | list[str], max_inputs: int, max_chars: int, names: Names | None = None
 ) -> list[str]:
-    """The request's inputs as a list, checked against the per-request limits.
-
-    Raises:
-        EmptyInput: no inputs, or one that is empty or only whitespace.
-        ValidationFailed: more than ``max_inputs`` inputs, or one over ``max_chars`` characters.
-    """
+    """The request's inputs as a list, checked against the per-request limits; raises the first problem."""
     texts = [inputs] if isinstance(inputs, str) else list(inputs)
     names = names or listed("inputs", inputs)
     check_count(len(texts), max_inputs, names)
@@ -198,22 +141,20 @@ def texts_of(
 def from_encodings(
     encodings: list[TokenEncoding], rules: Rules, name: Name, pairs: list[bool] | None = None
 ) -> Prepared:
-    """The sequences of tokenised inputs, by :func:`prepare`; ``pairs`` says which inputs are pairs
-    (their token types go with them)."""
+    """:func:`prepare` on tokenised inputs; ``pairs`` says which are pairs (their token types go along)."""
     ids = [np.asarray(e.ids, dtype=np.int64) for e in encodings]
-    if pairs is None or not any(pairs):
-        return prepare(ids, rules, name)
-    types = [
-        np.asarray(e.type_ids, dtype=np.int64) if pair else None
-        for e, pair in zip(encodings, pairs, strict=True)
-    ]
+    types = None
+    if pairs is not None and any(pairs):
+        types = [
+            np.asarray(e.type_ids, dtype=np.int64) if pair else None
+            for e, pair in zip(encodings, pairs, strict=True)
+        ]
     return prepare(ids, rules, name, types)
 
 
 @dataclass(frozen=True)
 class GivenIds:
-    """Token-id inputs (OpenAI's API and TEI accept them), checked: each run as given, [CLS] and [SEP]
-    the sender's to include. ``keys`` write each out for the vector cache (its own key space)."""
+    """Token-id inputs, checked, each run as given; ``keys`` write each out for the vector cache."""
 
     ids: list[np.ndarray]
     keys: list[str]
@@ -222,13 +163,7 @@ class GivenIds:
 def given_ids(
     sequences: list[list[int]], rules: Rules, names: Names, max_inputs: int, vocab_size: int
 ) -> tuple[GivenIds, dict[int, ServiceError]]:
-    """Token-id inputs checked: the good ones, and why each other is refused (empty, over
-    ``rules.limit``, an id outside 0..``vocab_size`` - 1), by index.
-
-    Raises:
-        EmptyInput: no sequences.
-        ValidationFailed: more than ``max_inputs``.
-    """
+    """The good token-id inputs, and why each other is refused, by index."""
     check_count(len(sequences), max_inputs, names)
     ids: list[np.ndarray] = []
     keys: list[str] = []
@@ -249,10 +184,8 @@ def given_ids(
 def prepare(
     ids: list[np.ndarray], rules: Rules, name: Name, types: list[np.ndarray | None] | None = None
 ) -> Prepared:
-    """The sequences each input (its token ids, [CLS] … [SEP], and token types for pairs) runs as:
-    itself, its truncation, or its windows; and a problem for each input refused (no tokens, with
-    ``rules.refuse_empty``; over ``rules.limit`` with ``long_text`` "error"). ``name(i)`` names input
-    ``i`` in a problem's message; ``types`` hold each pair's token types (None for a text)."""
+    """The sequences each input's ids ([CLS] … [SEP]; ``types``: a pair's token types, None for a text) run
+    as, and a problem for each input refused; ``name(i)`` names input ``i`` in a problem."""
     count = len(ids)
     sizes = [len(x) for x in ids]
     # The common case, in plain Python (a request of a few inputs pays per call for numpy's checks):
@@ -260,11 +193,14 @@ def prepare(
     if sizes and min(sizes) > (2 if rules.refuse_empty else -1) and max(sizes) <= rules.limit:
         return Prepared(ids, np.arange(count), np.array(sizes, np.int64), types)
     lengths = np.array(sizes, np.int64)
-    empty = np.flatnonzero(lengths <= 2) if rules.refuse_empty else np.empty(0, np.int64)
-    long = np.flatnonzero(lengths > rules.limit)
-    problems: dict[int, ServiceError] = {int(i): no_tokens(name(int(i))) for i in empty}
+    problems: dict[int, ServiceError] = {}
+    if rules.refuse_empty:  # only control or zero-width characters: refused as "" and whitespace are
+        for i in np.flatnonzero(lengths <= 2).tolist():
+            problems[i] = EmptyInput(
+                f"{name(i)} has no tokens: its characters are all ones the tokenizer drops"
+            )
     if rules.long_text == "error":
-        for i in long.tolist():
+        for i in np.flatnonzero(lengths > rules.limit).tolist():
             problems.setdefault(i, too_long(name(i), int(lengths[i]), rules.limit, rules.too_long))
     good = np.array([i for i in range(count) if i not in problems], dtype=np.int64)
     if not any(lengths[good] > rules.limit):  # refused, but no input cut
@@ -280,21 +216,17 @@ def prepare(
     owners: list[int] = []
     cuts: dict[int, np.ndarray] = {}
     for k, i in enumerate(good.tolist()):
-        x = ids[i]
-        kind = types[i] if types is not None else None
+        x, kind = ids[i], types[i] if types is not None else None
         if kind is not None:  # a pair: truncated as Hugging Face does, never cut into windows
             row, kind = truncate_pair(x, kind, rules.limit, rules.direction)
-            sequences.append(row)
-            kinds.append(kind)
-            owners.append(k)
-            continue
-        if len(x) > rules.limit and rules.long_text == "truncate":
+            cut = [row]
+        elif len(x) > rules.limit and rules.long_text == "truncate":
             cuts[k] = truncated_positions(len(x), rules.limit, rules.direction, rules.keep)
             cut = [x[cuts[k]]]
         else:
             cut = windows(x, rules.limit, rules.long_text, rules.direction, *rules.specials)
         sequences.extend(cut)
-        kinds.extend([None] * len(cut))
+        kinds.extend([kind] * len(cut))
         owners.extend([k] * len(cut))
     window_tokens = np.array([max(len(w) - 2, 1) for w in sequences], dtype=np.int64)
     return Prepared(

@@ -1,6 +1,5 @@
-"""The per-token tasks: each input's tokens with their ids, text and character offsets (``/tokenize``,
-TEI's ``Tokenize``), and the vector of each token (``/embed_all``): which rows come back of the positions
-that run (:mod:`app.tasks.prepare`), how they are combined and described."""
+"""The per-token tasks: each input's tokens with ids, text and character offsets (``/tokenize``, TEI's
+``Tokenize``), and the vector of each token (``/embed_all``)."""
 
 from __future__ import annotations
 
@@ -22,18 +21,12 @@ from app.telemetry.timings import Timings
 
 
 class Tokens:
-    """The per-token tasks over the shared :class:`~app.tasks.core.Core`."""
-
     def __init__(self, core: Core) -> None:
         self.core = core
 
     @timed
     async def tokenize(self, inputs: str | list[str], add_special_tokens: bool) -> Answer[list[Any]]:
-        """Tokens with ids, text and character offsets, per input.
-
-        Raises:
-            ValidationFailed: more tokens in all than ``max_tokenize_tokens``.
-        """
+        """Tokens with ids, text and character offsets, per input."""
         self.core.check_ready()
         texts = self.core.texts(inputs, listed("inputs", inputs))
         with self.core.engine.admit(len(texts)):
@@ -47,22 +40,15 @@ class Tokens:
     async def embed_all(
         self, inputs: str | list[str], options: EmbedAllOptions
     ) -> Answer[list[TokenVectors]]:
-        """/embed_all: per input, the vector of each of its tokens, in order; never a padding position.
-
-        A token's vector is its layers' states combined by ``layer_combine``, then (``normalize``)
-        scaled to unit length; ``norms`` are taken before that. Spans index the original text in
-        characters (code points, like Python's ``str``). Not cached: one input's token matrix weighs as
-        much as a hundred sentence vectors in the byte-bounded cache and is rarely asked for twice.
-
-        Returns:
-            Per input its token vectors, and the tokens and norms if asked for.
-
-        Raises:
-            ValidationFailed: long_text "chunk"; an input over the model's length with long_text
-                "error"; more tokens than ``max_embed_all_tokens``; layers or weights that do not fit.
-        """
+        """/embed_all: per input, the vector of each of its tokens (and tokens and norms if asked). Not
+        cached: a token matrix weighs a hundred sentence vectors and is rarely asked for twice."""
         self.core.check_ready()
-        check_long_text(options)
+        if options.long_text == "chunk":
+            raise ValidationFailed(
+                "long_text 'chunk' is not available on /embed_all: a token's vector depends on the whole "
+                "sequence around it, so windows embedded apart would not give the text's token vectors; "
+                "send long_text 'truncate' (or truncate: true), or split the text yourself"
+            )
         names = listed("inputs", inputs)
         texts = self.core.texts(inputs, names)
         resolved = resolve_embed_all(options, self.core.model.num_layers)
@@ -73,8 +59,8 @@ class Tokens:
             prepared.refuse()
             kept = [prepared.positions(k) for k in range(len(texts))]
             rows = [returned_rows(e, k, options.special_tokens) for e, k in zip(encodings, kept, strict=True)]
-            held = len(resolved.layers)  # each layer's rows are computed and held, whatever the mix
-            check_token_bound(sum(len(r) for r in rows), held, self.core.settings.max_embed_all_tokens)
+            tokens = sum(len(r) for r in rows)
+            check_token_bound(tokens, len(resolved.layers), self.core.settings.max_embed_all_tokens)
             job = await self.core.run(prepared.ids, Need(layers=resolved.layers, tokens=True))
         # Off the event loop: layers combined over up to max_embed_all_tokens rows, tens of milliseconds.
         answer = await asyncio.to_thread(
@@ -86,26 +72,8 @@ class Tokens:
         return Answer(answer, timings_of([job], tokenization_ms))
 
 
-def check_long_text(options: EmbedAllOptions) -> None:
-    """Refuse long_text "chunk": token vectors cannot be had from windows embedded apart.
-
-    Raises:
-        ValidationFailed: long_text "chunk".
-    """
-    if options.long_text == "chunk":
-        raise ValidationFailed(
-            "long_text 'chunk' is not available on /embed_all: a token's vector depends on the whole "
-            "sequence around it, so windows embedded apart would not give the text's token vectors; "
-            "send long_text 'truncate' (or truncate: true), or split the text yourself"
-        )
-
-
 def check_tokenize_bound(encodings: list[TokenEncoding], limit: int) -> None:
-    """Refuse a /tokenize answer of more than ``limit`` (``max_tokenize_tokens``) tokens in all.
-
-    Raises:
-        ValidationFailed: over the bound.
-    """
+    """Refuse a /tokenize answer of more than ``limit`` (``max_tokenize_tokens``) tokens in all."""
     tokens = sum(len(e) for e in encodings)
     if tokens > limit:
         raise ValidationFailed(
@@ -115,7 +83,6 @@ def check_tokenize_bound(encodings: list[TokenEncoding], limit: int) -> None:
 
 
 def token_table(encodings: list[TokenEncoding]) -> list[list[dict[str, object]]]:
-    """/tokenize's answer: per input, each token's id, text, whether special, and character span."""
     return [described(enc, range(len(enc))) for enc in encodings]
 
 
@@ -136,15 +103,8 @@ def described(enc: TokenEncoding, positions: Iterable[int]) -> list[dict[str, ob
 
 
 def check_token_bound(tokens: int, layers: int, limit: int) -> None:
-    """Refuse an /embed_all request over ``limit`` (``max_embed_all_tokens``) token vectors, before inference.
-
-    Each token returned is held once per layer asked for (the engine returns every layer's rows, which
-    ``layer_combine`` then mixes): a mean of twelve layers holds twelve vectors a token, as concat does,
-    so ``tokens`` count ``layers`` times, whatever the mix.
-
-    Raises:
-        ValidationFailed: over the bound.
-    """
+    """Refuse an /embed_all request over ``limit`` (``max_embed_all_tokens``) token vectors, before
+    inference; each token counts once per layer, whatever the mix (every layer's rows are held)."""
     total = tokens * layers
     if total > limit:
         how = f" ({tokens} tokens × {layers} layers held)" if layers > 1 else ""
@@ -159,8 +119,7 @@ def returned_rows(enc: TokenEncoding, kept: np.ndarray, special_tokens: bool) ->
     """Of the ``kept`` positions, the rows that are returned (without [CLS]/[SEP] unless asked for)."""
     if special_tokens:
         return np.arange(len(kept))
-    special = np.asarray(enc.special_tokens_mask, dtype=bool)[kept]
-    return np.flatnonzero(~special)
+    return np.flatnonzero(~np.asarray(enc.special_tokens_mask, dtype=bool)[kept])
 
 
 def token_vectors(
@@ -171,19 +130,12 @@ def token_vectors(
     mix: LayerMix,
     options: EmbedAllOptions,
 ) -> TokenVectors:
-    """One input's answer on /embed_all: its ``rows`` of ``states`` [layers, tokens, hidden] combined,
-    and described if asked.
-
-    Raises:
-        InternalError: the sequence came back without its token states.
-    """
+    """One input's answer on /embed_all: its ``rows`` of ``states`` [layers, tokens, hidden] combined."""
     if states is None:
         raise InternalError("an /embed_all sequence came back without its token states")
     vectors = layers.combine_layers(states[:, rows], mix)
     norms = layers.row_norms(vectors) if options.norms else None
     if options.normalize:
         vectors = layers.normalize_rows(vectors)
-    answer = TokenVectors(vectors, norms=norms)
-    if options.return_tokens:
-        answer.tokens = described(enc, kept[rows].tolist())
-    return answer
+    tokens = described(enc, kept[rows].tolist()) if options.return_tokens else None
+    return TokenVectors(vectors, tokens, norms)
