@@ -277,8 +277,7 @@ class Batcher:
     def _drop_cancelled(self) -> None:
         dropped = 0
         for cls in self._classes:
-            for length in list(cls.buckets):
-                bucket = cls.buckets[length]
+            for length, bucket in list(cls.buckets.items()):
                 kept = deque(seq for seq in bucket if not seq.job.cancelled)
                 if len(kept) == len(bucket):
                     continue
