@@ -28,7 +28,7 @@ def least_in_all(plan: planning.Planner, lengths: np.ndarray, counts: np.ndarray
     ends = np.cumsum(counts)
     best: tuple[float, int, int] | None = None
     for top in range(len(lengths)):
-        for size in range(1, min(plan.max_batch_size, int(ends[top])) + 1):
+        for size in range(1, min(plan.limits.size, int(ends[top])) + 1):
             start, end = int(ends[top]) - size, int(ends[top])
             rest = ordered[:start] + ordered[end:]
             total = plan.model.cost(size, int(lengths[top])) + (
@@ -71,7 +71,7 @@ def simulate(
         oldest = min(pending)
         anchor = distinct.index(oldest[1]) if now - oldest[0] > budget_s else None
         sorted_lengths = np.array(distinct, dtype=np.int64)
-        short = len(pending) <= plan.max_batch_size and len(pending) * distinct[-1] <= plan.max_batch_tokens
+        short = len(pending) <= plan.limits.size and len(pending) * distinct[-1] <= plan.limits.tokens
         if policy == "everything at once" and short:
             window = planning.Window(len(distinct) - 1, len(pending), 0.0)
         elif policy == "least in all" and short and anchor is None:

@@ -17,7 +17,6 @@ import numpy as np
 
 from app.engine.clock import Clock
 from app.engine.costs import CostModel, Refitter
-from app.engine.floor import THRIFT, Floor
 from app.engine.planner import Planner, Window
 from app.engine.priority import BACKGROUND, URGENCIES, aged_level
 from app.engine.work import Seq
@@ -40,6 +39,9 @@ INITIAL_LENGTH = 32.0
 FRONT_BATCHES = 8
 FRONT_MOST = 256
 FRONT_SCAN = 2
+# A floor batch is the cheapest window doing at least this share of the best useful work per second the
+# queue offers: small on a CPU (one input is nearly as efficient as eight), full on a GPU (it is not).
+THRIFT = 0.8
 
 
 @dataclass
@@ -56,8 +58,32 @@ class BatchStats:
     capped: int = 0  # batches of less urgent work held to the budget while more urgent work was about
     aged: int = 0  # batches that served aged work beside or ahead of more urgent pending work
     beside: int = 0  # batches the express thread ran beside another model's (app.engine.scheduler)
-    floor: int = 0  # batches of background work run for its floor (app.engine.floor)
+    floor: int = 0  # batches of background work run for its floor (Floor)
     by_urgency: list[int] = field(default_factory=lambda: [0] * len(URGENCIES))  # sequences batched
+
+
+class Floor:
+    """Background's floor: work less urgent than the default gets a share of the modelled time, under any
+    load. A deficit account per queue, in the cost model's unit (docs/architecture.md): each batch while
+    background waits beside more urgent work adds ``share`` × its cost and takes off the worth of the
+    background it held; ``owed`` is what background is owed (positive: it is served next)."""
+
+    __slots__ = ("owed", "share")
+
+    def __init__(self, share: float) -> None:
+        self.share = share
+        self.owed = 0.0
+
+    def due(self) -> bool:
+        return self.share > 0 and self.owed > 0
+
+    def account(self, cost: float, worth: float, bound: float) -> None:
+        """A batch of ``cost`` ran, holding background inputs of ``worth``; ``bound``: a full batch's cost."""
+        owed = self.owed + self.share * cost - worth
+        self.owed = min(bound, max(-bound, owed))
+
+    def clear(self) -> None:  # no background work waits
+        self.owed = 0.0
 
 
 class Pending:
@@ -251,8 +277,7 @@ class Batcher:
     def _drop_cancelled(self) -> None:
         dropped = 0
         for cls in self._classes:
-            for length in list(cls.buckets):
-                bucket = cls.buckets[length]
+            for length, bucket in list(cls.buckets.items()):
                 kept = deque(seq for seq in bucket if not seq.job.cancelled)
                 if len(kept) == len(bucket):
                     continue
@@ -339,7 +364,7 @@ class Batcher:
         self.metrics.batch_assembled(size, real, computed)
         if not any(c.depth for c in self._background):
             self.floor.clear()
-        elif contended:  # what background got of what it is owed, in worth (app.engine.floor)
+        elif contended:  # what background got of what it is owed, in worth (Floor)
             mine = np.array([seq.length for seq in batch if seq.job.urgency in BACKGROUND], dtype=np.int64)
             worth = float(self.planner.worth(mine).sum()) if len(mine) else 0.0
             self.floor.account(self._last_cost, worth, self.planner.full_batch_cost(self._mean_length))

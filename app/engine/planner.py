@@ -66,8 +66,6 @@ class Planner:
         self, model: CostModel, max_batch_size: int, max_batch_tokens: int, max_batch_attention: int = 0
     ) -> None:
         self.model = model
-        self.max_batch_size = max_batch_size
-        self.max_batch_tokens = max_batch_tokens
         self.limits = Limits(max_batch_size, max_batch_tokens, max_batch_attention)
         self._sizes = np.arange(1, max_batch_size + 1)[None, :]
         # What a window of each size is charged for: on the grid, its grid rows (the padding rows).
@@ -111,7 +109,7 @@ class Planner:
         if int(lengths[-1]) >= len(self._per):  # lengths are sorted
             self._grow(int(lengths[-1]))
         ends = np.cumsum(counts)  # exclusive end of each length's run in the sorted sequence
-        width = min(self.max_batch_size, int(ends[-1]))  # no window holds more than is pending
+        width = min(self.limits.size, int(ends[-1]))  # no window holds more than is pending
         sizes = self._sizes[:, :width]
         starts = ends[:, None] - sizes  # first sequence of each (top, size) window
         # Within what is pending, and within the token limit (a single sequence always fits).

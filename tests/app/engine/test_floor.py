@@ -1,9 +1,9 @@
-"""Background's floor as an account (app/engine/floor.py): owed its share of each batch's cost, paid in
-the worth of the background inputs served, bounded both ways, and nothing once nothing waits."""
+"""Background's floor as an account (Floor, app/engine/batching.py): owed its share of each batch's cost,
+paid in the worth of the background inputs served, bounded both ways, and nothing once nothing waits."""
 
 import pytest
 
-from app.engine.floor import Floor
+from app.engine.batching import Floor
 
 
 def test_background_is_owed_its_share_of_each_batch_less_what_it_got() -> None:
