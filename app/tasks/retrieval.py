@@ -11,7 +11,7 @@ import numpy as np
 
 from app.errors import EmptyInput, ValidationFailed
 from app.tasks.answers import Answer, timed
-from app.tasks.core import Core
+from app.tasks.core import Core, Task
 from app.tasks.embeddings import Embeddings
 from app.tasks.heads import Heads
 from app.tasks.options import Direction, EmbedOptions, LongText, Names, listed
@@ -43,9 +43,9 @@ def input_prompt(input_type: str | None, prompts: dict[str, str], default: str |
     return next((name for name in names if name in prompts), None)
 
 
-class Retrieval:
+class Retrieval(Task):
     def __init__(self, core: Core, embeddings: Embeddings, heads: Heads) -> None:
-        self.core = core
+        super().__init__(core)
         self.embeddings = embeddings
         self.heads = heads
 
