@@ -182,3 +182,8 @@ class Core:
             for i, (ids, n, t) in enumerate(zip(sequences, needs, types, strict=True))
         ]
         return await self.engine.run(job, work)
+
+
+class Task:
+    def __init__(self, core: Core) -> None:
+        self.core = core

@@ -16,7 +16,7 @@ from app.errors import InternalError, ServiceError, ValidationFailed
 from app.model import dense
 from app.tasks import layers
 from app.tasks.answers import Answer, Spent, timed
-from app.tasks.core import Core, Packing
+from app.tasks.core import Core, Packing, Task
 from app.tasks.options import (
     EmbedOptions,
     Names,
@@ -24,7 +24,6 @@ from app.tasks.options import (
     check_dimensions,
     check_prompt_fits,
     listed,
-    matryoshka_of,
     prompt_text,
     resolve_embed,
     vector_key,
@@ -81,14 +80,13 @@ class _Call:
     packing: Packing[_Pair, _Pair]
 
 
-class Embeddings:
+class Embeddings(Task):
     def __init__(self, core: Core) -> None:
-        self.core = core
+        super().__init__(core)
         m = core.model.manifest
         self.dense = dense.load(core.model.folder, m.defaults.dense)
         # The width of the vectors: the encoder's hidden size, or the last Dense module's output.
         self.width = dense.width(m.defaults.dense, m.config.hidden_size)
-        self.matryoshka = matryoshka_of(m.defaults)
         # Prompt name → its tokens ([CLS] and the prompt's own, not [SEP]: how sentence-transformers counts
         # the positions that include_prompt false leaves out of the pooling).
         prompts = m.defaults.prompts
@@ -220,7 +218,7 @@ class Embeddings:
             return call
         resolved = resolve_embed(options, self.core.model.num_layers, self.core.model.has_pooler)
         width = self.width * len(resolved.layers) if resolved.mix.how == "concat" else self.width
-        check_dimensions(options.dimensions, width, self.matryoshka)
+        check_dimensions(options.dimensions, width, self.core.model.manifest.defaults)
         # Token ids run as given: [CLS] [SEP] alone is the sender's to send.
         rules = self.core.rules(too_long, options.long_text, options.truncation_direction, not token_ids)
         pool_from = 0

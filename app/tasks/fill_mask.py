@@ -12,7 +12,7 @@ from app.engine.work import Need
 from app.errors import InternalError, Unsupported, ValidationFailed
 from app.model.tokenizer import TextTokenizer
 from app.tasks.answers import Answer, timed, timings_of
-from app.tasks.core import Core
+from app.tasks.core import Task
 from app.tasks.fill_text import MaskTexts, WholeDecodes, mask_texts
 from app.tasks.layers import top_k as top_k_of
 from app.tasks.options import Names, listed
@@ -124,10 +124,7 @@ def target_ids(known: list[int], tokenized: list[list[int]]) -> np.ndarray:
     return np.unique(np.asarray(ids, dtype=np.int64))
 
 
-class FillMask:
-    def __init__(self, core: Core) -> None:
-        self.core = core
-
+class FillMask(Task):
     @timed
     async def fill(
         self, inputs: str | list[str], top_k: int, targets: list[str] | None = None

@@ -17,15 +17,15 @@ from app.errors import InternalError
 from app.model.tokenizer import TextInput
 from app.tasks import entities
 from app.tasks.answers import Answer, Spent, timed, timings_of
-from app.tasks.core import Core, Packing, taken
+from app.tasks.core import Core, Packing, Task, taken
 from app.tasks.options import Direction, LongText, Names, listed
 from app.tasks.prepare import TOO_LONG_TRUNCATE, check_some, from_encodings
 from app.telemetry.timings import Timings
 
 
-class Heads:
+class Heads(Task):
     def __init__(self, core: Core) -> None:
-        self.core = core
+        super().__init__(core)
         # A tagger's vocabulary, for the words its entities are made of (transformers' decoding).
         self.vocabulary = entities.vocabulary(core.model.tokenizer.backend) if core.kind == "tagger" else None
 

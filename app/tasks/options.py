@@ -198,25 +198,12 @@ def listed(field: str, inputs: object) -> Names:
     return Names(field, lambda i: f"{field}[{i}]")
 
 
-@dataclass(frozen=True)
-class Matryoshka:
-    """Whether a model was trained for shorter vectors, from the manifest's ``defaults.matryoshka``."""
-
-    trained: bool = False
-    dimensions: tuple[int, ...] | None = None  # the widths it was trained for; None: any up to its own
-
-
-def matryoshka_of(defaults: Defaults) -> Matryoshka:
-    listed = defaults.matryoshka_dimensions
-    return Matryoshka(defaults.matryoshka, tuple(listed) if listed is not None else None)
-
-
-def check_dimensions(dimensions: int | None, width: int, matryoshka: Matryoshka) -> None:
-    """The ``dimensions`` option of every embedding route and call, for vectors ``width`` wide: a model
-    not trained for shorter vectors takes only ``width`` (its leading components carry no more meaning)."""
+def check_dimensions(dimensions: int | None, width: int, defaults: Defaults) -> None:
+    """The ``dimensions`` option of every embedding route and call, for vectors ``width`` wide: a model not
+    trained for shorter ones (defaults.matryoshka) takes only ``width`` (its leading parts mean no more)."""
     if dimensions is None or dimensions == width:
         return
-    if not matryoshka.trained:
+    if not defaults.matryoshka:
         raise ValidationFailed(
             f"dimensions {dimensions} is not supported: the vectors have {width} dimensions, and this model "
             "was not trained for shorter ones (Matryoshka), so a cut vector would lose meaning, not just "
@@ -228,7 +215,7 @@ def check_dimensions(dimensions: int | None, width: int, matryoshka: Matryoshka)
         raise ValidationFailed(
             f"dimensions {dimensions} is out of range: the vectors have {width} dimensions; send 1..{width}"
         )
-    listed = matryoshka.dimensions
+    listed = defaults.matryoshka_dimensions
     if listed is not None and dimensions not in listed:
         choices = ", ".join(str(d) for d in sorted({*listed, width}, reverse=True) if d <= width)
         raise ValidationFailed(

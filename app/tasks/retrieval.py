@@ -11,11 +11,11 @@ import numpy as np
 
 from app.errors import EmptyInput, ValidationFailed
 from app.tasks.answers import Answer, timed
-from app.tasks.core import Core
+from app.tasks.core import Core, Task
 from app.tasks.embeddings import Embeddings
 from app.tasks.heads import Heads
 from app.tasks.options import Direction, EmbedOptions, LongText, Names, listed
-from app.tasks.prepare import check_count
+from app.tasks.prepare import check_count, check_some
 from app.tasks.token_ids import out_of_vocabulary
 
 # Cohere's input types, and the names of a model's prompts (its sentence-transformers config) each takes,
@@ -43,9 +43,9 @@ def input_prompt(input_type: str | None, prompts: dict[str, str], default: str |
     return next((name for name in names if name in prompts), None)
 
 
-class Retrieval:
+class Retrieval(Task):
     def __init__(self, core: Core, embeddings: Embeddings, heads: Heads) -> None:
-        self.core = core
+        super().__init__(core)
         self.embeddings = embeddings
         self.heads = heads
 
@@ -84,8 +84,7 @@ class Retrieval:
         """Jina's and Cohere's rerank: ``/rerank``'s ranks of the documents cut to ``max_tokens_per_doc``,
         and the tokens the pairs ran with (tokenised once more for the cut and the count)."""
         self.core.head("/rerank", "reranker")
-        if not documents:
-            raise EmptyInput("documents is empty: send at least one document to rank")
+        check_some(len(documents), "documents", "document to rank")
         self.core.texts([query], Names("query", lambda _i: "query"))
         self.core.texts(documents, listed("documents", documents))
         with self.core.engine.admit(len(documents)):

@@ -15,7 +15,7 @@ import numpy as np
 from app.engine.work import Need
 from app.errors import ServiceError, Unsupported, ValidationFailed
 from app.tasks.answers import Answer, Spent, timed
-from app.tasks.core import Core, Packing
+from app.tasks.core import Packing, Task
 from app.tasks.options import Direction, LongText, Names, listed
 from app.tasks.prepare import TOO_LONG_TRUNCATE, Name, Prepared, Rules, from_encodings, text_problems
 
@@ -130,10 +130,7 @@ def check_top_k(top_k: int | None) -> None:
         )
 
 
-class SparseEmbeddings:
-    def __init__(self, core: Core) -> None:
-        self.core = core
-
+class SparseEmbeddings(Task):
     def check(self) -> None:
         """Raises NotReady while warming up, Unsupported for a model exported without the sparse graph."""
         self.core.check_ready()

@@ -14,16 +14,13 @@ from app.engine.work import Need
 from app.errors import InternalError, ValidationFailed
 from app.tasks import layers
 from app.tasks.answers import Answer, TokenVectors, timed, timings_of
-from app.tasks.core import Core
+from app.tasks.core import Task
 from app.tasks.options import EmbedAllOptions, LayerMix, listed, resolve_embed_all
 from app.tasks.prepare import TOO_LONG_TOKENS, from_encodings
 from app.telemetry.timings import Timings
 
 
-class Tokens:
-    def __init__(self, core: Core) -> None:
-        self.core = core
-
+class Tokens(Task):
     @timed
     async def tokenize(self, inputs: str | list[str], add_special_tokens: bool) -> Answer[list[Any]]:
         """Tokens with ids, text and character offsets, per input."""

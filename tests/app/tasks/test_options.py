@@ -7,11 +7,11 @@ import re
 import pytest
 
 from app.errors import Unsupported, ValidationFailed
+from app.model.manifest import Defaults
 from app.tasks.options import (
     EmbedAllOptions,
     EmbedOptions,
     LayerCombine,
-    Matryoshka,
     check_dimensions,
     layer_mix,
     resolve_embed,
@@ -97,13 +97,13 @@ def test_resolution_checks_the_mix_against_the_layers() -> None:
         resolve_embed_all(EmbedAllOptions(layers=(1,), layer_combine="difference"), 3)
 
 
-PLAIN = Matryoshka()
-ANY = Matryoshka(trained=True)
-LISTED = Matryoshka(trained=True, dimensions=(64, 32, 16))
+PLAIN = Defaults()
+ANY = Defaults(matryoshka=True)
+LISTED = Defaults(matryoshka=True, matryoshka_dimensions=[64, 32, 16])
 
 
 @pytest.mark.parametrize("model", [PLAIN, ANY, LISTED])
-def test_no_dimensions_and_the_whole_width_are_taken_from_every_model(model: Matryoshka) -> None:
+def test_no_dimensions_and_the_whole_width_are_taken_from_every_model(model: Defaults) -> None:
     check_dimensions(None, 64, model)
     check_dimensions(64, 64, model)  # nothing is cut: what a client that sends the width expects
 
