@@ -39,9 +39,17 @@ def start_server(
     """A real server on a free port; ``model``: an already loaded one (else loaded from ``settings``);
     ``models``: every model of a service of several, already loaded."""
     app = create_app(settings, model=model, models=models)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", loop="asyncio")
+    # The keep-alive the service configures (app.serving.server.http_server), not uvicorn's 5 s: under
+    # load a client reusing a connection as the server closes it for idleness gets a ReadError.
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=0,
+        log_level="warning",
+        loop="asyncio",
+        timeout_keep_alive=settings.keep_alive_s,
     )
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 60
