@@ -11,9 +11,10 @@ import math
 import threading
 from dataclasses import dataclass
 
-from app.engine.batching import Batcher, Offer
+from app.engine.batching import Batcher
 from app.engine.clock import Clock
 from app.engine.inference import Inference, fail_jobs
+from app.engine.pending import Offer
 from app.engine.work import Seq
 from app.errors import Unavailable
 from app.model import allocator

@@ -13,8 +13,8 @@ from collections import deque
 
 import numpy as np
 
-from app.engine.batching import Pending, pending_lengths
 from app.engine.costs import CostModel
+from app.engine.pending import Pending, pending_lengths
 from app.engine.work import Job, Need, Seq
 from app.telemetry.metrics import Metrics
 from tests.app.engine.fake_clock import FakeClock
