@@ -33,7 +33,7 @@ from app.model.runtime import OnnxModel, load_model
 from app.settings import Settings
 from app.tasks.options import EmbedOptions, Names
 from app.tasks.service import Service
-from app.tasks.sparse import SparseRows, SparseVector, check_top_k
+from app.tasks.sparse import SparseRows, SparseVector
 from app.telemetry.metrics import Metrics
 
 # Texts per engine call: small, so that a call's answer is ready soon after its texts ran (results
@@ -127,9 +127,7 @@ class Embedder:
             ValidationFailed, Unsupported, EmptyInput: the options do not fit the model.
         """
         if self.sparse != "off":
-            self.service.sparse.check()
-            self.service.sparse.check_long_text(self.options.long_text)
-            check_top_k(self.top_k)
+            self.service.sparse.check(self.options.long_text, self.top_k)
         if self.sparse == "only":
             dense_only = sorted(set(self.given) - {"long_text", "truncation_direction"})
             if dense_only:

@@ -7,6 +7,7 @@ scheduler's. Its rules are in docs/architecture.md.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -19,7 +20,6 @@ from app.engine.pending import FRONT_BATCHES, FRONT_MOST, BatchStats, Offer, Pen
 from app.engine.planner import Planner
 from app.engine.priority import BACKGROUND, URGENCIES, aged_level
 from app.engine.work import Seq
-from app.errors import InternalError
 from app.telemetry.metrics import Metrics
 
 # More urgent work counts as about this long after its last arrival: closed-loop clients come back within
@@ -322,48 +322,27 @@ class Batcher:
     def _fill(self, batch: list[Seq], group: list[Pending], top: int, oldest: Seq, now: float) -> int:
         """Add less urgent sequences no longer than ``top``, as many as room and ``oldest``'s budget allow:
         a background class's in arrival order (its requests whole), another's longest first. How many."""
-        room = self.planner.limits.room(top) - len(batch)
         others = [c for c in self._classes if c.depth and c not in group]
-        if room <= 0 or not others or self._scale is None:
+        if not others or self._scale is None:
             return 0
+        room = self.planner.limits.room(top) - len(batch)
         slack = (self.budget_s() - (now - oldest.enqueued_at)) / self._scale
-        each = float(self.planner.model.per_sequence(np.array([top]))[0])
-        room = min(room, int(slack // each) if each > 0 else room)
-        taken, added = self._taken, 0
+        if (each := float(self.planner.model.per_sequence(np.array([top]))[0])) > 0:
+            room = min(room, int(slack // each))
+        taken, before = self._taken, len(batch)
         for cls in others:
-            before = added
-            if cls.urgency in BACKGROUND:
-                while added < room and cls.depth:
-                    seq = cls.oldest(taken)
+            left = room - (len(batch) - before)
+            if left <= 0:
+                break
+            plan: dict[int, int] = {}
+            if cls.urgency in BACKGROUND:  # up to its first sequence longer than top
+                cls.oldest(taken)  # the taken ones before it popped
+                for seq in itertools.islice((s for s in cls.arrivals if id(s) not in taken), left):
                     if seq.length > top:
                         break
-                    bucket = cls.buckets[seq.length]
-                    if bucket[0] is not seq:
-                        raise InternalError("a background class's oldest sequence is not first of its length")
-                    cls.arrivals.popleft()
-                    bucket.popleft()
-                    if not bucket:
-                        del cls.buckets[seq.length]
-                    batch.append(seq)
-                    cls.depth -= 1
-                    added += 1
+                    plan[seq.length] = plan.get(seq.length, 0) + 1
             else:
                 for length in sorted((n for n in cls.buckets if n <= top), reverse=True):
-                    bucket = cls.buckets[length]
-                    while bucket and added < room:
-                        seq = bucket.popleft()
-                        taken.add(id(seq))
-                        batch.append(seq)
-                        cls.depth -= 1
-                        added += 1
-                    if not bucket:
-                        del cls.buckets[length]
-                    if added == room:
-                        break
-            if added > before:
-                self.stats.by_urgency[cls.urgency] += added - before
-                cls.since = now
-            if added == room:
-                break
-        self.depth -= added
-        return added
+                    plan[length] = min(len(cls.buckets[length]), left - sum(plan.values()))
+            batch += self._take([cls], [(n, k) for n, k in plan.items() if k], now)
+        return len(batch) - before

@@ -29,6 +29,7 @@ from app.model.runtime import CUDA, OnnxModel
 from app.model.tokenizer import TextInputs
 from app.settings import Settings
 from app.telemetry.metrics import Metrics
+from app.telemetry.timings import ms
 from app.telemetry.tracing import Tracing
 
 log = logging.getLogger(__name__)
@@ -140,8 +141,12 @@ class Engine:
 
     async def tokenize(
         self, texts: TextInputs, add_special_tokens: bool = True, offsets: bool = True
-    ) -> list[Encoding]:
-        return await self.tokenization.encode(texts, add_special_tokens, offsets, self.held())
+    ) -> tuple[list[Encoding], float]:
+        """Encodings of ``texts`` and the milliseconds it took; ``offsets=False`` when no span is read."""
+        started = time.perf_counter()
+        encodings = await self.tokenization.encode(texts, add_special_tokens, offsets, self.held())
+        self.metrics.tokenized(seconds := time.perf_counter() - started)
+        return encodings, ms(seconds)
 
     async def run(self, job: Job, sequences: list[Seq]) -> Job:
         """Queue ``job``'s ``sequences`` and wait until all have run. Cancelled or failed, none of it is left

@@ -1,14 +1,14 @@
 """What flows between the stages: a request's :class:`Job` and its sequences (:class:`Seq`).
 
 A job is resolved ONCE, when its last sequence has been post-processed: one wake-up of the event loop per
-request, not per text. Both use ``__slots__`` and plain attributes: every text passes through here.
+request, not per text. Both are slotted dataclasses: every text passes through here.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -46,6 +46,7 @@ class Planned:
 Plan = Callable[[list[Encoding]], Planned]
 
 
+@dataclass(eq=False, repr=False, slots=True)
 class Job:
     """One request's sequences in the engine, their results (written on the inference thread) and the
     future the request awaits: ``vectors`` [sequences, layers, hidden] (a head's logits, SPLADE vectors:
@@ -53,46 +54,30 @@ class Job:
     labels]); ``mask_probs`` per sequence a [vocab] row per mask. Cancelled or failed, its sequences not
     yet run are dropped by every stage."""
 
-    __slots__ = (
-        "batches",
-        "cancelled",
-        "context",
-        "count",
-        "error",
-        "future",
-        "loop",
-        "mask_probs",
-        "queued_s",
-        "remaining",
-        "token_states",
-        "tokenized_s",
-        "tokens",
-        "trace",
-        "urgency",
-        "vectors",
-    )
+    loop: asyncio.AbstractEventLoop
+    count: int
+    remaining: int = field(init=False)
+    # Resolved with None, not the job: a future holding its own job would make every request a reference
+    # cycle, which only the cyclic collector frees, and it runs rarely (docs/performance.md).
+    future: asyncio.Future[None] = field(init=False)
+    # Why it failed, for the request to raise (``Engine``), not kept in the future: the exception's
+    # traceback holds frames that hold this job, so a job holding it would be a cycle per failed request.
+    error: BaseException | None = None
+    cancelled: bool = False  # a plain store: read by the stage threads, set by cancel or fail
+    vectors: np.ndarray | None = None
+    token_states: list[np.ndarray | None] = field(default_factory=list)
+    mask_probs: list[np.ndarray | None] = field(default_factory=list)
+    queued_s: float = 0.0
+    batches: dict[float, float] = field(default_factory=dict)
+    tokenized_s: float = 0.0
+    context: Any = None
+    tokens: int = 0  # tokens of its sequences that ran (post-processing adds them up)
+    trace: Any = field(default_factory=CURRENT_SPAN.get)  # the request's span, for the batch spans to link to
+    urgency: int = field(default_factory=URGENCY.get)  # the request's, set by the API layer in this task
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, count: int) -> None:
-        self.loop = loop
-        # Resolved with None, not the job: a future holding its own job would make every request a reference
-        # cycle, which only the cyclic collector frees, and it runs rarely (docs/performance.md).
-        self.future: asyncio.Future[None] = loop.create_future()
-        # Why it failed, for the request to raise (``Engine``), not kept in the future: the exception's
-        # traceback holds frames that hold this job, so a job holding it would be a cycle per failed request.
-        self.error: BaseException | None = None
-        self.count = count
-        self.remaining = count
-        self.cancelled = False  # a plain store: read by the stage threads, set by cancel or fail
-        self.vectors: np.ndarray | None = None
-        self.token_states: list[np.ndarray | None] = []
-        self.mask_probs: list[np.ndarray | None] = []
-        self.queued_s = 0.0
-        self.batches: dict[float, float] = {}
-        self.tokenized_s = 0.0
-        self.context: Any = None
-        self.tokens = 0  # tokens of its sequences that ran (post-processing adds them up)
-        self.trace = CURRENT_SPAN.get()  # the request's span, for the batch spans to link to
-        self.urgency = URGENCY.get()  # the request's, set by the API layer in this task
+    def __post_init__(self) -> None:
+        self.remaining = self.count
+        self.future = self.loop.create_future()
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -121,27 +106,20 @@ class Job:
             del error
 
 
+@dataclass(eq=False, repr=False, slots=True)
 class Seq:
     """One input (or window of one); ``enqueued_at`` is read from the engine's clock (zero is a time too)."""
 
-    __slots__ = ("enqueued_at", "ids", "job", "length", "need", "slot", "types")
+    ids: np.ndarray  # int64 [length], [CLS] … [SEP]
+    need: Need
+    job: Job
+    slot: int  # its row in the job's results
+    enqueued_at: float
+    types: np.ndarray | None = None  # token type ids [length] of a pair ([CLS] a [SEP] b [SEP]); None: all 0
+    length: int = field(init=False)
 
-    def __init__(
-        self,
-        ids: np.ndarray,
-        need: Need,
-        job: Job,
-        slot: int,
-        enqueued_at: float,
-        types: np.ndarray | None = None,
-    ) -> None:
-        self.ids = ids  # int64 [length], [CLS] … [SEP]
-        self.types = types  # token type ids [length] of a pair ([CLS] a [SEP] b [SEP]); None: all 0
-        self.length = int(ids.shape[0])
-        self.need = need
-        self.job = job
-        self.slot = slot  # its row in the job's results
-        self.enqueued_at = enqueued_at
+    def __post_init__(self) -> None:
+        self.length = int(self.ids.shape[0])
 
 
 def _resolve(job: Job, exc: BaseException | None = None) -> None:

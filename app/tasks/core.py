@@ -5,13 +5,11 @@ serves). :meth:`Core.cached` is the one way a task's outputs go through the vect
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import numpy as np
-from tokenizers import Encoding as TokenEncoding
 
 from app.cache import keys as cache_keys
 from app.cache.vectors import VectorCache
@@ -20,12 +18,10 @@ from app.engine.work import Job, Need, Seq
 from app.errors import NotReady, Unsupported
 from app.model.manifest import KIND_NAMES, MANIFEST_NAME, Head, Kind
 from app.model.runtime import OnnxModel
-from app.model.tokenizer import TextInputs
 from app.settings import Settings
 from app.tasks.options import Direction, EmbedOptions, LongText, Names, model_defaults
 from app.tasks.prepare import Rules, texts_of
 from app.telemetry.metrics import Metrics
-from app.telemetry.timings import ms
 
 R = TypeVar("R")  # what a task computes for distinct inputs, in their order
 A = TypeVar("A")  # what it answers for a request's inputs, in input order
@@ -131,16 +127,6 @@ class Core:
         info = self.model.manifest.tokenizer
         limit = self.model.tokenizer.max_length
         return Rules(limit, too_long, long_text, direction, (info.cls_id, info.sep_id), refuse_empty)
-
-    async def tokenize(
-        self, texts: TextInputs, add_special_tokens: bool = True, offsets: bool = True
-    ) -> tuple[list[TokenEncoding], float]:
-        """Encodings of ``texts`` and the milliseconds it took; ``offsets=False`` when no span is read."""
-        started = time.perf_counter()
-        encodings = await self.engine.tokenize(texts, add_special_tokens, offsets)
-        seconds = time.perf_counter() - started
-        self.metrics.tokenized(seconds)
-        return encodings, ms(seconds)
 
     def key_space(self, **options: object) -> str:
         """The cache's key space of this model's outputs made with ``options`` (the other fields None)."""

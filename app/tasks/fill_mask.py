@@ -143,7 +143,7 @@ class FillMask(Task):
                 )
         mask_id = self.core.model.manifest.tokenizer.mask_id
         with self.core.engine.admit(len(texts)):
-            encodings, tokenization_ms = await self.core.tokenize(texts, offsets=False)
+            encodings, tokenization_ms = await self.core.engine.tokenize(texts, offsets=False)
             # Fill-mask runs an input without tokens to refuse it for having no [MASK].
             rules = self.core.rules(TOO_LONG_MASKS, refuse_empty=False)
             sequences, positions = masked(from_encodings(encodings, rules, names.item), mask_id, names)
@@ -152,7 +152,7 @@ class FillMask(Task):
                 known, unknown = split_targets(self.core.model.tokenizer, targets)
                 tokenized: list[list[int]] = []
                 if unknown:  # the targets that are not vocabulary tokens
-                    parts, target_ms = await self.core.tokenize(
+                    parts, target_ms = await self.core.engine.tokenize(
                         unknown, add_special_tokens=False, offsets=False
                     )
                     tokenization_ms += target_ms

@@ -95,7 +95,7 @@ class Heads(Task):
         texts = self.core.texts(inputs, names)
         rules = self.core.rules(TOO_LONG_TRUNCATE, long_text, direction)
         with self.core.engine.admit(len(texts)):
-            encodings, tokenization_ms = await self.core.tokenize(texts)
+            encodings, tokenization_ms = await self.core.engine.tokenize(texts)
             prepared = from_encodings(encodings, rules, names.item)
             prepared.refuse()
             kept = [prepared.positions(k) for k in range(len(texts))]
@@ -140,7 +140,7 @@ class Heads(Task):
 
         async def compute(todo: list[str], first: Callable[[int], int]) -> np.ndarray:
             todo_inputs = [item[k] for k in todo]
-            encodings, took = await self.core.tokenize(todo_inputs, offsets=False)
+            encodings, took = await self.core.engine.tokenize(todo_inputs, offsets=False)
             spent.tokenization_ms += took
             pairs = [not isinstance(x, str) for x in todo_inputs]
             prepared = from_encodings(encodings, rules, lambda k: f"{field_name}[{first(k)}]", pairs)

@@ -54,16 +54,9 @@ class Prepared:
     inputs: np.ndarray  # the request's indices of the good inputs
     lengths: np.ndarray  # every input's tokens before any cut (0 for one refused before it had any)
     types: list[np.ndarray | None] | None = None  # token types, for pairs
-    owners: np.ndarray | None = None  # the good input of each sequence; None: one sequence each
-    window_tokens: np.ndarray | None = None  # how many of each sequence's tokens are the text's
+    windows: Windows | None = None  # each sequence's good input and text tokens; None: one sequence each
     problems: dict[int, ServiceError] = field(default_factory=dict)
     cuts: dict[int, np.ndarray] = field(default_factory=dict)  # good input → positions kept (truncated texts)
-
-    @property
-    def windows(self) -> Windows | None:
-        if self.owners is None or self.window_tokens is None:
-            return None
-        return self.owners, self.window_tokens
 
     @property
     def tokens(self) -> np.ndarray:
@@ -234,8 +227,7 @@ def prepare(
         good,
         lengths,
         kinds if types is not None else None,
-        np.array(owners, dtype=np.int64),
-        window_tokens,
+        (np.array(owners, dtype=np.int64), window_tokens),
         problems,
         cuts,
     )

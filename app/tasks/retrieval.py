@@ -88,7 +88,7 @@ class Retrieval(Task):
         self.core.texts([query], Names("query", lambda _i: "query"))
         self.core.texts(documents, listed("documents", documents))
         with self.core.engine.admit(len(documents)):
-            encodings, tokenization_ms = await self.core.tokenize(
+            encodings, tokenization_ms = await self.core.engine.tokenize(
                 [query, *documents], add_special_tokens=False, offsets=max_tokens_per_doc is not None
             )
         kept = list(documents)

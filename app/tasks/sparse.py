@@ -131,8 +131,8 @@ def check_top_k(top_k: int | None) -> None:
 
 
 class SparseEmbeddings(Task):
-    def check(self) -> None:
-        """Raises NotReady while warming up, Unsupported for a model exported without the sparse graph."""
+    def check(self, long_text: LongText, top_k: int | None) -> None:
+        """The checks of a call, in this order, for a request and the bulk job (before any row is read)."""
         self.core.check_ready()
         if not self.core.model.has_sparse:
             raise Unsupported(
@@ -140,26 +140,17 @@ class SparseEmbeddings(Task):
                 "`python -m export --sparse max` (a BERT with a masked-LM head), or serve a sentence-"
                 "transformers SparseEncoder folder"
             )
-
-    def check_long_text(self, long_text: LongText) -> None:
-        # A sparse vector is one sequence's, not a mean of windows.
-        if long_text == "chunk":
+        if long_text == "chunk":  # a sparse vector is one sequence's, not a mean of windows
             raise ValidationFailed(
                 "sparse vectors are not averaged over windows: send truncate: true or shorten the text"
             )
-
-    def _checked(self, long_text: LongText, direction: Direction, top_k: int | None, too_long: str) -> Rules:
-        """The checks of a call (the same, in the same order, for a request and the bulk job); its rules."""
-        self.check()
-        self.check_long_text(long_text)
         check_top_k(top_k)
-        return self.core.rules(too_long, long_text, direction)
 
     async def _dense(
         self, texts: list[str], rules: Rules, name: Name, spent: Spent, refuse: bool
     ) -> tuple[Prepared, np.ndarray | None]:
         """How ``texts`` were prepared, and the dense vectors [good texts, vocab] (None: none is good)."""
-        encodings, took = await self.core.tokenize(texts, offsets=False)
+        encodings, took = await self.core.engine.tokenize(texts, offsets=False)
         spent.tokenization_ms += took
         prepared = from_encodings(encodings, rules, name)
         if refuse:
@@ -181,7 +172,8 @@ class SparseEmbeddings(Task):
         top_k: int | None = None,
     ) -> SparseRows:
         """Each text's sparse vector, or why it is refused: the bulk job's call (as ``Embeddings.rows``)."""
-        rules = self._checked(long_text, direction, top_k, too_long)
+        self.check(long_text, top_k)
+        rules = self.core.rules(too_long, long_text, direction)
         problems = text_problems(texts, self.core.settings.max_input_chars, names.item)
         good = [i for i in range(len(texts)) if i not in problems]
         if not good:
@@ -206,7 +198,8 @@ class SparseEmbeddings(Task):
         top_k: int | None = None,
     ) -> Answer[list[SparseVector]]:
         """Each input's sparse vector, in input order (``top_k``: only its largest weights)."""
-        rules = self._checked(long_text, direction, top_k, TOO_LONG_TRUNCATE)
+        self.check(long_text, top_k)
+        rules = self.core.rules(TOO_LONG_TRUNCATE, long_text, direction)
         names = listed("inputs", inputs)
         texts = self.core.texts(inputs, names)
         spent = Spent()

@@ -27,7 +27,7 @@ class Tokens(Task):
         self.core.check_ready()
         texts = self.core.texts(inputs, listed("inputs", inputs))
         with self.core.engine.admit(len(texts)):
-            encodings, tokenization_ms = await self.core.tokenize(texts, add_special_tokens)
+            encodings, tokenization_ms = await self.core.engine.tokenize(texts, add_special_tokens)
         check_tokenize_bound(encodings, self.core.settings.max_tokenize_tokens)
         # Off the event loop: a dict per token, up to max_tokenize_tokens of them (~1 µs each).
         table = await asyncio.to_thread(token_table, encodings)
@@ -51,7 +51,7 @@ class Tokens(Task):
         resolved = resolve_embed_all(options, self.core.model.num_layers)
         rules = self.core.rules(TOO_LONG_TOKENS, options.long_text, options.truncation_direction)
         with self.core.engine.admit(len(texts)):
-            encodings, tokenization_ms = await self.core.tokenize(texts)
+            encodings, tokenization_ms = await self.core.engine.tokenize(texts)
             prepared = from_encodings(encodings, rules, names.item)
             prepared.refuse()
             kept = [prepared.positions(k) for k in range(len(texts))]

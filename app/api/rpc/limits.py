@@ -94,7 +94,7 @@ async def tokenized(
     service.check_ready()
     texts = service.texts(text, listed("inputs", text))
     with service.engine.admit(len(texts)):
-        (encoding,), _ = await service.tokenize(texts, add_special_tokens)
+        (encoding,), _ = await service.engine.tokenize(texts, add_special_tokens)
         check_tokenize_bound([encoding], service.settings.max_tokenize_tokens)
         return await off_loop(answer, encoding)
 
