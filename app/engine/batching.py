@@ -147,12 +147,8 @@ class Batcher:
             if cls.depth == 0:
                 cls.since = now
             cls.seen = now
-            buckets = cls.buckets
             for seq in sequences:
-                bucket = buckets.get(seq.length)
-                if bucket is None:
-                    bucket = buckets[seq.length] = deque()
-                bucket.append(seq)
+                cls.buckets[seq.length].append(seq)
             cls.arrivals.extend(sequences)
             cls.depth += len(sequences)
             self.depth += len(sequences)

@@ -6,7 +6,7 @@ counters (:class:`BatchStats`). What the queue does with them is :mod:`app.engin
 from __future__ import annotations
 
 import itertools
-from collections import deque
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,7 +47,8 @@ class Pending:
 
     def __init__(self, urgency: int) -> None:
         self.urgency = urgency
-        self.buckets: dict[int, deque[Seq]] = {}  # length -> its sequences, oldest first
+        # Length -> its sequences, oldest first.
+        self.buckets: defaultdict[int, deque[Seq]] = defaultdict(deque)
         self.arrivals: deque[Seq] = deque()  # in arrival order, with taken ones not yet popped
         self.depth = 0
         self.since = 0.0  # when it was last served, or became non-empty: what it ages from

@@ -106,11 +106,12 @@ class Heads(Task):
             for text, enc, k, states in zip(texts, encodings, kept, job.token_states, strict=True):
                 if states is None:
                     raise InternalError("a tagger job came back without its token logits")
-                offsets, special = enc.offsets, enc.special_tokens_mask
+                # Each Encoding property builds a new list on access: read each once (not once per token).
+                ids, offsets, special = enc.ids, enc.offsets, enc.special_tokens_mask
                 answer.append(
                     entities.entities(
                         text,
-                        [enc.ids[j] for j in k],
+                        [ids[j] for j in k],
                         [offsets[j] for j in k],
                         [special[j] for j in k],
                         head_scores(states[0], "softmax").astype(np.float32),
