@@ -109,9 +109,7 @@ class Embedder:
         metrics = Metrics()
         self.engine = Engine(self.model, self.settings, metrics)
         self.engine.start()
-        self.service = Service(
-            self.settings, self.model, self.engine, VectorCache(None, None, metrics), metrics
-        )
+        self.service = Service(self.settings, self.model, self.engine, VectorCache(None, None, metrics))
         self.service.ready = True
         self.options: EmbedOptions = replace(self.service.defaults, **given)
         self.width = self.service.embeddings.width  # until check(): the model's own width

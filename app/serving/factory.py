@@ -108,7 +108,7 @@ def create_app(
             # the traffic the other workers hold.
             engine = Engine(onnx, own, view, tracing, scheduler)
             engine.start()
-            services.append(Service(own, onnx, engine, VectorCache(tiers.memory, tiers.shared, view), view))
+            services.append(Service(own, onnx, engine, VectorCache(tiers.memory, tiers.shared, view)))
             metrics.set_model(
                 services[-1].served_name,
                 onnx.variant,

@@ -1,4 +1,4 @@
-"""The core every task stands on: the model, engine, cache and metrics, and the steps each task takes the
+"""The core every task stands on: the model, engine and cache, and the steps each task takes the
 same way (readiness, the per-request limits, tokenising, one job to the engine, the routes this model
 serves). :meth:`Core.cached` is the one way a task's outputs go through the vector cache."""
 
@@ -21,7 +21,6 @@ from app.model.runtime import OnnxModel
 from app.settings import Settings
 from app.tasks.options import Direction, EmbedOptions, LongText, Names, model_defaults
 from app.tasks.prepare import Rules, texts_of
-from app.telemetry.metrics import Metrics
 
 R = TypeVar("R")  # what a task computes for distinct inputs, in their order
 A = TypeVar("A")  # what it answers for a request's inputs, in input order
@@ -70,13 +69,10 @@ EMBEDDING_ROUTES = (
 class Core:
     """What every task shares: one per process, built once the model is loaded."""
 
-    def __init__(
-        self, settings: Settings, model: OnnxModel, engine: Engine, cache: VectorCache, metrics: Metrics
-    ) -> None:
+    def __init__(self, settings: Settings, model: OnnxModel, engine: Engine, cache: VectorCache) -> None:
         self.settings = settings
         self.model = model
         self.engine = engine
-        self.metrics = metrics
         self.cache = cache
         self.ready = False
         m = model.manifest

@@ -110,10 +110,8 @@ class Embeddings(Task):
         todo: list[str] | GivenIds
         if (id_inputs := token_id_lists(inputs)) is not None:
             sequences, names = id_inputs
-            most, vocab = (
-                self.core.settings.max_inputs_per_request,
-                self.core.model.manifest.config.vocab_size,
-            )
+            most = self.core.settings.max_inputs_per_request
+            vocab = self.core.model.manifest.config.vocab_size
             todo, problems = given_ids(sequences, self.core.rules(TOO_LONG_OPENAI), names, most, vocab)
             if problems:
                 raise problems[min(problems)]
@@ -160,18 +158,17 @@ class Embeddings(Task):
         """Each input's vector (texts with the model's prompt, or token ids run as given), through the cache
         when there is one: a request's call (ready or refused), which its first bad input refuses."""
         self.core.check_ready()
-        given = inputs if isinstance(inputs, GivenIds) else None
-        call = self._call(options, too_long, token_ids=given is not None)
-        if given is not None:
-            keys = given.keys
-            ids_of = dict(zip(keys, given.ids, strict=True))
+        token_ids = isinstance(inputs, GivenIds)
+        call = self._call(options, too_long, token_ids)
+        if isinstance(inputs, GivenIds):
+            keys = inputs.keys
+            ids_of = dict(zip(keys, inputs.ids, strict=True))
         else:
-            texts = cast(list[str], inputs)
-            keys = [call.prompt + t for t in texts] if call.prompt else texts
+            keys = [call.prompt + t for t in inputs] if call.prompt else inputs
         spent = Spent()
 
         async def compute(todo: list[str], first: Callable[[int], int]) -> tuple[np.ndarray, np.ndarray]:
-            runs: list[str] | list[np.ndarray] = [ids_of[k] for k in todo] if given is not None else todo
+            runs: list[str] | list[np.ndarray] = [ids_of[k] for k in todo] if token_ids else todo
             vectors, prepared = await self._compute(call, runs, lambda i: names.item(first(i)), spent)
             return vectors, prepared.tokens
 

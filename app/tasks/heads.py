@@ -125,8 +125,7 @@ class Heads(Task):
 
         # Off the event loop: up to 64 × 512 tokens aggregated in Python (transformers' pipeline's way).
         answer = await asyncio.to_thread(found)
-        value: list[Any] = answer[0] if isinstance(inputs, str) else answer
-        return Answer(value, timings_of([job], tokenization_ms))
+        return Answer(answer[0] if isinstance(inputs, str) else answer, timings_of([job], tokenization_ms))
 
     async def _logits(
         self, inputs: list[TextInput], long_text: LongText, direction: Direction, field_name: str = "inputs"

@@ -25,7 +25,6 @@ from app.tasks.prepare import TOO_LONG_EMBED
 from app.tasks.retrieval import Retrieval
 from app.tasks.sparse import SparseEmbeddings
 from app.tasks.tokens import Tokens
-from app.telemetry.metrics import Metrics
 from app.telemetry.timings import Timings
 
 __all__ = ["Answer", "Service", "Timings", "TokenVectors", "fault_of"]
@@ -37,10 +36,8 @@ _WARMUP_TEXTS = ("你好", "今天天气很好，我们去公园散步吧。", "
 class Service(Core):
     """The shared core and its tasks: one per process."""
 
-    def __init__(
-        self, settings: Settings, model: OnnxModel, engine: Engine, cache: VectorCache, metrics: Metrics
-    ) -> None:
-        super().__init__(settings, model, engine, cache, metrics)
+    def __init__(self, settings: Settings, model: OnnxModel, engine: Engine, cache: VectorCache) -> None:
+        super().__init__(settings, model, engine, cache)
         self.embeddings = Embeddings(self)
         self.fill_mask = FillMask(self)
         self.heads = Heads(self)

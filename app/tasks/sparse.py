@@ -94,8 +94,6 @@ def _sampled_largest(values: np.ndarray, k: int) -> np.ndarray | None:
 
 def top_rows(vectors: np.ndarray, k: int | None) -> list[SparseVector]:
     """Each dense row of ``vectors`` [n, vocab] as ``SparseVector.of(row).top(k)``."""
-    if k is None:
-        return [SparseVector.of(v) for v in vectors]
     return [SparseVector.largest(v, k) for v in vectors]
 
 
@@ -148,15 +146,15 @@ class SparseEmbeddings(Task):
 
     async def _dense(
         self, texts: list[str], rules: Rules, name: Name, spent: Spent, refuse: bool
-    ) -> tuple[Prepared, np.ndarray | None]:
-        """How ``texts`` were prepared, and the dense vectors [good texts, vocab] (None: none is good)."""
+    ) -> tuple[Prepared, np.ndarray]:
+        """How ``texts`` were prepared, and the dense vectors [good texts, vocab]."""
         encodings, took = await self.core.engine.tokenize(texts, offsets=False)
         spent.tokenization_ms += took
         prepared = from_encodings(encodings, rules, name)
         if refuse:
             prepared.refuse()
-        if not prepared.ids:
-            return prepared, None
+        if not prepared.ids:  # every text refused (rows only): nothing ran
+            return prepared, np.empty((0, 0), np.float32)
         job = await self.core.run(prepared.ids, Need(sparse=True))
         spent.jobs.append(job)
         assert job.vectors is not None
@@ -183,11 +181,7 @@ class SparseEmbeddings(Task):
                 [texts[i] for i in good], rules, lambda k: names.item(good[k]), Spent(), refuse=False
             )
         problems.update((good[k], problem) for k, problem in prepared.problems.items())
-        if dense is None:
-            return SparseRows([], np.empty(0, np.int64), problems)
-        return SparseRows(
-            top_rows(dense, top_k), prepared.tokens.astype(np.int64), dict(sorted(problems.items()))
-        )
+        return SparseRows(top_rows(dense, top_k), prepared.tokens, dict(sorted(problems.items())))
 
     @timed
     async def embed_sparse(
@@ -206,7 +200,6 @@ class SparseEmbeddings(Task):
 
         async def compute(todo: list[str], first: Callable[[int], int]) -> np.ndarray:
             _, dense = await self._dense(todo, rules, lambda i: names.item(first(i)), spent, refuse=True)
-            assert dense is not None  # refused unless every input is good
             return dense
 
         def take(rows: np.ndarray, at: list[int] | None) -> list[SparseVector]:

@@ -51,6 +51,6 @@ async def in_process(settings: Settings) -> tuple[Service, Engine]:
     engine = Engine(load_model(settings), settings, metrics)
     engine.start()
     await engine.wait_calibrated()  # the batch cost model, measured (or read) before the first batch
-    service = Service(settings, engine.model, engine, VectorCache(None, None, metrics), metrics)
+    service = Service(settings, engine.model, engine, VectorCache(None, None, metrics))
     service.ready = True
     return service, engine

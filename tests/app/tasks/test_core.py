@@ -32,7 +32,7 @@ def served_digest(folder: Path) -> str:
     metrics = Metrics()
     model = load_model(settings)
     return Core(
-        settings, model, Engine(model, settings, metrics), VectorCache(None, None, metrics), metrics
+        settings, model, Engine(model, settings, metrics), VectorCache(None, None, metrics)
     ).model_digest
 
 
@@ -72,7 +72,7 @@ def test_the_sequences_a_task_queues_carry_the_engines_clock(
         return job
 
     monkeypatch.setattr(engine, "run", run)
-    core = Core(tiny_settings, tiny_model, engine, VectorCache(None, None, metrics), metrics)
+    core = Core(tiny_settings, tiny_model, engine, VectorCache(None, None, metrics))
     ids = np.array([101, 872, 102], np.int64)
     asyncio.run(core.run([ids, ids], Need(layers=(1,), pooling="cls")))
     assert [seq.enqueued_at for seq in queued] == [0.0, 0.0]  # the simulated clock's time, as given
@@ -105,9 +105,7 @@ class Doubling:
 
 def core_of(model: Any, settings: Settings, memory: MemoryLRU | None) -> Core:
     metrics = Metrics()
-    return Core(
-        settings, model, Engine(model, settings, metrics), VectorCache(memory, None, metrics), metrics
-    )
+    return Core(settings, model, Engine(model, settings, metrics), VectorCache(memory, None, metrics))
 
 
 def test_without_a_cache_each_distinct_key_is_computed_once_named_by_its_first_input(

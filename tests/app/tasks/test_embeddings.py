@@ -58,7 +58,7 @@ def prompted(
     model = load_model(settings)
     engine = Engine(model, settings, metrics)
     engine.start()
-    service = Service(settings, model, engine, VectorCache(None, None, metrics), metrics)
+    service = Service(settings, model, engine, VectorCache(None, None, metrics))
     service.ready = True
     yield service, include_prompt
     engine.stop()

@@ -24,7 +24,7 @@ def service(tiny_model: Any, tiny_settings: Settings) -> Iterator[Service]:
     metrics = Metrics()
     engine = Engine(tiny_model, settings, metrics)
     engine.start()
-    svc = Service(settings, tiny_model, engine, VectorCache(None, None, metrics), metrics)
+    svc = Service(settings, tiny_model, engine, VectorCache(None, None, metrics))
     svc.ready = True
     yield svc
     engine.stop()
@@ -116,7 +116,7 @@ def test_the_warm_up_runs_the_largest_batches_the_limits_allow(
     try:
         longest = tiny_model.tokenizer.max_length
         assert engine.limits.largest(longest) == [(4, 64), (1, longest)]
-        asyncio.run(Service(settings, tiny_model, engine, VectorCache(None, None, metrics), metrics).warmup())
+        asyncio.run(Service(settings, tiny_model, engine, VectorCache(None, None, metrics)).warmup())
     finally:
         engine.stop()
     assert (4, 64) in shapes and (1, longest) in shapes
@@ -137,7 +137,7 @@ def test_decode_takes_a_permit_per_list_before_any_work(service: Service) -> Non
 
 def test_decode_takes_no_more_ids_in_all_than_tokenize_answers(service: Service) -> None:
     settings = service.settings.model_copy(update={"max_tokenize_tokens": 5})
-    small = Service(settings, service.model, service.engine, service.cache, service.metrics)
+    small = Service(settings, service.model, service.engine, service.cache)
     small.ready = True
     assert asyncio.run(small.retrieval.decode([[101, 872], [872, 102, 102]], True)).value == ["你", "你"]
     with pytest.raises(ValidationFailed, match="6 ids in one request; the limit is 5"):
