@@ -23,14 +23,15 @@ from app.telemetry.timings import Timings
 class Tokens(Task):
     @timed
     async def tokenize(self, inputs: str | list[str], add_special_tokens: bool) -> Answer[list[Any]]:
-        """Tokens with ids, text and character offsets, per input."""
+        """Tokens with ids, text and character offsets, per input; the permits held until the table is
+        built (as gRPC's ``Tokenize`` holds them), so the answers in the making are bounded too."""
         self.core.check_ready()
         texts = self.core.texts(inputs, listed("inputs", inputs))
         with self.core.engine.admit(len(texts)):
             encodings, tokenization_ms = await self.core.engine.tokenize(texts, add_special_tokens)
-        check_tokenize_bound(encodings, self.core.settings.max_tokenize_tokens)
-        # Off the event loop: a dict per token, up to max_tokenize_tokens of them (~1 µs each).
-        table = await asyncio.to_thread(token_table, encodings)
+            check_tokenize_bound(encodings, self.core.settings.max_tokenize_tokens)
+            # Off the event loop: a dict per token, up to max_tokenize_tokens of them (~1 µs each).
+            table = await asyncio.to_thread(token_table, encodings)
         return Answer(table, Timings(tokenization_ms=tokenization_ms))
 
     @timed

@@ -13,6 +13,7 @@ from app.cache.vectors import VectorCache
 from app.engine.engine import Engine
 from app.errors import EmptyInput, NotReady, Overloaded, ValidationFailed
 from app.settings import Settings
+from app.tasks import tokens
 from app.tasks.options import EmbedAllOptions, EmbedOptions
 from app.tasks.service import Service
 from app.telemetry.metrics import Metrics
@@ -133,6 +134,22 @@ def test_decode_takes_a_permit_per_list_before_any_work(service: Service) -> Non
     finally:
         held.release()
     assert admission.in_use == 0
+
+
+def test_tokenize_holds_its_permits_until_its_table_is_built(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    in_use: list[int] = []
+    built = tokens.token_table
+
+    def table(encodings: list[Any]) -> list[list[dict[str, object]]]:
+        in_use.append(service.engine.admission.in_use)
+        return built(encodings)
+
+    monkeypatch.setattr(tokens, "token_table", table)
+    asyncio.run(service.tokens.tokenize(["你好", "好"], add_special_tokens=False))
+    assert in_use == [2]  # as gRPC's Tokenize: the answer in the making is bounded by the budget too
+    assert service.engine.admission.in_use == 0
 
 
 def test_decode_takes_no_more_ids_in_all_than_tokenize_answers(service: Service) -> None:
