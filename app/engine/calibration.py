@@ -80,11 +80,9 @@ def gpu_name() -> str:
             return name
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
-        out = subprocess.run(
-            query, capture_output=True, text=True, timeout=10, check=True
-        ).stdout.splitlines()
-        if out and out[0].strip():
-            return out[0].strip()
+        out = subprocess.run(query, capture_output=True, text=True, timeout=10, check=True).stdout
+        if name := out.partition("\n")[0].strip():
+            return name
     return "unknown GPU"
 
 
@@ -103,12 +101,11 @@ def _writable(folder: Path) -> bool:
 
 
 def _read(path: Path, key: dict[str, str], where: str) -> CostModel | None:
-    try:
+    # None where there is none, or a file of another shape: measured again and rewritten.
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError, IndexError):
         data = json.loads(path.read_text())
         if isinstance(data, dict) and data.get("schema") == SCHEMA and data.get("key") == key:
             return CostModel.from_json(data, f"read from the cache {where}")
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
-        return None  # none, or a file of another shape: measured again and rewritten
     return None
 
 

@@ -39,9 +39,8 @@ class Limits:
     def largest(self, max_length: int) -> list[tuple[int, int]]:
         """The batch shapes (size, length) that hold the most memory: the longest batch of the most inputs,
         and the longest batch there may be (buffers grow with size × length and size × length²)."""
-        full = max_length
-        while full > 1 and self.room(full) < self.size:
-            full -= 1
+        lengths = np.arange(1, max_length + 1)
+        full = int(lengths[self.rooms(lengths) == self.size].max(initial=1))  # the longest full batch
         shapes = {(self.room(full), full), (self.room(max_length), max_length)}
         return sorted(shapes, key=lambda shape: (shape[1], shape[0]))
 

@@ -23,19 +23,17 @@ def cls_pool(hidden: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
     return hidden[np.arange(hidden.shape[0]), attention_mask.argmax(axis=1)]
 
 
-def _sum(hidden: np.ndarray, attention_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    mask = attention_mask.astype(np.float32)
-    return np.einsum("bsh,bs->bh", hidden, mask), mask.sum(axis=1, keepdims=True)
+def _mean(hidden: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    return np.einsum("bsh,bs->bh", hidden, weights) / np.maximum(weights.sum(axis=1, keepdims=True), 1.0)
 
 
 def mean_pool(hidden: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-    summed, count = _sum(hidden, attention_mask)
-    return summed / np.maximum(count, 1.0)
+    return _mean(hidden, attention_mask.astype(np.float32))
 
 
 def mean_sqrt_len_pool(hidden: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-    summed, count = _sum(hidden, attention_mask)
-    return summed / np.sqrt(np.maximum(count, 1.0))
+    mask = attention_mask.astype(np.float32)
+    return np.einsum("bsh,bs->bh", hidden, mask) / np.sqrt(np.maximum(mask.sum(axis=1, keepdims=True), 1.0))
 
 
 def max_pool(hidden: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
@@ -44,7 +42,7 @@ def max_pool(hidden: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
 
 def weightedmean_pool(hidden: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
     weights = attention_mask.astype(np.float32) * np.arange(1, attention_mask.shape[1] + 1, dtype=np.float32)
-    return np.einsum("bsh,bs->bh", hidden, weights) / np.maximum(weights.sum(axis=1, keepdims=True), 1.0)
+    return _mean(hidden, weights)
 
 
 def lasttoken_pool(hidden: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:

@@ -159,7 +159,7 @@ class Tokenization:
         and continues next call), and the requests that left. With the lock held."""
         parts: list[tuple[_Request, int, int]] = []
         gone: list[_Request] = []
-        chars, texts, full = CHARS_PER_CALL, _TEXTS_PER_CALL, False
+        chars, texts = CHARS_PER_CALL, _TEXTS_PER_CALL
         # Nothing is queued meanwhile (the lock is held): the order is decided once per call.
         order = sorted(
             (q for q in self._waiting if q),
@@ -179,8 +179,8 @@ class Tokenization:
                     running = list(accumulate(map(_text_chars, most)))
                     fit = bisect.bisect_right(running, chars)
                     end = first + max(fit, 0 if parts else 1)
-                    if end == first:  # not one more text fits
-                        full = True
+                    if end == first:  # not one more text fits: none may join this call
+                        texts = 0
                         break
                     taken = running[end - first - 1]
                 parts.append((request, first, end))
@@ -188,8 +188,6 @@ class Tokenization:
                 chars, texts = chars - taken, texts - (end - first)
                 if end == len(request.texts):
                     self._out(queue)
-            if full or chars <= 0 or texts <= 0:
-                break
         self.largest_call_chars = max(self.largest_call_chars, CHARS_PER_CALL - chars)
         return parts, gone
 
@@ -216,10 +214,8 @@ class Tokenization:
                     continue
                 with self._cond:
                     if r.start < len(r.texts):  # its rest still queued, at the head of its urgency's queue
-                        self._waiting[r.urgency].remove(r)
-                        self._entries -= 1
+                        self._out(self._waiting[r.urgency])
                         self._done += len(r.texts) - r.start
-                        r.start = len(r.texts)
                 r.failed(exc)
                 self._leave(r)
             return
