@@ -225,3 +225,46 @@ def test_a_full_queue_refuses_with_overloaded(tiny_model: Any) -> None:
         asyncio.run(main())
     finally:
         stage.stop()
+
+
+class FailingOn(Recording):
+    """:class:`Recording`, raising for a call that holds a text starting with 坏."""
+
+    def encode_batch(
+        self, texts: list[TextInput], add_special_tokens: bool = True, offsets: bool = True
+    ) -> Any:
+        if any(isinstance(t, str) and t.startswith("坏") for t in texts):
+            raise RuntimeError("the tokenizer failed")
+        return super().encode_batch(texts, add_special_tokens, offsets)
+
+
+def test_a_request_cut_over_calls_that_fails_leaves_its_queue_and_the_next_one_is_encoded(
+    tiny_model: Any,
+) -> None:
+    recording = FailingOn(tiny_model.tokenizer)
+    stage = Tokenization(cast(TextTokenizer, recording), capacity=10)
+    cut: list[TextInput] = [f"长文{i}{LONG * 16}"[:4000] for i in range(12)]  # over three calls
+    cut[5] = f"坏{cut[5]}"  # in its second: its third part is still queued when it fails
+    behind: list[TextInput] = [f"后来的{LONG * 2}"]  # past the inline bound: on the thread
+
+    async def main() -> tuple[BaseException | list[Any], ...]:
+        first = asyncio.ensure_future(encode_at(stage, [f"先来的{LONG * 2}"], 3))
+        await asyncio.to_thread(recording.busy.wait, 10)  # the thread is encoding it: the rest queue
+        queued = [asyncio.ensure_future(encode_at(stage, texts, 3)) for texts in (cut, behind)]
+        await asyncio.sleep(0)
+        recording.gate.set()
+        await first
+        return tuple(await asyncio.wait_for(asyncio.gather(*queued, return_exceptions=True), 30))
+
+    stage.start()
+    try:
+        failed, encoded = asyncio.run(main())
+    finally:
+        stage.stop()
+    assert isinstance(failed, RuntimeError)
+    assert isinstance(encoded, list)
+    assert [e.ids for e in encoded] == [
+        e.ids for e in tiny_model.tokenizer.encode_batch(behind, offsets=False)
+    ]
+    assert len(recording.calls) == 3  # the blocker, the cut request's first call, the one behind it
+    assert stage.pending_texts == 0
