@@ -40,7 +40,7 @@ def rank(offer: Offer) -> tuple[float, ...]:
     return (0.0, offer.window.efficiency, -offer.oldest.enqueued_at)
 
 
-MAIN, EXPRESS = 0, 1  # the inference thread and the first express one, as keys of what each runs
+MAIN = 0  # the inference thread, as the key of what it runs (the express threads: 1, 2, …)
 
 
 class Scheduler:
@@ -95,9 +95,6 @@ class Scheduler:
                 lane.inference.serve(batch, trimmer)  # a fault fails only the batch's requests
         except BaseException as exc:  # the thread is dying: every model says so and answers what waits
             self._refuse(exc, batch, k)
-
-    def next_express(self, k: int = EXPRESS) -> tuple[Lane, list[Seq]] | None:
-        return self.next_batch(k)
 
     def next_batch(self, k: int = MAIN) -> tuple[Lane, list[Seq]] | None:
         """Thread ``k``'s next batch and its lane, once one is due (None once stopped); its previous batch is

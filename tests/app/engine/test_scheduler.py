@@ -219,14 +219,14 @@ def test_a_queue_on_another_condition_is_refused() -> None:
 
 def express(scheduler: Scheduler, k: int = 1) -> tuple[str, int]:
     """The lane whose batch express thread ``k`` runs next, and its size."""
-    got = scheduler.next_express(k)
+    got = scheduler.next_batch(k)
     assert got is not None
     lane, batch = got
     return lane.name, len(batch)
 
 
 def blocked(scheduler: Scheduler, step: Any) -> list[Any]:
-    """What ``step`` (``next_express``) returned on a thread of its own, once it waited with nothing to
+    """What ``step`` (an express thread's ``next_batch``) returned on a thread of its own, once it waited with nothing to
     run and the scheduler was then stopped: ``[None]``."""
     got: list[Any] = []
     thread = threading.Thread(target=lambda: got.append(step()))
@@ -255,7 +255,7 @@ def test_nothing_runs_beside_a_batch_it_would_take_over_the_share_of() -> None:
     each(q["a"], [seq(clock, 10) for _ in range(8)])  # 0.085 s
     assert picked(scheduler) == ("a", 8)
     each(q["b"], [seq(clock, 30) for _ in range(2)])  # 0.065 s: over a quarter of 0.085
-    assert blocked(scheduler, scheduler.next_express) == [None]
+    assert blocked(scheduler, lambda: scheduler.next_batch(1)) == [None]
     assert q["b"].depth == 2  # still queued, for the inference thread
 
 
@@ -263,13 +263,13 @@ def test_nothing_runs_beside_an_idle_inference_thread_or_with_no_share() -> None
     clock = FakeClock()
     scheduler, q, _ = two(clock, express_share=0.25)
     q["b"].submit([seq(clock, 10)])
-    assert blocked(scheduler, scheduler.next_express) == [None]  # the inference thread takes it
+    assert blocked(scheduler, lambda: scheduler.next_batch(1)) == [None]  # the inference thread takes it
     assert q["b"].depth == 1
     scheduler, q, _ = two(clock)  # express_share 0
     each(q["a"], [seq(clock, 100) for _ in range(8)])
     assert picked(scheduler) == ("a", 8)
     q["b"].submit([seq(clock, 10)])
-    assert blocked(scheduler, scheduler.next_express) == [None]
+    assert blocked(scheduler, lambda: scheduler.next_batch(1)) == [None]
 
 
 def test_a_less_urgent_batch_does_not_run_beside_a_more_urgent_one() -> None:
@@ -278,7 +278,7 @@ def test_a_less_urgent_batch_does_not_run_beside_a_more_urgent_one() -> None:
     each(q["a"], [seq(clock, 100) for _ in range(8)])
     assert picked(scheduler) == ("a", 8)
     q["b"].submit([seq(clock, 10, urgency=7)])
-    assert blocked(scheduler, scheduler.next_express) == [None]
+    assert blocked(scheduler, lambda: scheduler.next_batch(1)) == [None]
     assert q["b"].depth == 1
 
 
