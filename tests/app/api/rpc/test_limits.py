@@ -65,9 +65,14 @@ def test_a_stream_within_the_limits_gives_its_first_message_and_every_text() -> 
 class Engine:
     def __init__(self, limit: int) -> None:
         self.admission = Admission(limit)
+        self.held_while_tokenizing = 0
 
     def admit(self, inputs: int) -> Permits:
         return self.admission.try_acquire(inputs)
+
+    async def tokenize(self, texts: list[str], add_special_tokens: bool) -> tuple[list[Any], float]:
+        self.held_while_tokenizing = self.admission.in_use
+        return [list(texts[0])], 0.0
 
 
 @dataclass
@@ -90,17 +95,12 @@ class Service:
         self.tokenizer = Tokenizer()
         self.model = type("Model", (), {"tokenizer": self.tokenizer})()
         self.model.manifest = type("Manifest", (), {"config": type("Config", (), {"vocab_size": 100})()})()
-        self.held_while_tokenizing = 0
 
     def check_ready(self) -> None:
         pass
 
     def texts(self, inputs: str, _names: Any) -> list[str]:
         return [inputs]
-
-    async def tokenize(self, texts: list[str], add_special_tokens: bool) -> tuple[list[Any], float]:
-        self.held_while_tokenizing = self.engine.admission.in_use
-        return [list(texts[0])], 0.0
 
 
 def test_decode_runs_off_the_event_loop_with_a_permit() -> None:
@@ -145,7 +145,7 @@ def test_tokenize_builds_its_answer_off_the_event_loop_holding_its_permit() -> N
         return got, threading.get_ident()
 
     got, loop_thread = asyncio.run(scenario())
-    assert got == 2 and service.held_while_tokenizing == 1
+    assert got == 2 and service.engine.held_while_tokenizing == 1
     ((thread, held),) = built
     assert thread != loop_thread and held == 1
     assert service.engine.admission.in_use == 0
@@ -157,4 +157,4 @@ def test_tokenize_is_refused_when_the_budget_is_full() -> None:
     with pytest.raises(Overloaded):
         asyncio.run(tokenized(service, "北京", True, len))  # type: ignore[arg-type]
     held.release()
-    assert service.held_while_tokenizing == 0  # never tokenised
+    assert service.engine.held_while_tokenizing == 0  # never tokenised
