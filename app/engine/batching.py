@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections import deque
-from collections.abc import Callable
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -330,15 +330,13 @@ class Batcher:
             left = room - (len(batch) - before)
             if left <= 0:
                 break
-            plan: dict[int, int] = {}
-            if cls.urgency in BACKGROUND:  # up to its first sequence longer than top
+            lengths: Iterator[int]  # of the sequences to take, in the order they are taken
+            if cls.urgency in BACKGROUND:  # in arrival order, up to its first sequence longer than top
                 cls.oldest(taken)  # the taken ones before it popped
-                for seq in itertools.islice((s for s in cls.arrivals if id(s) not in taken), left):
-                    if seq.length > top:
-                        break
-                    plan[seq.length] = plan.get(seq.length, 0) + 1
-            else:
-                for length in sorted((n for n in cls.buckets if n <= top), reverse=True):
-                    plan[length] = min(len(cls.buckets[length]), left - sum(plan.values()))
-            batch += self._take([cls], [(n, k) for n, k in plan.items() if k], now)
+                arrived = (s.length for s in cls.arrivals if id(s) not in taken)
+                lengths = itertools.takewhile(lambda n: n <= top, arrived)
+            else:  # the longest first
+                lengths = (n for n in sorted(cls.buckets, reverse=True) if n <= top for _ in cls.buckets[n])
+            plan = Counter(itertools.islice(lengths, left))
+            batch += self._take([cls], list(plan.items()), now)
         return len(batch) - before
