@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from app.bulk import flags
-from app.bulk.batch_job import begin, model_entry, run_local
+from app.bulk.batch_job import begin, run_local
 from app.bulk.embedder import Embedder
+from app.bulk.output import model_entry
 from app.bulk.progress import Progress
 from app.settings import Settings
 

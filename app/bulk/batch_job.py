@@ -26,9 +26,6 @@ from app.bulk.embedder import Embedder
 from app.bulk.openai_batch import Answerer, Line, read_lines
 from app.bulk.output import mismatch, now, write_atomic
 from app.bulk.progress import Progress
-from app.cache.keys import model_digest
-from app.model.manifest import Manifest
-from app.settings import Settings
 
 log = logging.getLogger("app.bulk")
 
@@ -42,17 +39,6 @@ STATUS_KEY = b'"response":{"status_code":'
 
 def manifest_path(output: Path) -> Path:
     return output.with_name(f".{output.name}.zhembed.json")
-
-
-def model_entry(settings: Settings, manifest: Manifest, variant: str, source: str) -> dict[str, Any]:
-    """The model part of a job's identity, as the service names it (its cache digest and served name),
-    from the manifest alone: the Ray driver loads no model to write it."""
-    return {
-        "digest": model_digest(manifest, variant),
-        "variant": variant,
-        "name": settings.served_model_name or manifest.source.name(),
-        "source": source,
-    }
 
 
 def manifest_of(input_path: Path, model: dict[str, Any]) -> dict[str, Any]:

@@ -22,9 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from app.bulk.batch_job import ChunkWriter, answer_in_order, begin, finish, model_entry, resume, todo
+from app.bulk.batch_job import ChunkWriter, answer_in_order, begin, finish, resume, todo
 from app.bulk.embedder import Embedder
 from app.bulk.openai_batch import Answerer, Line, batch_routes, read_lines, refused
+from app.bulk.output import model_entry
 from app.model.runtime import check_model
 from app.settings import Settings
 

@@ -37,6 +37,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from app.api.encoding import binary_vectors, int8_vectors
+from app.cache.keys import model_digest
+from app.model.manifest import Manifest
+from app.settings import Settings
 from app.tasks.sparse import SparseVector
 
 MANIFEST = "_manifest.json"
@@ -304,6 +307,17 @@ class OutputDir:
 
 def now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def model_entry(settings: Settings, manifest: Manifest, variant: str, source: str) -> dict[str, Any]:
+    """The model part of a job's identity, as the service names it (its cache digest and served name),
+    from the manifest alone (a Ray driver loads no model to write it). What :func:`mismatch` compares."""
+    return {
+        "digest": model_digest(manifest, variant),
+        "variant": variant,
+        "name": settings.served_model_name or manifest.source.name(),
+        "source": source,
+    }
 
 
 def mismatch(old: dict[str, Any], new: dict[str, Any]) -> str | None:

@@ -173,11 +173,12 @@ def prepare_ray(
         The settings naming the resolved model folder (which every node must see), the manifest and the state.
     """
     folder, _, _ = check_model(settings)
+    source = settings.model  # as given, as a local run records it (not the folder it resolved to)
     settings = settings.model_copy(update={"model": str(folder)})
     embedder = Embedder(settings, given, job.fields.text, args.window, sparse=job.sparse, top_k=job.top_k)
     try:
         asyncio.run(embedder.check())
-        manifest = manifest_of(job, embedder, args.model or settings.model)
+        manifest = manifest_of(job, embedder, source)
     finally:
         embedder.close()
     manifest["ray"] = {

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from app.bulk.embedder import Embedder
-from app.bulk.output import OutputDir, ShardWriter, SparseMode, mismatch, now
+from app.bulk.output import OutputDir, ShardWriter, SparseMode, mismatch, model_entry, now
 from app.bulk.progress import Progress
 from app.bulk.sources import Fields, InputFile, Rows, count_rows, read
 from app.errors import InternalError
@@ -47,10 +47,7 @@ def manifest_of(job: BulkSpec, embedder: Embedder, source: str) -> dict[str, Any
     model = embedder.model
     return {
         "model": {
-            "digest": embedder.service.model_digest,
-            "variant": model.variant,
-            "name": embedder.service.served_name,
-            "source": source,
+            **model_entry(embedder.settings, model.manifest, model.variant, source),
             "width": embedder.width,
         },
         # Every EmbedOptions field, resolved against the model's defaults: what the cache keys hold.

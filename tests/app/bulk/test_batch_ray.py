@@ -4,6 +4,7 @@ order, the lines no route sees included."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -11,6 +12,7 @@ import pytest
 
 from app.bulk.batch_job import manifest_path
 from app.bulk.cli import main
+from app.cache.keys import model_digest
 from tests.app.bulk.test_batch_job import batch_args, read_output, request_line
 from tests.app.bulk.test_ray_job import local_ray  # noqa: F401  # the module's Ray, started once
 
@@ -18,7 +20,7 @@ pytestmark = pytest.mark.usefixtures("local_ray")
 
 
 def test_the_ray_path_answers_what_the_single_machine_job_answers(
-    tiny_model_dir: Path, tmp_path: Path
+    tiny_model_dir: Path, tiny_model: Any, tmp_path: Path
 ) -> None:
     lines = [orjson.dumps(request_line(n)) for n in range(600)]  # more than one map_batches batch
     lines[7] = b"{not json"
@@ -45,8 +47,15 @@ def test_the_ray_path_answers_what_the_single_machine_job_answers(
         u = np.array([d["embedding"] for d in got["data"]])
         v = np.array([d["embedding"] for d in want["data"]])
         assert u.shape == v.shape and np.abs(u - v).max() <= 1e-6
-    # The driver names the model from its manifest alone (it loads none), as the loaded model names it.
+    # The driver names the model from its manifest alone (it loads none), as the loaded model names it:
+    # the digest its cache keys hold, the name its answers carry, and --model as given.
     ray_model, alone_model = (
         orjson.loads(manifest_path(out).read_bytes())["model"] for out in (on_ray, alone)
     )
-    assert ray_model == alone_model and len(ray_model["digest"]) > 8
+    assert ray_model == alone_model
+    assert ray_model["digest"] == model_digest(tiny_model.manifest, tiny_model.variant)
+    assert ray_model["variant"] == tiny_model.variant == "fp32"
+    assert ray_model["name"] == next(
+        x["response"]["body"]["model"] for x in b if x["response"]["status_code"] == 200
+    )
+    assert ray_model["source"] == str(tiny_model_dir)
