@@ -319,9 +319,8 @@ class Batcher:
         """Add less urgent sequences no longer than ``top``, as many as room and ``oldest``'s budget allow:
         a background class's in arrival order (its requests whole), another's longest first. How many."""
         others = [c for c in self._classes if c.depth and c not in group]
-        if not others or self._scale is None:
-            return 0
-        room = self.planner.limits.room(top) - len(batch)
+        if not others or self._scale is None or (room := self.planner.limits.room(top) - len(batch)) <= 0:
+            return 0  # none to add, no budget known yet, or no room (the usual case under load)
         slack = (self.budget_s() - (now - oldest.enqueued_at)) / self._scale
         if (each := float(self.planner.model.per_sequence(np.array([top]))[0])) > 0:
             room = min(room, int(slack // each))

@@ -57,8 +57,11 @@ class Scheduler:
         self._stopped = False
         self._running: dict[int, tuple[int, Offer]] = {}  # by thread (MAIN, 1, 2, …): its lane and offer
         self.waiting = 0  # threads waiting on the condition
-        self.express_threads = 0  # started
         self._threads: list[threading.Thread] = []
+
+    @property
+    def express_threads(self) -> int:  # started
+        return max(len(self._threads) - 1, 0)
 
     def add(self, name: str, batcher: Batcher, inference: Inference) -> None:
         if batcher._cond is not self.cond or batcher.clock is not self.clock:
@@ -66,8 +69,8 @@ class Scheduler:
         self.lanes.append(Lane(name, batcher, inference))
 
     def start(self) -> None:
-        self.express_threads = len(self.lanes) - 1 if self.express_share > 0 else 0
-        names = ["zhembed-inference"] + ["zhembed-express"] * self.express_threads
+        express = len(self.lanes) - 1 if self.express_share > 0 else 0
+        names = ["zhembed-inference"] + ["zhembed-express"] * express
         self._threads = [
             threading.Thread(target=self._run, args=(k,), name=n, daemon=True) for k, n in enumerate(names)
         ]

@@ -214,7 +214,8 @@ class Tokenization:
                     continue
                 with self._cond:
                     if r.start < len(r.texts):  # its rest still queued, at the head of its urgency's queue
-                        self._out(self._waiting[r.urgency])
+                        self._waiting[r.urgency].remove(r)  # by itself, not by where it is
+                        self._entries -= 1
                         self._done += len(r.texts) - r.start
                 r.failed(exc)
                 self._leave(r)
