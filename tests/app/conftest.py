@@ -268,9 +268,12 @@ def total(client: httpx.Client, name: str) -> float:
 
 
 def with_cache(settings: Settings, redis_url: str | None, **changes: Any) -> Settings:
-    """``settings`` with the in-process cache on, Redis at ``redis_url`` (None: none), no warm-up."""
+    """``settings`` with the in-process cache on, Redis at ``redis_url`` (None: none), no warm-up. A Redis
+    call times out after 10 s, not the service's 50 ms: a loaded test machine must not turn a hit into a
+    miss (the tests of a slow or stalled Redis set the 50 ms themselves)."""
     url = SecretStr(redis_url) if redis_url is not None else None
-    return settings.model_copy(update={"cache_bytes": 64 << 20, "redis_url": url, "warmup": False, **changes})
+    update = {"cache_bytes": 64 << 20, "redis_url": url, "warmup": False, "redis_timeout_ms": 10_000.0}
+    return settings.model_copy(update={**update, **changes})
 
 
 def gate_inference(monkeypatch: pytest.MonkeyPatch, running: Running) -> threading.Event:

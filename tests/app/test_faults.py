@@ -193,7 +193,9 @@ def slow_redis(own_redis: RedisServer) -> Iterator[DelayProxy]:
 
 @pytest.mark.slow
 def test_redis_slowed_then_back(tiny_settings: Settings, slow_redis: DelayProxy) -> None:
-    settings = with_cache(tiny_settings, slow_redis.url, cache_bytes=0, redis_max_backoff_s=0.2)
+    settings = with_cache(
+        tiny_settings, slow_redis.url, cache_bytes=0, redis_max_backoff_s=0.2, redis_timeout_ms=50.0
+    )
     with serving(settings) as running, httpx.Client(base_url=running.url, timeout=60) as client:
         with Load(running.url) as load:
             wait_until(lambda: redis_hits(client) >= 1, seconds=60)
